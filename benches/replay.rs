@@ -1,0 +1,121 @@
+//! Replay throughput (ops/s and MB/s) over a log of one million moment
+//! creates of about 200 bytes: the engine's startup replay (recovery, CRC,
+//! chain, decode, fold) and, beside it, the raw read-plus-CRC scan of the
+//! same files.
+//!
+//! `cargo bench --bench replay`. Set `SPARK_BENCH_REPLAY_OPS` for another size.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use spark_engine::clock::SystemClock;
+use spark_engine::config::Settings;
+use spark_engine::op::{MomentCreate, OpBody};
+use spark_engine::{Engine, Id};
+use spark_log_format::{Log, LogConfig, LogReader, OsFs, RecordIn, ScanOptions};
+
+fn ops_wanted() -> u64 {
+    std::env::var("SPARK_BENCH_REPLAY_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+/// Writes `count` moment creates into `<data>/log`, 1,000 per batch; returns
+/// the bytes of the log.
+fn generate(data: &Path, count: u64) -> u64 {
+    let (mut log, _) = Log::open(
+        &data.join("log"),
+        LogConfig::default(),
+        Arc::new(OsFs),
+        |_| Ok::<(), ()>(()),
+    )
+    .unwrap_or_else(|_| panic!("log opens"));
+    let base_ms = 1_767_225_600_000u64;
+    let mut written = 0;
+    while written < count {
+        let n = (count - written).min(1000);
+        let encoded: Vec<_> = (0..n)
+            .map(|i| {
+                let k = written + i;
+                OpBody::MomentCreate(MomentCreate {
+                    id: Id::from_parts(base_ms + k, u128::from(k) * 7919),
+                    request_id: Some(format!("outbox-{k:012}-c2d98960")),
+                    device: "phone-1".into(),
+                    text: Some(format!("Stationnement interdit sauf livraisons {k}")),
+                    caption: Some("near the station, left of the bakery".into()),
+                    lang: Some("fr".into()),
+                    captured_at_ms: Some((base_ms + k) as i64),
+                })
+                .encode()
+                .unwrap()
+            })
+            .collect();
+        let batch: Vec<RecordIn<'_>> = encoded
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, version, payload))| RecordIn {
+                ts_ms: base_ms + written + i as u64,
+                kind: *kind,
+                kind_version: *version,
+                payload,
+            })
+            .collect();
+        log.append_batch(&batch).unwrap();
+        written += n;
+    }
+    std::fs::read_dir(data.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+fn replay(c: &mut Criterion) {
+    let count = ops_wanted();
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = generate(dir.path(), count);
+    eprintln!("replay bench: {count} ops, {bytes} bytes of log");
+    let settings = Settings {
+        data_dir: dir.path().to_owned(),
+        ..Settings::default()
+    };
+
+    let mut group = c.benchmark_group("replay");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
+    group.throughput(Throughput::Elements(count));
+    group.bench_function("engine_startup_ops", |b| {
+        b.iter(|| {
+            let engine = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap();
+            assert_eq!(engine.head().seq, count);
+        })
+    });
+    group.throughput(Throughput::Bytes(bytes));
+    group.bench_function("engine_startup_bytes", |b| {
+        b.iter(|| {
+            let engine = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap();
+            assert_eq!(engine.head().seq, count);
+        })
+    });
+    group.bench_function("raw_read_crc_bytes", |b| {
+        b.iter(|| {
+            let reader = LogReader::open(&dir.path().join("log")).unwrap();
+            let options = ScanOptions {
+                verify_chain: false,
+                ..ScanOptions::default()
+            };
+            let report = reader
+                .scan(options, |_, _| ControlFlow::Continue(()))
+                .unwrap();
+            assert_eq!(report.records, count);
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, replay);
+criterion_main!(benches);

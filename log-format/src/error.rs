@@ -1,0 +1,208 @@
+//! The crate's errors: what went wrong and where.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use crate::format::Seq;
+
+/// Everything the log can fail with.
+///
+/// `Corrupt` and `UnsupportedVersion` come from reading (recovery or the
+/// reader) and mean the bytes on disk are not what this build accepts: the
+/// caller must refuse to start rather than guess. `Io` from the write path
+/// poisons the [`Log`](crate::Log); every later append then returns
+/// `Poisoned`, because after a failed write or fsync the state of the file is
+/// unknown and retrying the fsync could acknowledge data the disk dropped.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// An operating-system call failed. `op` names the call (`"sync_data"`,
+    /// `"write"`, `"create_new"`, ...), `path` the file or directory.
+    #[error("i/o error {op} on {path}: {source}")]
+    Io {
+        /// The failed call.
+        op: &'static str,
+        /// The file or directory it was made on.
+        path: PathBuf,
+        /// The error the operating system returned.
+        #[source]
+        source: io::Error,
+    },
+    /// Bytes on disk that are not a torn tail and do not verify.
+    ///
+    /// `segment` is the segment file name, `offset` the byte offset in that
+    /// file where the damage starts (0 for a bad header or name), `seq` the
+    /// last good seq before the damage, or the seq that was expected where
+    /// the damage is a gap; `reason` says which rule failed.
+    #[error("corrupt log: segment {segment} at offset {offset} (seq {seq}): {reason}")]
+    Corrupt {
+        /// Segment file name, e.g. `00000000000000000001.seg`.
+        segment: String,
+        /// Byte offset in the segment file.
+        offset: u64,
+        /// Last good seq, or the seq expected.
+        seq: Seq,
+        /// The rule that failed, in words.
+        reason: String,
+    },
+    /// A segment whose header (checksum valid) declares a newer format.
+    #[error(
+        "segment {segment}: format version {found} is newer than this build reads ({supported})"
+    )]
+    UnsupportedVersion {
+        /// Segment file name.
+        segment: String,
+        /// The version in the header.
+        found: u16,
+        /// [`FORMAT_VERSION`](crate::FORMAT_VERSION) of this build.
+        supported: u16,
+    },
+    /// A record handed to the appender whose `len` field (20 + payload bytes)
+    /// would exceed `max_record_bytes`. Nothing was written; not poisoning.
+    #[error("record of {bytes} bytes is over the limit of {limit} bytes")]
+    RecordTooLarge {
+        /// The record's `len` field: 20 + payload length.
+        bytes: usize,
+        /// The configured `max_record_bytes`.
+        limit: u32,
+    },
+    /// A record handed to the appender with kind
+    /// [`KIND_SEAL`](crate::KIND_SEAL), which only the log itself writes.
+    /// Nothing was written; not poisoning.
+    #[error("kind {kind} is reserved for the segment seal")]
+    ReservedKind {
+        /// The refused kind.
+        kind: u16,
+    },
+    /// The write path failed earlier (the message says how) and refuses to
+    /// write again. Restart: recovery rebuilds the truth from disk.
+    #[error("the write path is poisoned by an earlier failed write or fsync: {0}; restart to recover from disk")]
+    Poisoned(String),
+}
+
+/// `ENOSPC` on Linux and the BSDs (macOS included).
+const ENOSPC: i32 = 28;
+
+impl LogError {
+    /// True when this is an `Io` error for a full disk (`ENOSPC`, or
+    /// [`io::ErrorKind::StorageFull`]), so the engine can say "disk full"
+    /// instead of a generic failure.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            LogError::Io { source, .. } => {
+                source.raw_os_error() == Some(ENOSPC) || source.kind() == io::ErrorKind::StorageFull
+            }
+            _ => false,
+        }
+    }
+
+    /// A `Corrupt` error; `offset` is a position in a mapped segment.
+    pub(crate) fn corrupt(
+        segment: &str,
+        offset: usize,
+        seq: Seq,
+        reason: impl Into<String>,
+    ) -> LogError {
+        LogError::Corrupt {
+            segment: segment.to_owned(),
+            // usize is at most 64 bits on every target Rust supports.
+            offset: offset as u64,
+            seq,
+            reason: reason.into(),
+        }
+    }
+
+    /// An `Io` error for `op` on `path`.
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> LogError {
+        LogError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A copy of this error for every submitter of a failed group-commit
+    /// batch (`io::Error` is not `Clone`; the copy keeps the OS error code or
+    /// the kind, and the message).
+    pub(crate) fn duplicate(&self) -> LogError {
+        match self {
+            LogError::Io { op, path, source } => LogError::Io {
+                op,
+                path: path.clone(),
+                source: match source.raw_os_error() {
+                    Some(code) => io::Error::from_raw_os_error(code),
+                    None => io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            LogError::Corrupt {
+                segment,
+                offset,
+                seq,
+                reason,
+            } => LogError::Corrupt {
+                segment: segment.clone(),
+                offset: *offset,
+                seq: *seq,
+                reason: reason.clone(),
+            },
+            LogError::UnsupportedVersion {
+                segment,
+                found,
+                supported,
+            } => LogError::UnsupportedVersion {
+                segment: segment.clone(),
+                found: *found,
+                supported: *supported,
+            },
+            LogError::RecordTooLarge { bytes, limit } => LogError::RecordTooLarge {
+                bytes: *bytes,
+                limit: *limit,
+            },
+            LogError::ReservedKind { kind } => LogError::ReservedKind { kind: *kind },
+            LogError::Poisoned(message) => LogError::Poisoned(message.clone()),
+        }
+    }
+}
+
+/// Why [`Log::open`](crate::Log::open) failed: the log itself, or the
+/// caller's visitor refused a record (its error is handed back untouched).
+#[derive(Debug)]
+pub enum OpenError<E> {
+    /// Recovery failed: corruption, an unsupported version, or I/O.
+    Log(LogError),
+    /// The visitor returned this error; open stopped at that record.
+    Visit(E),
+}
+
+impl<E> From<LogError> for OpenError<E> {
+    fn from(e: LogError) -> Self {
+        OpenError::Log(e)
+    }
+}
+
+impl From<OpenError<std::convert::Infallible>> for LogError {
+    fn from(e: OpenError<std::convert::Infallible>) -> Self {
+        match e {
+            OpenError::Log(e) => e,
+            OpenError::Visit(never) => match never {},
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for OpenError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Log(e) => fmt::Display::fmt(e, f),
+            OpenError::Visit(e) => write!(f, "replaying the log failed: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for OpenError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::Log(e) => e.source(),
+            OpenError::Visit(e) => Some(e),
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! The file seam: every file access of the crate goes through [`Fs`] and
+//! [`LogFile`], so tests can inject faults ([`FaultyFs`]) and a later
+//! in-memory power-loss file system can stand in for the disk.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// A file system as the log needs it. Paths are absolute or relative to the
+/// process's working directory.
+pub trait Fs: Send + Sync + 'static {
+    /// Creates `path` and its missing parents (like `mkdir -p`).
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// The paths of the regular files directly in `dir`, in no order.
+    /// `NotFound` when `dir` does not exist.
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+    /// Opens an existing file for reading and writing.
+    fn open_rw(&self, path: &Path) -> io::Result<Box<dyn LogFile>>;
+    /// Creates a new, empty file for reading and writing; `AlreadyExists` if
+    /// it exists.
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>>;
+    /// Removes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Makes `dir`'s entries durable (fsync on the directory), so a created or
+    /// removed file survives power loss.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// The whole file, read-only. [`OsFs`] maps it with memmap2; an empty
+    /// file gives an empty slice without a map. The bytes reflect the file at
+    /// the time of the call; the caller must not truncate the file while the
+    /// view lives.
+    fn map(&self, path: &Path) -> io::Result<Box<dyn AsRef<[u8]> + Send + Sync>>;
+}
+
+/// An open file of the log, written at explicit offsets.
+#[allow(clippy::len_without_is_empty)] // an "is empty" file is not a question the log asks
+pub trait LogFile: Send {
+    /// The file's length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Writes all of `buf` at `offset` (extending the file as needed).
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// `fdatasync`: makes the written data (and the size) durable.
+    fn sync_data(&mut self) -> io::Result<()>;
+    /// `fsync`: makes data and all metadata durable.
+    fn sync_all(&mut self) -> io::Result<()>;
+    /// Truncates or extends the file to `len` bytes.
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+}
+
+/// The real file system: `std::fs` and memmap2.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsFs;
+
+/// A [`LogFile`] on a real file.
+struct OsFile(File);
+
+impl Fs for OsFs {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                out.push(entry.path());
+            }
+        }
+        Ok(out)
+    }
+
+    fn open_rw(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        Ok(Box::new(OsFile(file)))
+    }
+
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
+        Ok(Box::new(OsFile(file)))
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+
+    #[cfg(unix)]
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    #[cfg(not(unix))]
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        // Directories cannot be opened for fsync here; NTFS journals entries.
+        Ok(())
+    }
+
+    fn map(&self, path: &Path) -> io::Result<Box<dyn AsRef<[u8]> + Send + Sync>> {
+        let file = File::open(path)?;
+        if file.metadata()?.len() == 0 {
+            return Ok(Box::new(Vec::<u8>::new()));
+        }
+        // SAFETY: the map is read-only and the slice is only read. Its length
+        // is fixed at the file's size now. The log never rewrites bytes in
+        // place: it appends, and truncates only during recovery, after
+        // dropping its own view of that file. The one remaining hazard is a
+        // reader (`LogReader`) beside a server that restarts and cuts a torn
+        // tail under the reader's map; touching those pages would fault
+        // (SIGBUS). That is the documented limit of reading beside a server.
+        let map = unsafe { memmap2::Mmap::map(&file)? };
+        Ok(Box::new(map))
+    }
+}
+
+impl LogFile for OsFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    #[cfg(unix)]
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, buf, offset)
+    }
+
+    #[cfg(not(unix))]
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        use std::io::{Seek, SeekFrom, Write};
+        self.0.seek(SeekFrom::Start(offset))?;
+        self.0.write_all(buf)
+    }
+
+    fn sync_data(&mut self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn sync_all(&mut self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+// ---- Fault injection ------------------------------------------------------
+
+/// An operation [`FaultyFs`] counts and can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultOp {
+    /// [`LogFile::write_all_at`].
+    Write,
+    /// [`LogFile::sync_data`].
+    SyncData,
+    /// [`LogFile::sync_all`].
+    SyncAll,
+    /// [`LogFile::set_len`].
+    SetLen,
+    /// [`Fs::create_new`].
+    CreateNew,
+    /// [`Fs::sync_dir`].
+    SyncDir,
+    /// [`Fs::remove_file`].
+    Remove,
+}
+
+impl FaultOp {
+    /// Every operation, in counter order.
+    pub const ALL: [FaultOp; 7] = [
+        FaultOp::Write,
+        FaultOp::SyncData,
+        FaultOp::SyncAll,
+        FaultOp::SetLen,
+        FaultOp::CreateNew,
+        FaultOp::SyncDir,
+        FaultOp::Remove,
+    ];
+
+    fn index(self) -> usize {
+        match self {
+            FaultOp::Write => 0,
+            FaultOp::SyncData => 1,
+            FaultOp::SyncAll => 2,
+            FaultOp::SetLen => 3,
+            FaultOp::CreateNew => 4,
+            FaultOp::SyncDir => 5,
+            FaultOp::Remove => 6,
+        }
+    }
+}
+
+/// What an injected fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The call does nothing and fails with this kind.
+    Kind(io::ErrorKind),
+    /// The call does nothing and fails with this raw OS error (28 = ENOSPC,
+    /// 5 = EIO).
+    Os(i32),
+    /// For [`FaultOp::Write`]: writes only the first `written` bytes, then
+    /// fails with `WriteZero`. For other operations: like `Kind(Other)`.
+    ShortWrite {
+        /// Bytes of the buffer that reach the file.
+        written: usize,
+    },
+}
+
+impl Fault {
+    fn error(self) -> io::Error {
+        match self {
+            Fault::Kind(kind) => io::Error::new(kind, "injected fault"),
+            Fault::Os(code) => io::Error::from_raw_os_error(code),
+            Fault::ShortWrite { written } => io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("injected short write after {written} bytes"),
+            ),
+        }
+    }
+}
+
+/// Counters, planned faults and delays shared by a [`FaultyFs`] and the
+/// files it opened.
+#[derive(Debug, Default)]
+struct FaultState {
+    /// Calls so far, per operation ([`FaultOp::index`]).
+    calls: [AtomicU64; 7],
+    /// `(op, nth call, fault)`, each taken once.
+    planned: Mutex<Vec<(FaultOp, u64, Fault)>>,
+    /// A sleep before every call of an operation, to widen races in tests.
+    delays: Mutex<[Option<Duration>; 7]>,
+}
+
+impl FaultState {
+    /// Counts a call of `op`, sleeps if asked, and returns the fault planned
+    /// for this call, if any.
+    fn enter(&self, op: FaultOp) -> Option<Fault> {
+        let nth = self.calls[op.index()].fetch_add(1, Ordering::SeqCst) + 1;
+        let delay = self.delays.lock().unwrap_or_else(PoisonError::into_inner)[op.index()];
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
+        }
+        let mut planned = self.planned.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = planned.iter().position(|&(o, n, _)| o == op && n == nth)?;
+        Some(planned.swap_remove(at).2)
+    }
+}
+
+/// A seam for tests: wraps another [`Fs`], counts calls per [`FaultOp`],
+/// fails the Nth call of a chosen operation with a chosen error (or makes a
+/// write short), and can delay calls.
+///
+/// Call numbers are 1-based and count every call since creation through
+/// this `FaultyFs` and the files it opened; [`FaultyFs::fail_next`] plans a
+/// fault for the next call. Each planned fault fires once.
+#[derive(Clone)]
+pub struct FaultyFs {
+    inner: Arc<dyn Fs>,
+    state: Arc<FaultState>,
+}
+
+impl FaultyFs {
+    /// Wraps `inner` with no faults planned.
+    pub fn new(inner: Arc<dyn Fs>) -> Self {
+        FaultyFs {
+            inner,
+            state: Arc::new(FaultState::default()),
+        }
+    }
+
+    /// Plans `fault` for the `nth` (1-based, counted since creation) call of
+    /// `op`.
+    pub fn fail(&self, op: FaultOp, nth: u64, fault: Fault) {
+        self.state
+            .planned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((op, nth, fault));
+    }
+
+    /// Plans `fault` for the next call of `op`.
+    pub fn fail_next(&self, op: FaultOp, fault: Fault) {
+        self.fail(op, self.count(op) + 1, fault);
+    }
+
+    /// Calls of `op` so far (failed ones included).
+    pub fn count(&self, op: FaultOp) -> u64 {
+        self.state.calls[op.index()].load(Ordering::SeqCst)
+    }
+
+    /// Sleeps `delay` before every later call of `op` (`None` stops it).
+    pub fn set_delay(&self, op: FaultOp, delay: Option<Duration>) {
+        self.state
+            .delays
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)[op.index()] = delay;
+    }
+}
+
+impl std::fmt::Debug for FaultyFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyFs")
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+/// A file opened through a [`FaultyFs`].
+struct FaultyFile {
+    inner: Box<dyn LogFile>,
+    state: Arc<FaultState>,
+}
+
+impl Fs for FaultyFs {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        self.inner.list(dir)
+    }
+
+    fn open_rw(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        Ok(Box::new(FaultyFile {
+            inner: self.inner.open_rw(path)?,
+            state: Arc::clone(&self.state),
+        }))
+    }
+
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
+        if let Some(fault) = self.state.enter(FaultOp::CreateNew) {
+            return Err(fault.error());
+        }
+        Ok(Box::new(FaultyFile {
+            inner: self.inner.create_new(path)?,
+            state: Arc::clone(&self.state),
+        }))
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        match self.state.enter(FaultOp::Remove) {
+            Some(fault) => Err(fault.error()),
+            None => self.inner.remove_file(path),
+        }
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        match self.state.enter(FaultOp::SyncDir) {
+            Some(fault) => Err(fault.error()),
+            None => self.inner.sync_dir(dir),
+        }
+    }
+
+    fn map(&self, path: &Path) -> io::Result<Box<dyn AsRef<[u8]> + Send + Sync>> {
+        self.inner.map(path)
+    }
+}
+
+impl LogFile for FaultyFile {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+
+    fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        match self.state.enter(FaultOp::Write) {
+            None => self.inner.write_all_at(offset, buf),
+            Some(fault @ Fault::ShortWrite { written }) => {
+                let prefix = buf.get(..written).unwrap_or(buf);
+                self.inner.write_all_at(offset, prefix)?;
+                Err(fault.error())
+            }
+            Some(fault) => Err(fault.error()),
+        }
+    }
+
+    fn sync_data(&mut self) -> io::Result<()> {
+        match self.state.enter(FaultOp::SyncData) {
+            Some(fault) => Err(fault.error()),
+            None => self.inner.sync_data(),
+        }
+    }
+
+    fn sync_all(&mut self) -> io::Result<()> {
+        match self.state.enter(FaultOp::SyncAll) {
+            Some(fault) => Err(fault.error()),
+            None => self.inner.sync_all(),
+        }
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        match self.state.enter(FaultOp::SetLen) {
+            Some(fault) => Err(fault.error()),
+            None => self.inner.set_len(len),
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! The append-only segment log under the Spark engine.
+//!
+//! The log moves opaque, typed payloads (`kind`, `kind_version`, bytes) and
+//! guarantees their integrity and order: every record carries a gapless
+//! sequence number and a CRC32, and every segment is covered by a BLAKE3 hash
+//! chain that links it to the segment before. The byte-level format, the roll
+//! steps, the recovery rules and the test vectors are specified in
+//! `log-format/FORMAT.md`; this crate is that document in code.
+//!
+//! # Layout
+//!
+//! - [`format`](mod@format): the bytes of format version 1. Constants, the segment header,
+//!   the record frame and the seal, each offset built from the one before.
+//! - [`fs`]: the file seam. All file access goes through [`Fs`] / [`LogFile`];
+//!   [`OsFs`] is the real one (std + memmap2), [`FaultyFs`] injects faults.
+//! - `segment`: the one routine that decodes a segment, shared by recovery and
+//!   the reader, so both apply exactly the same rules.
+//! - `recovery`: what [`Log::open`] does before the first append (torn tails,
+//!   interrupted rolls, corruption).
+//! - `writer`: [`Log`], the single appender (batches, rolls, poisoning), and
+//!   [`GroupCommitAppender`], which lets many threads share it.
+//! - `reader`: [`LogReader`], a read-only mapped view for tools.
+//! - `error`: [`LogError`] and [`OpenError`].
+//!
+//! Integrity rules in one line: an invalid record at the very end of the last
+//! segment is a torn write and is cut off; anything else that does not verify
+//! is corruption and is refused, naming segment, offset and seq.
+
+#![warn(missing_docs)]
+
+pub mod format;
+pub mod fs;
+
+mod error;
+mod reader;
+mod recovery;
+mod segment;
+mod writer;
+
+pub use error::{LogError, OpenError};
+pub use format::{
+    ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES,
+    FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN,
+};
+pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
+pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo};
+pub use recovery::{RecoveryReport, TornTail};
+pub use writer::{system_now_ms, GroupCommitAppender, Head, Log, LogConfig};

@@ -1,0 +1,261 @@
+//! [`LogReader`]: a read-only, mapped view of a log directory for tools
+//! (verify, dump, rebuild, audit), safe beside a running server: no lock, no
+//! writes. It applies the same rules as recovery through the same decoder,
+//! except that a torn or in-progress tail is reported instead of cut off.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::LogError;
+use crate::format::{RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES};
+use crate::fs::{Fs, OsFs};
+use crate::recovery::TornTail;
+use crate::segment::{
+    decode_segment, segment_files, DecodeOptions, Decoded, Expect, Role, SegmentEnd,
+};
+use crate::writer::Head;
+
+/// What the reader knows about one segment after opening.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// File name, e.g. `00000000000000000001.seg`.
+    pub name: String,
+    /// Seq of its first record (from the header).
+    pub first_seq: Seq,
+    /// Seq of its last whole record; `first_seq - 1` when it holds none.
+    pub last_seq: Seq,
+    /// Valid bytes: header, whole records and seal (a torn tail excluded).
+    pub bytes: u64,
+    /// Whether it ends with a seal.
+    pub sealed: bool,
+    /// Unix ms from its header.
+    pub created_ms: u64,
+}
+
+/// Knobs of [`LogReader::scan`].
+#[derive(Clone, Copy, Debug)]
+pub struct ScanOptions {
+    /// Hash every sealed segment and check its seal (one BLAKE3 pass per
+    /// segment). The last segment is always hashed (it gives the head), and
+    /// the link between a seal and the next header is always checked.
+    /// Default true.
+    pub verify_chain: bool,
+    /// Largest `len` accepted. Default 4 MiB.
+    pub max_record_bytes: u32,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        ScanOptions {
+            verify_chain: true,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+        }
+    }
+}
+
+/// What a scan read.
+#[derive(Clone, Debug)]
+pub struct ScanReport {
+    /// Segments read.
+    pub segments: usize,
+    /// Whole records read (seals excluded).
+    pub records: u64,
+    /// Valid bytes read.
+    pub bytes: u64,
+    /// Where the log ends: the same value [`Log::head`](crate::Log::head)
+    /// gives after recovery. If the visitor stopped early, where it stopped.
+    pub head: Head,
+    /// A torn or in-progress tail of the last segment (or an interrupted
+    /// roll's file, at offset 0), left in place.
+    pub torn_tail: Option<TornTail>,
+}
+
+/// One mapped segment.
+struct Mapped {
+    info: SegmentInfo,
+    bytes: Box<dyn AsRef<[u8]> + Send + Sync>,
+}
+
+/// A read-only view of a data directory's log: maps each segment at open and
+/// reads up to the last whole record. A torn or in-progress tail in the last
+/// segment is reported, not an error; damage anywhere else is an error.
+///
+/// The view is a snapshot of each file's length at open: records appended
+/// later are not seen (open again). Limit: if a server restarts and its
+/// recovery truncates a torn tail while this view is mapped, reading those
+/// bytes faults (SIGBUS); keep readers short-lived beside a restarting server.
+pub struct LogReader {
+    /// Segments with a valid header, in seq order.
+    segments: Vec<Mapped>,
+    /// Infos of `segments`, in the same order (what `segments()` returns).
+    infos: Vec<SegmentInfo>,
+    /// The tail found at open.
+    torn_tail: Option<TornTail>,
+}
+
+impl std::fmt::Debug for LogReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReader")
+            .field("segments", &self.infos)
+            .field("torn_tail", &self.torn_tail)
+            .finish()
+    }
+}
+
+impl LogReader {
+    /// Opens the log in `dir` with [`OsFs`] and the default record limit.
+    pub fn open(dir: &Path) -> Result<LogReader, LogError> {
+        LogReader::open_with(dir, Arc::new(OsFs))
+    }
+
+    /// Opens the log in `dir` through `fs` with the default record limit.
+    pub fn open_with(dir: &Path, fs: Arc<dyn Fs>) -> Result<LogReader, LogError> {
+        LogReader::open_with_limit(dir, fs, DEFAULT_MAX_RECORD_BYTES)
+    }
+
+    /// Opens the log in `dir` through `fs`: maps every segment and checks
+    /// headers, CRCs, seq continuity and the links between segments (not the
+    /// chain: that is [`scan`](Self::scan)'s job). A missing directory is an
+    /// `Io` error (`NotFound`), not an empty log.
+    ///
+    /// Errors: `Corrupt` and `UnsupportedVersion` exactly as
+    /// [`Log::open`](crate::Log::open) would report them.
+    pub fn open_with_limit(
+        dir: &Path,
+        fs: Arc<dyn Fs>,
+        max_record_bytes: u32,
+    ) -> Result<LogReader, LogError> {
+        let listing = fs.list(dir).map_err(|e| LogError::io("list", dir, e))?;
+        let files = segment_files(listing)?;
+        let mut segments = Vec::with_capacity(files.len());
+        let mut torn_tail = None;
+        let mut expect = Expect::FIRST;
+        for (index, file) in files.iter().enumerate() {
+            let is_last = index + 1 == files.len();
+            let map = fs
+                .map(&file.path)
+                .map_err(|e| LogError::io("map", &file.path, e))?;
+            let bytes: &[u8] = (*map).as_ref();
+            // usize is at most 64 bits on every target Rust supports.
+            let file_len = bytes.len() as u64;
+            let opts = DecodeOptions {
+                role: if is_last { Role::Last } else { Role::Sealed },
+                max_record_bytes,
+                verify_seal: false,
+            };
+            let segment = match decode_segment(&file.name, bytes, expect, opts, |_| {
+                ControlFlow::Continue(())
+            })? {
+                Decoded::InterruptedRoll { .. } => {
+                    torn_tail = Some(TornTail {
+                        segment: file.name.clone(),
+                        offset: 0,
+                        bytes_dropped: file_len,
+                    });
+                    continue;
+                }
+                Decoded::Segment(segment) => segment,
+            };
+            if let Some(torn) = segment.torn {
+                torn_tail = Some(TornTail {
+                    segment: file.name.clone(),
+                    offset: torn.offset,
+                    bytes_dropped: file_len - torn.offset,
+                });
+            }
+            if let SegmentEnd::Sealed { chain } = segment.tail {
+                expect = Expect {
+                    first_seq: segment.last_seq + 1,
+                    chain_start: chain,
+                };
+            }
+            segments.push(Mapped {
+                info: SegmentInfo {
+                    name: file.name.clone(),
+                    first_seq: segment.header.first_seq,
+                    last_seq: segment.last_seq,
+                    bytes: segment.end,
+                    sealed: matches!(segment.tail, SegmentEnd::Sealed { .. }),
+                    created_ms: segment.header.created_ms,
+                },
+                bytes: map,
+            });
+        }
+        let infos = segments.iter().map(|s| s.info.clone()).collect();
+        Ok(LogReader {
+            segments,
+            infos,
+            torn_tail,
+        })
+    }
+
+    /// The segments found at open, in seq order (an interrupted roll's file
+    /// excluded).
+    pub fn segments(&self) -> &[SegmentInfo] {
+        &self.infos
+    }
+
+    /// The torn or in-progress tail found at open, if any.
+    pub fn torn_tail(&self) -> Option<&TornTail> {
+        self.torn_tail.as_ref()
+    }
+
+    /// Visits every whole record in seq order (seals excluded), verifying
+    /// CRC, seq continuity, headers and (with `verify_chain`) the chain.
+    /// `visit` returns `ControlFlow::Break` to stop early; the report then
+    /// describes the log up to and including the last visited record.
+    ///
+    /// Errors: `Corrupt` / `UnsupportedVersion` as [`Log::open`](crate::Log::open)
+    /// reports them (the visitor may have seen records before the damage).
+    pub fn scan(
+        &self,
+        options: ScanOptions,
+        mut visit: impl FnMut(&SegmentInfo, RecordRef<'_>) -> ControlFlow<()>,
+    ) -> Result<ScanReport, LogError> {
+        let mut report = ScanReport {
+            segments: 0,
+            records: 0,
+            bytes: 0,
+            head: Head::empty(),
+            torn_tail: self.torn_tail.clone(),
+        };
+        let mut expect = Expect::FIRST;
+        for (index, segment) in self.segments.iter().enumerate() {
+            let is_last = index + 1 == self.segments.len();
+            let opts = DecodeOptions {
+                role: if is_last { Role::Last } else { Role::Sealed },
+                max_record_bytes: options.max_record_bytes,
+                verify_seal: options.verify_chain,
+            };
+            let info = &segment.info;
+            let bytes: &[u8] = (*segment.bytes).as_ref();
+            let decoded = decode_segment(&info.name, bytes, expect, opts, |record| {
+                visit(info, record)
+            })?;
+            let Decoded::Segment(decoded) = decoded else {
+                // Open kept only segments with a valid header; the bytes are
+                // the same map.
+                break;
+            };
+            report.segments += 1;
+            report.records += decoded.records;
+            report.bytes += decoded.end;
+            report.head = Head {
+                seq: decoded.last_seq,
+                segment: info.name.clone(),
+                chain: decoded.tail.head_chain(),
+            };
+            if decoded.stopped {
+                break;
+            }
+            if let SegmentEnd::Sealed { chain } = decoded.tail {
+                expect = Expect {
+                    first_seq: decoded.last_seq + 1,
+                    chain_start: chain,
+                };
+            }
+        }
+        Ok(report)
+    }
+}

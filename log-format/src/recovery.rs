@@ -1,0 +1,193 @@
+//! Recovery: what [`Log::open`](crate::Log::open) does before the first
+//! append. It walks every segment once with the shared decoder, feeding each
+//! whole record to the caller's visitor, and then repairs only the two
+//! states a crash can leave behind: a torn tail in the last segment
+//! (truncated) and a roll interrupted before its header was durable (the
+//! file removed). Everything else that does not verify is refused.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{LogError, OpenError};
+use crate::format::{chain_hex, RecordRef};
+use crate::fs::Fs;
+use crate::segment::{
+    decode_segment, parent_dir, segment_files, DecodeOptions, Decoded, Expect, Role, SegmentEnd,
+};
+use crate::writer::{ActiveSegment, Head, LogConfig};
+
+/// What recovery found and did.
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryReport {
+    /// Segment files kept (a removed interrupted roll is not counted).
+    pub segments: usize,
+    /// Whole records found (seals excluded); the visitor saw exactly these.
+    pub records: u64,
+    /// Valid bytes over all kept segments (headers, records, seals).
+    pub bytes: u64,
+    /// The torn tail cut off the last segment, if any.
+    pub truncated: Option<TornTail>,
+    /// File name of an interrupted roll's segment that was removed, if any.
+    pub removed_segment: Option<String>,
+}
+
+/// A torn tail: bytes at the end of the last segment that are not whole
+/// records and have no valid record after them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    /// Segment file name.
+    pub segment: String,
+    /// Offset of the first byte that is not part of a whole record (the new
+    /// file length after recovery truncates).
+    pub offset: u64,
+    /// Bytes from `offset` to the end of the file (recovery removes them; the
+    /// reader only skips them).
+    pub bytes_dropped: u64,
+}
+
+/// The state recovery hands to the writer.
+pub(crate) struct Recovered {
+    pub report: RecoveryReport,
+    pub head: Head,
+    /// The last segment, open for appending, unless it is sealed or absent.
+    pub active: Option<ActiveSegment>,
+}
+
+/// Runs recovery on `dir` (see FORMAT.md, "Recovery").
+pub(crate) fn recover<E>(
+    dir: &Path,
+    config: &LogConfig,
+    fs: &Arc<dyn Fs>,
+    mut visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
+) -> Result<Recovered, OpenError<E>> {
+    let listing = match fs.list(dir) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs.create_dir_all(dir)
+                .map_err(|e| LogError::io("create_dir_all", dir, e))?;
+            let parent = parent_dir(dir);
+            fs.sync_dir(parent)
+                .map_err(|e| LogError::io("sync_dir", parent, e))?;
+            Vec::new()
+        }
+        Err(e) => return Err(LogError::io("list", dir, e).into()),
+    };
+    let files = segment_files(listing)?;
+
+    let mut report = RecoveryReport::default();
+    let mut head = Head::empty();
+    let mut active = None;
+    let mut expect = Expect::FIRST;
+    let mut refused: Option<E> = None;
+    for (index, file) in files.iter().enumerate() {
+        let is_last = index + 1 == files.len();
+        let map = fs
+            .map(&file.path)
+            .map_err(|e| LogError::io("map", &file.path, e))?;
+        let bytes: &[u8] = (*map).as_ref();
+        // usize is at most 64 bits on every target Rust supports.
+        let file_len = bytes.len() as u64;
+        let opts = DecodeOptions {
+            role: if is_last { Role::Last } else { Role::Sealed },
+            max_record_bytes: config.max_record_bytes,
+            verify_seal: true,
+        };
+        let decoded = decode_segment(&file.name, bytes, expect, opts, |record| {
+            match visit(record) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    refused = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        })?;
+        drop(map);
+        if let Some(e) = refused.take() {
+            return Err(OpenError::Visit(e));
+        }
+        let segment = match decoded {
+            Decoded::InterruptedRoll { reason } => {
+                fs.remove_file(&file.path)
+                    .map_err(|e| LogError::io("remove_file", &file.path, e))?;
+                fs.sync_dir(dir)
+                    .map_err(|e| LogError::io("sync_dir", dir, e))?;
+                tracing::warn!(
+                    segment = %file.name,
+                    %reason,
+                    bytes = file_len,
+                    "removed the segment of an interrupted roll (no valid header, no valid record)"
+                );
+                report.removed_segment = Some(file.name.clone());
+                continue;
+            }
+            Decoded::Segment(segment) => segment,
+        };
+        report.segments += 1;
+        report.records += segment.records;
+        report.bytes += segment.end;
+        head = Head {
+            seq: segment.last_seq,
+            segment: file.name.clone(),
+            chain: segment.tail.head_chain(),
+        };
+        match segment.tail {
+            SegmentEnd::Sealed { chain } => {
+                expect = Expect {
+                    first_seq: segment.last_seq + 1,
+                    chain_start: chain,
+                };
+            }
+            // Only the last segment may be open (the decoder refuses an
+            // unsealed earlier one).
+            SegmentEnd::Open { hasher, .. } => {
+                let mut handle = fs
+                    .open_rw(&file.path)
+                    .map_err(|e| LogError::io("open_rw", &file.path, e))?;
+                if let Some(torn) = segment.torn {
+                    handle
+                        .set_len(torn.offset)
+                        .map_err(|e| LogError::io("set_len", &file.path, e))?;
+                    handle
+                        .sync_all()
+                        .map_err(|e| LogError::io("sync_all", &file.path, e))?;
+                    let dropped = file_len - torn.offset;
+                    tracing::warn!(
+                        segment = %file.name,
+                        offset = torn.offset,
+                        bytes_dropped = dropped,
+                        damage = %torn.damage,
+                        last_seq = segment.last_seq,
+                        "truncated a torn tail"
+                    );
+                    report.truncated = Some(TornTail {
+                        segment: file.name.clone(),
+                        offset: torn.offset,
+                        bytes_dropped: dropped,
+                    });
+                }
+                active = Some(ActiveSegment {
+                    name: file.name.clone(),
+                    path: file.path.clone(),
+                    file: handle,
+                    len: segment.end,
+                    records: segment.records,
+                    hasher,
+                });
+            }
+        }
+    }
+    tracing::info!(
+        segments = report.segments,
+        records = report.records,
+        bytes = report.bytes,
+        head_seq = head.seq,
+        head_chain = %chain_hex(&head.chain),
+        "log recovered"
+    );
+    Ok(Recovered {
+        report,
+        head,
+        active,
+    })
+}

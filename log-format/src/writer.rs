@@ -1,0 +1,635 @@
+//! The write path: [`Log`], the single appender that owns the active
+//! segment, and [`GroupCommitAppender`], which lets many threads share one
+//! `Log` with one write and one `fdatasync` per batch.
+//!
+//! Durability rule: a record is acknowledged (its seq returned) only after the
+//! `fdatasync` covering it returned Ok. Any failed write, fsync, create or
+//! truncate poisons the `Log`: it never writes again, because after a failed
+//! fsync the kernel may have dropped the dirty pages and a retry could
+//! "succeed" without the data (the PostgreSQL fsync lesson). Restart, and
+//! recovery rebuilds the truth from disk.
+
+use std::collections::VecDeque;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use crate::error::{LogError, OpenError};
+use crate::format::{
+    chain_hasher, chain_hex, encode_record, encode_seal, record_size, segment_file_name,
+    ChainValue, RecordIn, RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_SEGMENT_SIZE_BYTES, HEADER_LEN, KIND_SEAL, RECORD_MIN_LEN, SEAL_RECORD_BYTES,
+};
+use crate::fs::{Fs, LogFile};
+use crate::recovery::{recover, RecoveryReport};
+
+/// The current Unix time in ms (the default [`LogConfig::now_ms`]); 0 if the
+/// system clock is before 1970.
+pub fn system_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Settings of the appender.
+#[derive(Clone, Debug)]
+pub struct LogConfig {
+    /// The appender rolls to a new segment when the active one holds at
+    /// least one record and its size plus the next batch would exceed this.
+    /// A segment can therefore end up larger by one seal (60 bytes), or
+    /// hold a single batch larger than this. Default 64 MiB; any value is
+    /// accepted (0 rolls before every batch).
+    pub segment_size_bytes: u64,
+    /// Largest `len` field (20 + payload bytes) a record may have, on append
+    /// and when reading. Default 4 MiB. Lowering it below records already in
+    /// the log makes them unreadable (`Corrupt`, never silently dropped).
+    pub max_record_bytes: u32,
+    /// The clock for `created_ms` in segment headers and `ts_ms` of seals,
+    /// in Unix ms. Default [`system_now_ms`]; tests and the format's test
+    /// vectors pin it to make files byte-for-byte reproducible.
+    pub now_ms: fn() -> u64,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            segment_size_bytes: DEFAULT_SEGMENT_SIZE_BYTES,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            now_ms: system_now_ms,
+        }
+    }
+}
+
+/// Where the log ends: what `GET /api/log/head` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// Seq of the last whole record; 0 for an empty log.
+    pub seq: Seq,
+    /// File name of the active segment (the last segment file), "" when the
+    /// log has no segment yet.
+    pub segment: String,
+    /// The chain value at the end of the last whole record: BLAKE3 over the
+    /// active segment's `chain_start` and its bytes up to there (the
+    /// segment's `chain_start` when it holds no record yet; [0; 32] for an
+    /// empty log).
+    pub chain: ChainValue,
+}
+
+impl Head {
+    /// The head of an empty log.
+    pub(crate) fn empty() -> Head {
+        Head {
+            seq: 0,
+            segment: String::new(),
+            chain: [0; 32],
+        }
+    }
+
+    /// The chain value as 64 lowercase hex digits.
+    pub fn chain_hex(&self) -> String {
+        chain_hex(&self.chain)
+    }
+}
+
+/// The segment appends go to.
+pub(crate) struct ActiveSegment {
+    /// File name.
+    pub name: String,
+    /// Full path, for errors.
+    pub path: PathBuf,
+    /// The open file.
+    pub file: Box<dyn LogFile>,
+    /// Bytes written and synced: the offset of the next record.
+    pub len: u64,
+    /// Records in it (seal excluded); a segment is rolled only if non-zero.
+    pub records: u64,
+    /// BLAKE3 state after `chain_start` and bytes `0..len`.
+    pub hasher: Box<blake3::Hasher>,
+}
+
+/// The appender: owns the active segment. Not `Sync`; one writer per
+/// directory (the caller holds a lock on the data directory).
+pub struct Log {
+    /// The log directory.
+    dir: PathBuf,
+    /// Settings, fixed at open.
+    config: LogConfig,
+    /// All file access.
+    fs: Arc<dyn Fs>,
+    /// Where the next batch goes; `None` before the first segment and after
+    /// opening a log whose last segment is sealed.
+    active: Option<ActiveSegment>,
+    /// Seq, segment and chain after the last durable record.
+    head: Head,
+    /// Set by the first failed write-path call; the reason, for `Poisoned`.
+    poisoned: Option<String>,
+    /// Encoding buffer, reused between batches.
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log")
+            .field("dir", &self.dir)
+            .field("head", &self.head)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Refuses what the log must not write: the seal's kind, a `len` over the
+/// limit.
+fn check_record(record: &RecordIn<'_>, max_record_bytes: u32) -> Result<(), LogError> {
+    if record.kind == KIND_SEAL {
+        return Err(LogError::ReservedKind { kind: record.kind });
+    }
+    // Cast: RECORD_MIN_LEN is 20.
+    let len = record.payload.len().saturating_add(RECORD_MIN_LEN as usize);
+    // Cast: u32 to usize is lossless on the 32- and 64-bit targets we build for.
+    if len > max_record_bytes as usize {
+        return Err(LogError::RecordTooLarge {
+            bytes: len,
+            limit: max_record_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Turns a write-path error into `Io` and poisons: every later append
+/// returns `Poisoned` with this reason.
+fn poison<T>(
+    poisoned: &mut Option<String>,
+    op: &'static str,
+    path: &Path,
+    result: io::Result<T>,
+) -> Result<T, LogError> {
+    result.map_err(|source| {
+        let error = LogError::io(op, path, source);
+        tracing::error!(%error, "log write path poisoned; restart to recover");
+        *poisoned = Some(error.to_string());
+        error
+    })
+}
+
+impl Log {
+    /// Opens (creating if missing, and syncing its parent) the log in `dir`,
+    /// running recovery (FORMAT.md, "Recovery"). `visit` is called for every
+    /// whole record in seq order (seals excluded) during that single pass, so
+    /// the caller folds them without reading the log twice; its payload
+    /// borrows the mapped segment.
+    ///
+    /// Errors: `OpenError::Visit` with the visitor's error (open stops at
+    /// that record); `OpenError::Log` with `Corrupt` (segment, offset, seq),
+    /// `UnsupportedVersion`, or `Io`. Recovery may truncate a torn tail or
+    /// remove an interrupted roll's file; both are in the report.
+    pub fn open<E>(
+        dir: &Path,
+        config: LogConfig,
+        fs: Arc<dyn Fs>,
+        visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
+    ) -> Result<(Log, RecoveryReport), OpenError<E>> {
+        let recovered = recover(dir, &config, &fs, visit)?;
+        let log = Log {
+            dir: dir.to_owned(),
+            config,
+            fs,
+            active: recovered.active,
+            head: recovered.head,
+            poisoned: None,
+            buf: Vec::new(),
+        };
+        Ok((log, recovered.report))
+    }
+
+    /// Appends every record of `batch` with consecutive seqs: one write call
+    /// and one `fdatasync` for the batch, after a roll if one is due (see
+    /// [`LogConfig::segment_size_bytes`]). Returns the seq of the last record.
+    ///
+    /// Errors without writing (and without poisoning): `RecordTooLarge`,
+    /// `ReservedKind`. After any write, fsync, create or directory-sync error
+    /// the Log is poisoned: that call returns the `Io` error, every later one
+    /// `Poisoned`, and nothing is written again. An empty batch returns the
+    /// current last seq without I/O.
+    pub fn append_batch(&mut self, batch: &[RecordIn<'_>]) -> Result<Seq, LogError> {
+        if let Some(reason) = &self.poisoned {
+            return Err(LogError::Poisoned(reason.clone()));
+        }
+        if batch.is_empty() {
+            return Ok(self.head.seq);
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let first = self.head.seq + 1;
+        for (seq, record) in (first..).zip(batch) {
+            check_record(record, self.config.max_record_bytes)?;
+            encode_record(&mut buf, seq, record)?;
+        }
+        debug_assert!(frames_match(
+            &buf,
+            first,
+            batch,
+            self.config.max_record_bytes
+        ));
+        // Cast: usize is at most 64 bits on every target Rust supports.
+        let batch_bytes = buf.len() as u64;
+        // Cast: as above.
+        let count = batch.len() as u64;
+        let last = self.head.seq + count;
+
+        self.roll_if_due(batch_bytes)?;
+        let Some(active) = self.active.as_mut() else {
+            return Err(LogError::Poisoned(
+                "no active segment after a roll".to_owned(),
+            ));
+        };
+        poison(
+            &mut self.poisoned,
+            "write",
+            &active.path,
+            active.file.write_all_at(active.len, &buf),
+        )?;
+        poison(
+            &mut self.poisoned,
+            "sync_data",
+            &active.path,
+            active.file.sync_data(),
+        )?;
+        active.hasher.update(&buf);
+        active.len += batch_bytes;
+        active.records += count;
+        self.head.seq = last;
+        self.head.chain = active.hasher.finalize().into();
+        // Do not keep a huge buffer alive after one huge batch. Cast: u32 to
+        // usize is lossless on the 32- and 64-bit targets we build for.
+        if buf.capacity() > 2 * (DEFAULT_MAX_RECORD_BYTES as usize) {
+            buf = Vec::new();
+        }
+        self.buf = buf;
+        Ok(last)
+    }
+
+    /// Seals the active segment and starts the next one when the batch would
+    /// push it past `segment_size_bytes`; starts one when there is none.
+    fn roll_if_due(&mut self, batch_bytes: u64) -> Result<(), LogError> {
+        let due = match &self.active {
+            None => true,
+            Some(active) => {
+                active.records > 0
+                    && active.len.saturating_add(batch_bytes) > self.config.segment_size_bytes
+            }
+        };
+        if !due {
+            return Ok(());
+        }
+        if let Some(mut active) = self.active.take() {
+            // Roll step 1: the seal, holding the chain value at its offset
+            // (the head chain: the segment holds at least one record).
+            debug_assert_eq!(self.head.chain, <[u8; 32]>::from(active.hasher.finalize()));
+            let mut seal = Vec::with_capacity(SEAL_RECORD_BYTES);
+            encode_seal(
+                &mut seal,
+                self.head.seq,
+                (self.config.now_ms)(),
+                &self.head.chain,
+            );
+            poison(
+                &mut self.poisoned,
+                "write",
+                &active.path,
+                active.file.write_all_at(active.len, &seal),
+            )?;
+            poison(
+                &mut self.poisoned,
+                "sync_data",
+                &active.path,
+                active.file.sync_data(),
+            )?;
+            tracing::debug!(segment = %active.name, last_seq = self.head.seq, "sealed segment");
+        }
+        self.start_segment()
+    }
+
+    /// Roll steps 2 to 4: create the next file (named by the next seq), write
+    /// its header, fsync it, fsync the directory. Only then may a record go
+    /// into it.
+    fn start_segment(&mut self) -> Result<(), LogError> {
+        let first_seq = self.head.seq + 1;
+        let name = segment_file_name(first_seq);
+        let path = self.dir.join(&name);
+        let header = SegmentHeader {
+            first_seq,
+            created_ms: (self.config.now_ms)(),
+            chain_start: self.head.chain,
+        }
+        .encode();
+        let created = self.fs.create_new(&path);
+        let mut file = poison(&mut self.poisoned, "create_new", &path, created)?;
+        poison(
+            &mut self.poisoned,
+            "write",
+            &path,
+            file.write_all_at(0, &header),
+        )?;
+        poison(&mut self.poisoned, "sync_all", &path, file.sync_all())?;
+        let synced = self.fs.sync_dir(&self.dir);
+        poison(&mut self.poisoned, "sync_dir", &self.dir, synced)?;
+        let mut hasher = chain_hasher(&self.head.chain);
+        hasher.update(&header);
+        tracing::debug!(segment = %name, first_seq, "started segment");
+        self.head.segment = name.clone();
+        self.active = Some(ActiveSegment {
+            name,
+            path,
+            file,
+            // Cast: HEADER_LEN is 64.
+            len: HEADER_LEN as u64,
+            records: 0,
+            hasher: Box::new(hasher),
+        });
+        Ok(())
+    }
+
+    /// Seq, active segment and chain value after the last durable record.
+    pub fn head(&self) -> Head {
+        self.head.clone()
+    }
+
+    /// Seq of the last durable record; 0 for an empty log.
+    pub fn last_seq(&self) -> Seq {
+        self.head.seq
+    }
+
+    /// The log directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The settings the log was opened with.
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
+    /// True once a write-path call failed; every append then returns
+    /// `Poisoned`.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.is_some()
+    }
+}
+
+/// The other side of the disk, before writing: the encoded batch decodes
+/// back to the same records with the expected seqs.
+fn frames_match(buf: &[u8], first: Seq, batch: &[RecordIn<'_>], max_record_bytes: u32) -> bool {
+    let mut offset = 0;
+    for (seq, record) in (first..).zip(batch) {
+        match crate::format::decode_record(buf, offset, max_record_bytes) {
+            crate::format::RecordDecode::Record { record: got, size } => {
+                let same = got.seq == seq
+                    && got.ts_ms == record.ts_ms
+                    && got.kind == record.kind
+                    && got.kind_version == record.kind_version
+                    && got.payload == record.payload
+                    && size == record_size(record.payload.len());
+                if !same {
+                    return false;
+                }
+                offset += size;
+            }
+            _ => return false,
+        }
+    }
+    offset == buf.len()
+}
+
+// ---- Group commit ---------------------------------------------------------
+
+/// Group commit for independent submitters: a writer thread owns a [`Log`];
+/// each [`append`](GroupCommitAppender::append) blocks until its record is
+/// durable. The writer takes whatever is queued (up to `max_batch_records`)
+/// as one batch, so under load many records share one `fdatasync`; a lone
+/// record is written at once, never held back waiting for company (there is
+/// no timer).
+pub struct GroupCommitAppender {
+    /// Queue, wake-up and published head, shared with the writer thread.
+    shared: Arc<Shared>,
+    /// The writer thread; it hands the `Log` back when it ends.
+    writer: Option<JoinHandle<Log>>,
+    /// Checked on the submitter's thread, so one oversized record fails
+    /// alone instead of failing its whole batch.
+    max_record_bytes: u32,
+    /// Why the writer thread could not start, if it could not.
+    start_error: Option<String>,
+}
+
+/// State shared between submitters and the writer thread.
+struct Shared {
+    /// Records waiting for the writer.
+    queue: Mutex<Queue>,
+    /// Signals the writer: work queued or shutdown asked.
+    wake: Condvar,
+    /// The log's head after the last durable batch.
+    head: Mutex<Head>,
+}
+
+/// The submission queue.
+struct Queue {
+    /// Records in arrival order.
+    pending: VecDeque<Pending>,
+    /// Set by shutdown: the writer drains `pending`, then ends.
+    closing: bool,
+}
+
+/// One submitted record and where its answer goes.
+struct Pending {
+    ts_ms: u64,
+    kind: u16,
+    kind_version: u16,
+    payload: Vec<u8>,
+    reply: mpsc::SyncSender<Result<Seq, LogError>>,
+}
+
+/// Locks ignoring poisoning: the guarded data stays consistent because no
+/// code panics while holding these locks.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl GroupCommitAppender {
+    /// Starts the writer thread, which owns `log` until
+    /// [`shutdown`](Self::shutdown). `max_batch_records` caps a batch (0 is
+    /// taken as 1).
+    pub fn spawn(log: Log, max_batch_records: usize) -> Self {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                pending: VecDeque::new(),
+                closing: false,
+            }),
+            wake: Condvar::new(),
+            head: Mutex::new(log.head()),
+        });
+        let max_record_bytes = log.config.max_record_bytes;
+        let max_batch = max_batch_records.max(1);
+        let for_writer = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("spark-log-writer".to_owned())
+            .spawn(move || writer_loop(log, &for_writer, max_batch));
+        let (writer, start_error) = match spawned {
+            Ok(handle) => (Some(handle), None),
+            Err(e) => (
+                None,
+                Some(format!("the log writer thread did not start: {e}")),
+            ),
+        };
+        GroupCommitAppender {
+            shared,
+            writer,
+            max_record_bytes,
+            start_error,
+        }
+    }
+
+    /// Appends one record and blocks until it is durable; returns its seq.
+    /// Callable from many threads at once.
+    ///
+    /// Errors: `RecordTooLarge` / `ReservedKind` at once, for this record
+    /// only; the batch's `Io` error for every record of the batch whose write
+    /// or sync failed; `Poisoned` after that.
+    pub fn append(
+        &self,
+        ts_ms: u64,
+        kind: u16,
+        kind_version: u16,
+        payload: Vec<u8>,
+    ) -> Result<Seq, LogError> {
+        if let Some(reason) = &self.start_error {
+            return Err(LogError::Poisoned(reason.clone()));
+        }
+        check_record(
+            &RecordIn {
+                ts_ms,
+                kind,
+                kind_version,
+                payload: &payload,
+            },
+            self.max_record_bytes,
+        )?;
+        let (reply, answer) = mpsc::sync_channel(1);
+        {
+            let mut queue = lock(&self.shared.queue);
+            if queue.closing {
+                return Err(LogError::Poisoned(
+                    "the appender is shutting down".to_owned(),
+                ));
+            }
+            queue.pending.push_back(Pending {
+                ts_ms,
+                kind,
+                kind_version,
+                payload,
+                reply,
+            });
+        }
+        self.shared.wake.notify_one();
+        answer.recv().unwrap_or_else(|_| {
+            Err(LogError::Poisoned(
+                "the log writer thread stopped before answering".to_owned(),
+            ))
+        })
+    }
+
+    /// The log's head after the last durable batch.
+    pub fn head(&self) -> Head {
+        lock(&self.shared.head).clone()
+    }
+
+    /// Lets the writer finish everything queued, stops it and returns the
+    /// `Log` (poisoned or not: check [`Log::is_poisoned`]). Errors with
+    /// `Poisoned` only if the writer thread never started or panicked.
+    pub fn shutdown(mut self) -> Result<Log, LogError> {
+        if let Some(reason) = &self.start_error {
+            return Err(LogError::Poisoned(reason.clone()));
+        }
+        self.close();
+        match self.writer.take().map(JoinHandle::join) {
+            Some(Ok(log)) => Ok(log),
+            _ => Err(LogError::Poisoned(
+                "the log writer thread panicked".to_owned(),
+            )),
+        }
+    }
+
+    /// Asks the writer to drain the queue and end.
+    fn close(&self) {
+        lock(&self.shared.queue).closing = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+impl Drop for GroupCommitAppender {
+    fn drop(&mut self) {
+        if let Some(writer) = self.writer.take() {
+            self.close();
+            // The Log is dropped with the thread's result; nothing to report.
+            let _ = writer.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for GroupCommitAppender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommitAppender")
+            .field("head", &self.head())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The writer thread: take everything queued (up to `max_batch`), append it
+/// as one batch, answer each submitter; until shutdown drains the queue.
+fn writer_loop(mut log: Log, shared: &Shared, max_batch: usize) -> Log {
+    let mut batch: Vec<Pending> = Vec::new();
+    loop {
+        {
+            let mut queue = lock(&shared.queue);
+            while queue.pending.is_empty() && !queue.closing {
+                queue = shared
+                    .wake
+                    .wait(queue)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if queue.pending.is_empty() {
+                break;
+            }
+            let take = queue.pending.len().min(max_batch);
+            batch.extend(queue.pending.drain(..take));
+        }
+        let records: Vec<RecordIn<'_>> = batch
+            .iter()
+            .map(|p| RecordIn {
+                ts_ms: p.ts_ms,
+                kind: p.kind,
+                kind_version: p.kind_version,
+                payload: &p.payload,
+            })
+            .collect();
+        let result = log.append_batch(&records);
+        drop(records);
+        match result {
+            Ok(last) => {
+                *lock(&shared.head) = log.head();
+                // Cast: usize is at most 64 bits on every target Rust supports.
+                let first = last + 1 - batch.len() as u64;
+                for (seq, pending) in (first..).zip(batch.drain(..)) {
+                    // A submitter that went away no longer needs its answer.
+                    let _ = pending.reply.send(Ok(seq));
+                }
+            }
+            Err(error) => {
+                for pending in batch.drain(..) {
+                    let _ = pending.reply.send(Err(error.duplicate()));
+                }
+            }
+        }
+    }
+    log
+}

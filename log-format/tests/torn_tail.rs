@@ -1,0 +1,162 @@
+//! Guards the torn-tail rule: a last segment cut anywhere inside its last
+//! record, or followed by garbage or zeros, recovers every whole record (and
+//! only those), truncates the rest, and appends continue without a gap.
+
+mod common;
+
+use std::fs::OpenOptions;
+
+use common::*;
+use spark_log_format::{LogReader, RECORD_HEADER_LEN};
+
+/// Builds a log of `n` records, one batch each, with segments of ~300 bytes
+/// so that several are sealed and the last holds several records.
+fn build(n: u64) -> (tempfile::TempDir, Vec<Owned>, Vec<spark_log_format::Head>) {
+    let dir = tempfile::tempdir().unwrap();
+    let records: Vec<Owned> = (1..=n).map(sample).collect();
+    let (mut log, _, _) = open_collect(dir.path(), config(300), os()).unwrap();
+    let heads = append_each(&mut log, &records);
+    drop(log);
+    (dir, records, heads)
+}
+
+#[test]
+fn cut_at_every_offset_inside_the_last_record() {
+    let (dir, records, heads) = build(14);
+    let reader = LogReader::open(dir.path()).unwrap();
+    let segments = reader.segments().to_vec();
+    assert!(
+        segments.len() >= 3,
+        "want sealed segments before the last: {segments:?}"
+    );
+    let last_segment = segments.last().unwrap().clone();
+    assert!(
+        last_segment.last_seq - last_segment.first_seq >= 1,
+        "the last segment must hold at least two records"
+    );
+    let last = records.last().unwrap();
+    let size = (RECORD_HEADER_LEN + last.payload.len()) as u64;
+    let end = last_segment.bytes;
+    let start = end - size;
+    let n = records.len();
+
+    for cut in start..=end {
+        let copy = copy_dir(dir.path());
+        let path = copy.path().join(&last_segment.name);
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+
+        let whole = if cut == end { n } else { n - 1 };
+        let (mut log, report, seen) = open_collect(copy.path(), config(300), os()).unwrap();
+        assert_eq!(seen, records[..whole], "cut at {cut}");
+        assert_eq!(log.head(), heads[whole - 1], "cut at {cut}");
+        assert_eq!(report.records, whole as u64);
+        match &report.truncated {
+            Some(torn) => {
+                assert!(cut > start && cut < end, "cut at {cut} reported torn");
+                assert_eq!(torn.segment, last_segment.name);
+                assert_eq!(torn.offset, start);
+                assert_eq!(torn.bytes_dropped, cut - start);
+            }
+            None => assert!(cut == start || cut == end, "cut at {cut} not reported"),
+        }
+        let kept = if cut == end { end } else { start };
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            kept,
+            "cut at {cut}"
+        );
+
+        // Appending continues gapless, and the result reopens and verifies.
+        let next = sample(whole as u64 + 1);
+        assert_eq!(log.append_batch(&[next.as_in()]).unwrap(), whole as u64 + 1);
+        let head = log.head();
+        drop(log);
+        let (log, report, seen) = open_collect(copy.path(), config(300), os()).unwrap();
+        assert!(report.truncated.is_none());
+        assert_eq!(seen.len(), whole + 1);
+        assert_eq!(seen[..whole], records[..whole]);
+        assert_eq!(seen[whole], next);
+        assert_eq!(log.head(), head);
+        let (scan, scanned) = scan_collect(copy.path()).unwrap();
+        assert_eq!(scanned, seen);
+        assert_eq!(scan.head, head);
+    }
+}
+
+#[test]
+fn garbage_and_zero_runs_at_the_tail_are_truncated() {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut noise = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    };
+    let mut partial_frame = 50u32.to_le_bytes().to_vec();
+    partial_frame.extend_from_slice(&[0xAB; 20]);
+    let tails: Vec<(&str, Vec<u8>)> = vec![
+        ("1 zero", vec![0]),
+        ("7 zeros", vec![0; 7]),
+        ("8 zeros", vec![0; 8]),
+        ("4096 zeros", vec![0; 4096]),
+        ("3 bytes of garbage", noise(3)),
+        ("100 bytes of garbage", noise(100)),
+        ("64 KiB of garbage", noise(64 << 10)),
+        ("a frame start without its body", partial_frame),
+        ("len 0xFFFFFFFF", vec![0xFF; 40]),
+    ];
+    for single_segment in [true, false] {
+        let n = if single_segment { 3 } else { 12 };
+        let (dir, records, heads) = build(n);
+        let before = LogReader::open(dir.path()).unwrap().segments().to_vec();
+        assert_eq!(before.len() == 1, single_segment);
+        let last = before.last().unwrap().clone();
+        for (what, tail) in &tails {
+            let copy = copy_dir(dir.path());
+            let path = copy.path().join(&last.name);
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes.extend_from_slice(tail);
+            std::fs::write(&path, &bytes).unwrap();
+
+            let reader = LogReader::open(copy.path()).unwrap();
+            let torn = reader
+                .torn_tail()
+                .cloned()
+                .expect("reader reports the tail");
+            assert_eq!(
+                (torn.offset, torn.bytes_dropped),
+                (last.bytes, tail.len() as u64),
+                "{what}"
+            );
+
+            let (mut log, report, seen) = open_collect(copy.path(), config(300), os()).unwrap();
+            assert_eq!(seen, records, "{what}");
+            assert_eq!(log.head(), *heads.last().unwrap(), "{what}");
+            let truncated = report.truncated.expect(what);
+            assert_eq!(truncated.segment, last.name, "{what}");
+            assert_eq!(truncated.offset, last.bytes, "{what}");
+            assert_eq!(truncated.bytes_dropped, tail.len() as u64, "{what}");
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().len(),
+                last.bytes,
+                "{what}"
+            );
+
+            let next = sample(n + 1);
+            assert_eq!(log.append_batch(&[next.as_in()]).unwrap(), n + 1);
+            drop(log);
+            let (scan, seen) = scan_collect(copy.path()).unwrap();
+            assert_eq!(seen.len() as u64, n + 1, "{what}");
+            assert!(scan.torn_tail.is_none(), "{what}");
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! `spark-replay audit`: one entity's history, what one request produced,
+//! the chain head to record elsewhere, and live moments with the same
+//! content under different ids (the residual case ADR-036 admits).
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+
+use clap::Subcommand;
+use serde_json::json;
+use spark_engine::ids::Id;
+use spark_engine::op::Op;
+
+use crate::scan::{open, replay_all, scan};
+use crate::{exit, Common, Failure, Outcome};
+
+/// The audits.
+#[derive(Subcommand, Debug)]
+pub enum AuditCmd {
+    /// Every op that touched one entity, in seq order (JSON lines).
+    Entity {
+        /// The entity's id (a ULID).
+        id: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// What one request id produced: the request index row and its ops.
+    Request {
+        /// The request id.
+        rid: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// The head: last seq, active segment and chain value, verified from the
+    /// first byte. Record the chain elsewhere: any later rewrite of history
+    /// changes it.
+    Chain {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Live moments with the same content (text, caption, lang, captured_at)
+    /// under different ids. Exit 1 when any are found.
+    Duplicates {
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Runs one audit.
+pub fn run(cmd: AuditCmd) -> Outcome {
+    match cmd {
+        AuditCmd::Entity { id, common } => entity(&common, &id),
+        AuditCmd::Request { rid, common } => request(&common, &rid),
+        AuditCmd::Chain { common } => chain(&common),
+        AuditCmd::Duplicates { common } => duplicates(&common),
+    }
+}
+
+fn ops_where(common: &Common, keep: impl Fn(&Op) -> bool) -> Result<Vec<Op>, Failure> {
+    let reader = open(common)?;
+    let mut ops = Vec::new();
+    scan(&reader, false, "audit", |segment, record| {
+        let op = Op::decode(record).map_err(|e| {
+            Failure::damage(format!(
+                "segment {} at offset {}: {e}",
+                segment.name, record.offset
+            ))
+        })?;
+        if keep(&op) {
+            ops.push(op);
+        }
+        Ok(ControlFlow::Continue(()))
+    })?;
+    Ok(ops)
+}
+
+fn entity(common: &Common, id: &str) -> Outcome {
+    let id = Id::parse(id).map_err(|e| Failure {
+        message: format!("not a ULID: {e}"),
+        code: exit::USAGE,
+    })?;
+    let ops = ops_where(common, |op| op.body.entity_id() == id)?;
+    if common.json {
+        let list: Vec<_> = ops.iter().map(Op::to_json).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"entity_id": id, "ops": list}))
+                .unwrap_or_default()
+        );
+    } else if ops.is_empty() {
+        println!("no op touched {id}");
+    } else {
+        for op in &ops {
+            println!(
+                "seq {:>8}  {}  {:<14} request {}  device {}",
+                op.seq,
+                spark_engine::time::format_rfc3339_ms(op.ts_ms as i64),
+                op.body.kind().name(),
+                op.body.request_id().unwrap_or("-"),
+                op.body.device()
+            );
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn request(common: &Common, rid: &str) -> Outcome {
+    let (mirror, _) = replay_all(common)?;
+    let ops = ops_where(common, |op| op.body.request_id() == Some(rid))?;
+    let row = mirror.requests.get(rid);
+    let doc = json!({
+        "request_id": rid,
+        "produced": row.map(|r| json!({"seq": r.seq, "kind": r.kind.name(), "entity_id": r.entity_id})),
+        "ops": ops.iter().map(Op::to_json).collect::<Vec<_>>(),
+    });
+    if common.json {
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        match row {
+            None => println!("request id {rid:?} is unknown: no op carried it"),
+            Some(r) => println!(
+                "request id {rid:?} produced {} of {} at seq {} ({} op(s) carry it)",
+                r.kind.name(),
+                r.entity_id,
+                r.seq,
+                ops.len()
+            ),
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn chain(common: &Common) -> Outcome {
+    let reader = open(common)?;
+    let report = scan(&reader, true, "chain", |_, _| Ok(ControlFlow::Continue(())))?;
+    let head = &report.head;
+    if common.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "seq": head.seq,
+                "segment": head.segment,
+                "chain": head.chain_hex(),
+            }))
+            .unwrap_or_default()
+        );
+    } else {
+        println!("seq      {}", head.seq);
+        println!("segment  {}", head.segment);
+        println!("chain    {}", head.chain_hex());
+    }
+    Ok(exit::OK)
+}
+
+fn duplicates(common: &Common) -> Outcome {
+    let (mirror, _) = replay_all(common)?;
+    type Content<'a> = (
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<i64>,
+    );
+    let mut groups: BTreeMap<Content<'_>, Vec<Id>> = BTreeMap::new();
+    for moment in mirror.moments.values().filter(|m| !m.deleted) {
+        let key = (
+            moment.text.as_deref(),
+            moment.caption.as_deref(),
+            moment.lang.as_deref(),
+            moment.captured_at_ms,
+        );
+        groups.entry(key).or_default().push(moment.id);
+    }
+    let found: Vec<_> = groups
+        .into_iter()
+        .filter(|(_, ids)| ids.len() > 1)
+        .map(|((text, caption, lang, _), ids)| json!({"text": text, "caption": caption, "lang": lang, "ids": ids}))
+        .collect();
+    if common.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"groups": found})).unwrap_or_default()
+        );
+    } else if found.is_empty() {
+        println!("no live moments share their content");
+    } else {
+        for group in &found {
+            println!("{group}");
+        }
+    }
+    Ok(if found.is_empty() {
+        exit::OK
+    } else {
+        exit::DAMAGE
+    })
+}

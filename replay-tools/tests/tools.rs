@@ -1,0 +1,253 @@
+//! `spark-replay` end to end: every subcommand against a data directory
+//! written by the real engine, beside a live engine, and on damaged copies.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use serde_json::Value;
+use spark_engine::clock::SystemClock;
+use spark_engine::config::Settings;
+use spark_engine::engine::{Command as EngineCommand, CreateMoment, DeleteMoment, EditMoment};
+use spark_engine::{Engine, Id};
+use spark_log_format::OsFs;
+
+fn run(args: &[&str], data: &Path) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_spark-replay"))
+        .args(args)
+        .arg("--data")
+        .arg(data)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn create(id: Id, rid: &str, text: &str) -> EngineCommand {
+    EngineCommand::CreateMoment(CreateMoment {
+        id: Some(id),
+        request_id: Some(rid.into()),
+        text: Some(text.into()),
+        caption: None,
+        lang: Some("de".into()),
+        captured_at_ms: None,
+        device: "test-phone".into(),
+    })
+}
+
+/// Writes: 3 creates (two with the same content), an edit, a delete.
+/// Returns the engine (still open) and the ids.
+async fn populate(data: &Path, segment_size_bytes: u64) -> (Engine, Vec<Id>) {
+    let mut settings = Settings {
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    };
+    settings.log.segment_size_bytes = segment_size_bytes;
+    let engine = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap();
+    let ids: Vec<Id> = (1..=3)
+        .map(|n| Id::from_parts(1_767_225_600_000 + n, n.into()))
+        .collect();
+    engine
+        .submit(create(ids[0], "r-0", "Ausfahrt"))
+        .await
+        .unwrap();
+    engine
+        .submit(create(ids[1], "r-1", "Ausfahrt"))
+        .await
+        .unwrap();
+    engine
+        .submit(create(ids[2], "r-2", "Notausgang"))
+        .await
+        .unwrap();
+    engine
+        .submit(EngineCommand::EditMoment(EditMoment {
+            id: ids[2],
+            request_id: Some("e-2".into()),
+            if_match: None,
+            text: None,
+            caption: Some(Some("bus stop".into())),
+            lang: None,
+            device: "test-phone".into(),
+        }))
+        .await
+        .unwrap();
+    engine
+        .submit(EngineCommand::DeleteMoment(DeleteMoment {
+            id: ids[2],
+            request_id: None,
+            if_match: None,
+            device: "test-phone".into(),
+        }))
+        .await
+        .unwrap();
+    (engine, ids)
+}
+
+#[tokio::test]
+async fn every_subcommand_beside_a_running_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let (engine, ids) = populate(data, 64 << 20).await;
+    let head = engine.head();
+
+    let (code, out, err) = run(&["verify"], data);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("ok: 5 records"), "{out}");
+
+    let (code, out, _) = run(&["dump"], data);
+    assert_eq!(code, 0);
+    let ops: Vec<Value> = out.lines().map(json).collect();
+    assert_eq!(ops.len(), 5);
+    assert_eq!(ops[0]["seq"], 1);
+    assert_eq!(ops[0]["kind"], "moment.create");
+    assert_eq!(ops[0]["request_id"], "r-0");
+    assert_eq!(ops[0]["entity_id"], ids[0].to_string());
+    assert_eq!(ops[0]["device"], "test-phone");
+    assert_eq!(ops[4]["request_id"], Value::Null);
+
+    let count = |args: &[&str]| run(args, data).1.lines().count();
+    assert_eq!(count(&["dump", "--kind", "moment.create"]), 3);
+    assert_eq!(
+        count(&["dump", "--kind", "moment.edit", "--kind", "moment.delete"]),
+        2
+    );
+    assert_eq!(count(&["dump", "--entity", &ids[2].to_string()]), 3);
+    assert_eq!(
+        count(&["dump", "--entity", &ids[2].to_string().to_lowercase()]),
+        3
+    );
+    assert_eq!(count(&["dump", "--request", "r-1"]), 1);
+    assert_eq!(count(&["dump", "--from-seq", "2", "--to-seq", "3"]), 2);
+    let ts = ops[3]["ts_ms"].as_u64().unwrap().to_string();
+    assert_eq!(
+        count(&["dump", "--since", &ts]),
+        ops.iter()
+            .filter(|o| o["ts_ms"].as_u64() >= ops[3]["ts_ms"].as_u64())
+            .count()
+    );
+    assert_eq!(count(&["dump", "--until", "1970-01-02T00:00:00Z"]), 0);
+    assert_eq!(run(&["dump", "--kind", "moment.nope"], data).0, 2);
+
+    let (code, out, _) = run(&["rebuild", "--json"], data);
+    assert_eq!(code, 0);
+    let rebuilt = json(&out);
+    assert_eq!(rebuilt["seq"], 5);
+    assert_eq!(
+        rebuilt["moments"],
+        serde_json::json!({"live": 2, "deleted": 1})
+    );
+    assert_eq!(rebuilt["requests"], 4);
+    assert_eq!(rebuilt["digest"], engine.read(|m| m.digest()));
+
+    let (_, out, _) = run(&["rebuild", "--json", "--at", "3"], data);
+    let at3 = json(&out);
+    assert_eq!(
+        (at3["seq"].clone(), at3["moments"]["live"].clone()),
+        (serde_json::json!(3), serde_json::json!(3))
+    );
+    let export = data.join("export.json");
+    let (code, _, _) = run(
+        &["rebuild", "--at", "4", "--export", export.to_str().unwrap()],
+        data,
+    );
+    assert_eq!(code, 0);
+    let exported = json(&std::fs::read_to_string(&export).unwrap());
+    assert_eq!(exported["moments"].as_array().unwrap().len(), 3);
+    assert_eq!(exported["moments"][2]["caption"], "bus stop");
+    assert_eq!(exported["requests"]["e-2"]["kind"], "moment.edit");
+
+    let (_, out, _) = run(&["stats", "--json"], data);
+    let stats = json(&out);
+    assert_eq!(stats["ops"], 5);
+    assert_eq!(stats["segments"], 1);
+    assert_eq!(stats["by_kind"]["moment.create"], 3);
+    assert!(stats["bytes"].as_u64().unwrap() > 64);
+
+    let (_, out, _) = run(&["audit", "chain", "--json"], data);
+    let chain = json(&out);
+    assert_eq!(chain["seq"], 5);
+    assert_eq!(chain["chain"], head.chain_hex());
+
+    let (_, out, _) = run(&["audit", "entity", &ids[2].to_string(), "--json"], data);
+    let history = json(&out);
+    let kinds: Vec<_> = history["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kind"].clone())
+        .collect();
+    assert_eq!(kinds, vec!["moment.create", "moment.edit", "moment.delete"]);
+
+    let (_, out, _) = run(&["audit", "request", "r-1", "--json"], data);
+    let produced = json(&out);
+    assert_eq!(produced["produced"]["entity_id"], ids[1].to_string());
+    assert_eq!(produced["produced"]["kind"], "moment.create");
+
+    let (code, out, _) = run(&["audit", "duplicates", "--json"], data);
+    assert_eq!(code, 1, "two live moments share their content");
+    let groups = json(&out);
+    let ids_found = &groups["groups"][0]["ids"];
+    assert_eq!(ids_found.as_array().unwrap().len(), 2);
+
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn verify_names_the_place_of_a_flipped_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Small segments: the log spans several sealed segments.
+    let (engine, _) = populate(&data, 4096).await;
+    for n in 0..60u64 {
+        engine
+            .submit(create(
+                Id::from_parts(1_767_225_700_000 + n, n.into()),
+                &format!("bulk-{n}"),
+                &"x".repeat(150),
+            ))
+            .await
+            .unwrap();
+    }
+    engine.shutdown().await;
+    drop(engine);
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut segments: Vec<_> = std::fs::read_dir(data.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 3, "{segments:?}");
+    for (index, segment) in segments.iter().enumerate() {
+        let copy = dir.path().join(format!("copy-{index}"));
+        std::fs::create_dir_all(copy.join("log")).unwrap();
+        for s in &segments {
+            std::fs::copy(s, copy.join("log").join(s.file_name().unwrap())).unwrap();
+        }
+        let target = copy.join("log").join(segment.file_name().unwrap());
+        let mut bytes = std::fs::read(&target).unwrap();
+        let pos = bytes.len() / 3;
+        bytes[pos] ^= 0x10;
+        std::fs::write(&target, &bytes).unwrap();
+        let (code, out, err) = run(&["verify"], &copy);
+        let name = segment.file_name().unwrap().to_str().unwrap();
+        assert_eq!(code, 1, "segment {name}: {out}{err}");
+        assert!(err.contains(name), "the error names {name}: {err}");
+        assert!(err.contains("offset"), "{err}");
+    }
+}
+
+#[test]
+fn a_missing_data_directory_is_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = run(&["verify"], &dir.path().join("nothing"));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no log"), "{err}");
+}

@@ -1,0 +1,233 @@
+//! The HTTP API (SPEC section 4), on warp 0.4.
+//!
+//! One filter per path pattern hands the whole request ([`Request`]) to its
+//! resource module, which dispatches on the method; every handler returns a
+//! response or an [`ApiError`], and [`recover`] turns what no route matched
+//! into a problem+json `404`. Bodies are read through [`Request::json`],
+//! which enforces the size limit before parsing.
+
+pub mod log;
+pub mod moments;
+pub mod problem;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use warp::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use warp::reply::Response;
+use warp::Filter;
+
+use crate::config::Settings;
+use crate::engine::Engine;
+use crate::ids::{check_request_id, REQUEST_ID_MAX_BYTES};
+
+pub use problem::ApiError;
+
+/// The device recorded on ops while no access tokens exist (SPEC section 9:
+/// once tokens are configured, each token names its device).
+pub const ANONYMOUS_DEVICE: &str = "anonymous";
+
+/// What every handler can reach.
+pub struct AppState {
+    /// The engine: commands in, mirror out.
+    pub engine: Arc<Engine>,
+    /// The effective settings (limits).
+    pub settings: Arc<Settings>,
+}
+
+/// The body of a request as a stream of chunks, not yet read.
+pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, warp::Error>> + Send>>;
+
+/// One request as the handlers see it.
+pub struct Request {
+    /// The method.
+    pub method: Method,
+    /// The headers.
+    pub headers: HeaderMap,
+    /// The raw query string (empty when none).
+    pub query: String,
+    /// The unread body.
+    pub body: BodyStream,
+}
+
+impl Request {
+    /// Reads the whole body, refusing it with `413 too_large` as soon as it
+    /// passes `limit_bytes` (by `Content-Length` before reading, or while
+    /// reading a body without one).
+    pub async fn bytes(&mut self, limit_bytes: u64) -> Result<Bytes, ApiError> {
+        if let Some(length) = self
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            if length > limit_bytes {
+                return Err(ApiError::too_large(limit_bytes));
+            }
+        }
+        let mut buffer = BytesMut::new();
+        while let Some(chunk) = self.body.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::invalid_request(format!("reading the body: {e}")))?;
+            if (buffer.len() + chunk.len()) as u64 > limit_bytes {
+                return Err(ApiError::too_large(limit_bytes));
+            }
+            buffer.extend_from_slice(&chunk);
+        }
+        Ok(buffer.freeze())
+    }
+
+    /// Reads and parses a JSON body of at most `limit_bytes`. An empty body
+    /// is `Ok(None)`; malformed JSON, unknown members and wrong types are
+    /// `400 invalid_request` naming the problem.
+    pub async fn json<T: DeserializeOwned>(
+        &mut self,
+        limit_bytes: u64,
+    ) -> Result<Option<T>, ApiError> {
+        let bytes = self.bytes(limit_bytes).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ApiError::invalid_request(format!("the JSON body does not fit: {e}")))
+    }
+
+    /// Parses the query string into `T` (unknown parameters are refused
+    /// when `T` denies them).
+    pub fn query<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        serde_urlencoded::from_str(&self.query)
+            .map_err(|e| ApiError::invalid_request(format!("the query does not fit: {e}")))
+    }
+
+    /// A header as text, if present; a header that is not visible ASCII is
+    /// `400 invalid_request`.
+    pub fn header(&self, name: &str) -> Result<Option<&str>, ApiError> {
+        match self.headers.get(name) {
+            None => Ok(None),
+            Some(value) => value.to_str().map(|v| Some(v.trim())).map_err(|_| {
+                ApiError::invalid_request(format!("header {name} is not visible ASCII"))
+            }),
+        }
+    }
+
+    /// The request id of a write: `client_request_id` from the body and/or
+    /// the `Idempotency-Key` header (SPEC section 2). Both sent and
+    /// different is `400 invalid_request`; each is checked against the
+    /// 80-byte cap and the character rules.
+    pub fn request_id(&self, from_body: Option<String>) -> Result<Option<String>, ApiError> {
+        let from_header = self.header("idempotency-key")?.map(str::to_owned);
+        let request_id = match (from_body, from_header) {
+            (Some(body), Some(head)) if body != head => {
+                return Err(ApiError::invalid_request(
+                    "Idempotency-Key and client_request_id differ; send one, or both equal",
+                ))
+            }
+            (Some(body), _) => Some(body),
+            (None, head) => head,
+        };
+        if let Some(r) = &request_id {
+            check_request_id(r, REQUEST_ID_MAX_BYTES)?;
+        }
+        Ok(request_id)
+    }
+}
+
+/// A JSON response with `status`.
+pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => {
+            let mut response = Response::new(bytes.into());
+            *response.status_mut() = status;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "unavailable",
+            format!("the answer did not encode: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+fn request() -> impl Filter<Extract = (Request,), Error = warp::Rejection> + Clone {
+    let query = warp::query::raw().or(warp::any().map(String::new)).unify();
+    warp::method()
+        .and(warp::header::headers_cloned())
+        .and(query)
+        .and(warp::body::stream())
+        .map(|method, headers, query, body| Request {
+            method,
+            headers,
+            query,
+            body: box_body(body),
+        })
+}
+
+fn box_body<S, B>(body: S) -> BodyStream
+where
+    S: Stream<Item = Result<B, warp::Error>> + Send + 'static,
+    B: Buf,
+{
+    body.map_ok(|mut chunk| chunk.copy_to_bytes(chunk.remaining()))
+        .boxed()
+}
+
+/// Every route, with rejections turned into problem+json.
+pub fn routes(
+    state: Arc<AppState>,
+) -> impl Filter<Extract = (impl warp::Reply,), Error = Infallible> + Clone + Send + Sync + 'static
+{
+    let with_state = warp::any().map(move || Arc::clone(&state));
+    let moments = warp::path!("api" / "moments")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(moments::collection(state, req).await) });
+    let moment = warp::path!("api" / "moments" / String)
+        .and(with_state.clone())
+        .and(request())
+        .then(|id, state, req| async move { into_response(moments::item(state, id, req).await) });
+    let head = warp::path!("api" / "log" / "head")
+        .and(with_state)
+        .and(request())
+        .then(|state, req| async move { into_response(log::head(state, req).await) });
+    moments
+        .or(moment)
+        .unify()
+        .or(head)
+        .unify()
+        .recover(recover)
+        .unify()
+        .with(warp::log::custom(|info| {
+            tracing::debug!(
+                method = %info.method(),
+                path = info.path(),
+                status = info.status().as_u16(),
+                elapsed_us = info.elapsed().as_micros() as u64,
+                "request"
+            );
+        }))
+}
+
+fn into_response(result: Result<Response, ApiError>) -> Response {
+    result.unwrap_or_else(ApiError::into_response)
+}
+
+/// Turns what no route answered into problem+json.
+async fn recover(rejection: warp::Rejection) -> Result<Response, Infallible> {
+    let error = if rejection.is_not_found() {
+        ApiError::not_found("no such route")
+    } else {
+        ApiError::invalid_request(format!("the request was refused: {rejection:?}"))
+    };
+    Ok(error.into_response())
+}

@@ -1,0 +1,184 @@
+//! Settings: every limit is a named setting with a default and its unit in
+//! its name (SPEC section 8). Read from an optional TOML file (`--config`),
+//! then environment variables, then flags; unknown keys are an error.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the server can be told. `Settings::default()` is what
+/// `cargo run --release` serves with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Address to listen on. Default `127.0.0.1:8080`; port 0 picks a free
+    /// port. Env `SPARK_LISTEN`, flag `--listen`.
+    pub listen: SocketAddr,
+    /// Data directory: the log lives in `<data_dir>/log/`. Default
+    /// `./spark-data`. Env `SPARK_DATA`, flag `--data`.
+    pub data_dir: PathBuf,
+    /// Request limits.
+    pub limits: Limits,
+    /// The log and its group commit.
+    pub log: LogSettings,
+}
+
+/// Limits on what one request may carry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest JSON request body, in bytes; larger is `413 too_large`
+    /// before any parsing. Default 64 KiB (SPEC section 8).
+    pub json_body_limit_bytes: u64,
+    /// Page size of list routes when `limit` is not given. Default 100.
+    pub list_limit_default: usize,
+    /// Largest page size; larger `limit` values are clamped. Default 1,000.
+    pub list_limit_max: usize,
+}
+
+/// The log: segment roll and group commit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    /// A segment is sealed and a new one started once it would grow past
+    /// this many bytes. Default 64 MiB (SPEC section 8).
+    pub segment_size_bytes: u64,
+    /// Largest record, in bytes; a larger one in a file is damage. Default 4 MiB.
+    pub max_record_bytes: u32,
+    /// Most ops written with one write call and one fdatasync (the
+    /// group-commit batch). Default 1,024. A lone op is never held back.
+    pub group_commit_max_ops: usize,
+    /// Most commands waiting for the sequencer; more make callers wait.
+    /// Default 8,192.
+    pub queue_depth_commands: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("./spark-data"),
+            limits: Limits::default(),
+            log: LogSettings::default(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            json_body_limit_bytes: 64 * 1024,
+            list_limit_default: 100,
+            list_limit_max: 1000,
+        }
+    }
+}
+
+impl Default for LogSettings {
+    fn default() -> LogSettings {
+        LogSettings {
+            segment_size_bytes: 64 * 1024 * 1024,
+            max_record_bytes: spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+            group_commit_max_ops: 1024,
+            queue_depth_commands: 8192,
+        }
+    }
+}
+
+/// A settings file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The file could not be read.
+    #[error("cannot read settings file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for [`Settings`] (an unknown key is named).
+    #[error("settings file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said, naming the key.
+        message: String,
+    },
+    /// A value is out of its bounds.
+    #[error("setting {key}: {message}")]
+    Invalid {
+        /// The setting's dotted name.
+        key: &'static str,
+        /// Why.
+        message: String,
+    },
+}
+
+impl Settings {
+    /// Reads a TOML settings file; missing keys take their defaults.
+    pub fn from_file(path: &Path) -> Result<Settings, SettingsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let settings: Settings = toml::from_str(&text).map_err(|e| SettingsError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks bounds that the types cannot express.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let invalid = |key, message: &str| {
+            Err(SettingsError::Invalid {
+                key,
+                message: message.to_owned(),
+            })
+        };
+        if self.limits.json_body_limit_bytes == 0 {
+            return invalid("limits.json_body_limit_bytes", "must be above 0");
+        }
+        if self.limits.list_limit_max == 0 || self.limits.list_limit_default == 0 {
+            return invalid("limits.list_limit_*", "must be above 0");
+        }
+        if self.log.segment_size_bytes < 4096 {
+            return invalid("log.segment_size_bytes", "must be at least 4096");
+        }
+        if self.log.group_commit_max_ops == 0 {
+            return invalid("log.group_commit_max_ops", "must be above 0");
+        }
+        if self.log.queue_depth_commands == 0 {
+            return invalid("log.queue_depth_commands", "must be above 0");
+        }
+        if u64::from(self.log.max_record_bytes) < self.limits.json_body_limit_bytes + 1024 {
+            return invalid(
+                "log.max_record_bytes",
+                "must exceed limits.json_body_limit_bytes by at least 1 KiB",
+            );
+        }
+        Ok(())
+    }
+
+    /// The log's configuration from these settings.
+    pub fn log_config(&self) -> spark_log_format::LogConfig {
+        spark_log_format::LogConfig {
+            segment_size_bytes: self.log.segment_size_bytes,
+            max_record_bytes: self.log.max_record_bytes,
+            ..Default::default()
+        }
+    }
+
+    /// The log directory inside the data directory.
+    pub fn log_dir(&self) -> PathBuf {
+        log_dir(&self.data_dir)
+    }
+}
+
+/// `<data_dir>/log`, where the segments live.
+pub fn log_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("log")
+}

@@ -1,0 +1,209 @@
+//! The journal: the one writer thread. It owns the [`Log`] and is the only
+//! code that appends to it or applies ops to the published mirror.
+//!
+//! Each turn of the loop takes the commands queued right now (at least one,
+//! at most `group_commit_max_ops`), decides them, appends the ops with one
+//! write call and one fdatasync (group commit), applies them with the one
+//! fold, publishes the new head, and answers. An append error poisons the
+//! write path: nothing of that batch is acknowledged, and every later command
+//! is answered `Unavailable` until a restart recovers from what is on disk.
+//! The failed fsync is never retried (DESIGN.md, "The write path", step 5).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use spark_log_format::{Log, RecordIn};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::Clock;
+use crate::ids::Id;
+use crate::op::{Op, OpBody};
+
+use super::sequencer::{decide, Decision, Key, Plan};
+use super::{EngineError, Job, Outcome, Shared};
+
+type Reply = oneshot::Sender<Result<Outcome, EngineError>>;
+
+/// Starts the writer thread (named `spark-journal`).
+pub(super) fn spawn(
+    log: Log,
+    shared: Arc<Shared>,
+    queue: mpsc::Receiver<Job>,
+    clock: Arc<dyn Clock>,
+    max_batch_ops: usize,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("spark-journal".into())
+        .spawn(move || {
+            Journal {
+                log,
+                shared,
+                clock,
+                max_batch_ops,
+                deferred: VecDeque::new(),
+            }
+            .run(queue)
+        })
+}
+
+struct Journal {
+    /// The appender; nothing else writes the log.
+    log: Log,
+    /// The published mirror, head and poison flag.
+    shared: Arc<Shared>,
+    /// Stamps ops (`ts_ms`) and mints ids.
+    clock: Arc<dyn Clock>,
+    /// Most ops per group-commit batch.
+    max_batch_ops: usize,
+    /// Commands that shared a key with an op of the previous batch; they go
+    /// first in the next one, in arrival order.
+    deferred: VecDeque<(super::Command, Reply)>,
+}
+
+impl Journal {
+    fn run(mut self, mut queue: mpsc::Receiver<Job>) {
+        let mut stopping = false;
+        loop {
+            let mut batch: Vec<(super::Command, Reply)> = self.deferred.drain(..).collect();
+            if batch.is_empty() {
+                if stopping {
+                    break;
+                }
+                match queue.blocking_recv() {
+                    Some(Job::Command { command, reply }) => batch.push((command, reply)),
+                    Some(Job::Stop) | None => stopping = true,
+                }
+            }
+            while !stopping && batch.len() < self.max_batch_ops {
+                match queue.try_recv() {
+                    Ok(Job::Command { command, reply }) => batch.push((command, reply)),
+                    Ok(Job::Stop) => stopping = true,
+                    Err(_) => break,
+                }
+            }
+            if !batch.is_empty() {
+                self.commit_batch(batch);
+            }
+        }
+        // Anything queued after the stop is refused, never dropped silently.
+        queue.close();
+        while let Ok(job) = queue.try_recv() {
+            if let Job::Command { reply, .. } = job {
+                let _ = reply.send(Err(EngineError::Unavailable(
+                    "the engine is shutting down".into(),
+                )));
+            }
+        }
+        tracing::info!(seq = self.log.last_seq(), "journal stopped");
+    }
+
+    fn commit_batch(&mut self, batch: Vec<(super::Command, Reply)>) {
+        if let Some(reason) = self.shared.poison.lock().clone() {
+            for (_, reply) in batch {
+                let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+            }
+            return;
+        }
+        let mut touched: HashSet<Key> = HashSet::new();
+        let mut writes: Vec<(OpBody, Plan, Reply)> = Vec::new();
+        let ts_ms;
+        {
+            let mirror = self.shared.mirror.read();
+            // Time never runs backwards in the log, whatever the wall clock does.
+            ts_ms = self.clock.now_ms().max(mirror.ts_ms);
+            let mut mint = || Id::from_parts(ts_ms, rand::random::<u128>());
+            for (command, reply) in batch {
+                let keys = command.keys();
+                if keys.iter().any(|k| touched.contains(k)) {
+                    self.deferred.push_back((command, reply));
+                    continue;
+                }
+                touched.extend(keys);
+                match decide(&mirror, command, &mut mint) {
+                    Decision::Answer(answer) => {
+                        let _ = reply.send(answer);
+                    }
+                    Decision::Write(body, plan) => writes.push((body, plan, reply)),
+                }
+            }
+        }
+        if writes.is_empty() {
+            return;
+        }
+        let mut encoded = Vec::with_capacity(writes.len());
+        for (body, _, _) in &writes {
+            match body.encode() {
+                Ok(e) => encoded.push(e),
+                Err(e) => {
+                    // An op that does not encode is a bug; stop rather than
+                    // acknowledge something the log does not hold.
+                    self.poison_and_refuse(format!("op does not encode: {e}"), writes);
+                    return;
+                }
+            }
+        }
+        let records: Vec<RecordIn<'_>> = encoded
+            .iter()
+            .map(|(kind, kind_version, payload)| RecordIn {
+                ts_ms,
+                kind: *kind,
+                kind_version: *kind_version,
+                payload,
+            })
+            .collect();
+        let last_seq = match self.log.append_batch(&records) {
+            Ok(seq) => seq,
+            Err(e) => {
+                tracing::error!(error = %e, "append failed; the write path is stopped until restart");
+                self.poison_and_refuse(e.to_string(), writes);
+                return;
+            }
+        };
+        drop(records);
+        // `writes.len()` ops end at `last_seq`, so the first is this many back.
+        let first_seq = last_seq + 1 - writes.len() as u64;
+        let mut answers: Vec<(Result<Outcome, EngineError>, Reply)> =
+            Vec::with_capacity(writes.len());
+        {
+            let mut mirror = self.shared.mirror.write();
+            for (index, (body, plan, reply)) in writes.into_iter().enumerate() {
+                let op = Op {
+                    seq: first_seq + index as u64,
+                    ts_ms,
+                    body,
+                };
+                if let Err(e) = mirror.apply(&op) {
+                    // The sequencer decided an op the fold refuses: a bug.
+                    // The op is durable but its effect is not published;
+                    // restart replays it and reports the same refusal.
+                    drop(mirror);
+                    let reason = format!("the fold refused a committed op: {e}");
+                    tracing::error!(%reason);
+                    *self.shared.poison.lock() = Some(reason.clone());
+                    let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+                    for (_, reply) in answers {
+                        let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+                    }
+                    return;
+                }
+                answers.push((plan.outcome(&mirror), reply));
+            }
+            *self.shared.head.lock() = self.log.head();
+        }
+        for (answer, reply) in answers {
+            let _ = reply.send(answer);
+        }
+    }
+
+    fn poison_and_refuse(&mut self, reason: String, writes: Vec<(OpBody, Plan, Reply)>) {
+        *self.shared.poison.lock() = Some(reason.clone());
+        for (_, _, reply) in writes {
+            let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+        }
+        let deferred: Vec<_> = self.deferred.drain(..).collect();
+        for (_, reply) in deferred {
+            let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+        }
+    }
+}

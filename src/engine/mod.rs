@@ -1,0 +1,279 @@
+//! The engine: the sequencer, the journal and the published mirror.
+//!
+//! ```text
+//!  handlers --Command--> [queue] --> writer thread: sequencer decides ops,
+//!                                      journal appends a batch (one write,
+//!                                      one fdatasync), fold applies it to
+//!                                      the published mirror, replies go out
+//!  readers <------------ published mirror (RwLock): durable state only
+//! ```
+//!
+//! One writer thread owns every decision (DESIGN.md, "The write path"). It
+//! takes whatever commands are queued as one batch (a lone command is not
+//! held back), decides each against the committed mirror, writes the
+//! resulting ops with one write call and one fdatasync, applies them with the
+//! one fold, and only then answers. A command that touches a key (request id
+//! or entity id) already touched by an op of the batch in progress is
+//! deferred to the next batch: a duplicate of an in-flight op waits for that
+//! op's commit and then gets the same answer as any later retry.
+
+mod journal;
+mod sequencer;
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Mutex, RwLock};
+use spark_log_format::{Fs, Head, Log, LogError, OpenError, RecordRef, RecoveryReport};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::ids::Id;
+use crate::mirror::{FoldError, Mirror, MomentView};
+use crate::op::{Op, OpDecodeError};
+
+pub use sequencer::{Command, CreateMoment, DeleteMoment, EditMoment, FieldChange};
+
+/// What a write command produced (SPEC section 10 answer shapes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A create: `created` is false when a known request id or entity id
+    /// answered with the existing moment.
+    MomentCreated {
+        /// True when this command wrote the `moment.create`.
+        created: bool,
+        /// The moment as it is now.
+        moment: MomentView,
+    },
+    /// An edit: `changed` is false when nothing was written.
+    MomentEdited {
+        /// True when this command wrote a `moment.edit`.
+        changed: bool,
+        /// The moment as it is now.
+        moment: MomentView,
+    },
+    /// A delete: `deleted` is false when the moment was already a tombstone
+    /// or the request id was already answered.
+    MomentDeleted {
+        /// True when this command wrote the `moment.delete`.
+        deleted: bool,
+        /// The moment as it is now.
+        moment: MomentView,
+    },
+}
+
+/// Why a command was refused. Each maps to one problem `code` (SPEC 10).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// The entity does not exist: `404 not_found`.
+    #[error("moment {0} does not exist")]
+    NotFound(Id),
+    /// The entity is a tombstone: `410 deleted`.
+    #[error("moment {0} is deleted")]
+    Deleted(Id),
+    /// The request id belongs to another kind of request or another entity:
+    /// `409 conflict`.
+    #[error("{0}")]
+    Conflict(String),
+    /// `If-Match` named another version: `412 precondition_failed`.
+    #[error("the moment is at version {current}, not {expected}")]
+    PreconditionFailed {
+        /// The moment's version now.
+        current: u32,
+        /// The version the client named.
+        expected: u32,
+    },
+    /// The write path is stopped (poisoned by an I/O error, or shutting
+    /// down): `503 unavailable`. Nothing was acknowledged.
+    #[error("writes are unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Why the engine could not open its data directory.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineOpenError {
+    /// Another process holds the data directory.
+    #[error("data directory {0} is in use by another spark-engine process")]
+    Locked(String),
+    /// The data directory or its lock file could not be used.
+    #[error("cannot use data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The log is damaged or unreadable (names segment, offset and seq).
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// A record did not replay into the mirror.
+    #[error("replay stopped: {0}")]
+    Replay(#[from] ReplayError),
+}
+
+/// A record that decodes but does not fold, or does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The payload is not a known op.
+    #[error(transparent)]
+    Decode(#[from] OpDecodeError),
+    /// The fold refused the op.
+    #[error(transparent)]
+    Fold(#[from] FoldError),
+}
+
+/// Decodes one record and applies it with the one fold: what startup replay
+/// and the offline tools do for every record.
+pub fn replay_record(mirror: &mut Mirror, record: &RecordRef<'_>) -> Result<Op, ReplayError> {
+    let op = Op::decode(record)?;
+    mirror.apply(&op)?;
+    Ok(op)
+}
+
+/// State shared between the writer thread and the readers.
+struct Shared {
+    /// The published mirror: only durable ops are ever applied to it.
+    mirror: RwLock<Mirror>,
+    /// The log's head after the last committed batch.
+    head: Mutex<Head>,
+    /// Set once the write path is stopped by an I/O error; the reason.
+    poison: Mutex<Option<String>>,
+}
+
+/// A command on its way to the writer thread, with where to answer.
+enum Job {
+    /// Decide, write and answer this command.
+    Command {
+        command: Command,
+        reply: oneshot::Sender<Result<Outcome, EngineError>>,
+    },
+    /// Finish what came before, then stop the writer thread.
+    Stop,
+}
+
+/// The running engine: a handle to the writer thread and the published
+/// mirror. Cheap to share behind an `Arc`.
+pub struct Engine {
+    queue: mpsc::Sender<Job>,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Held for the engine's lifetime: the exclusive lock on `<data>/LOCK`.
+    _lock: File,
+    recovery: RecoveryReport,
+}
+
+impl Engine {
+    /// Opens the data directory: takes its lock, replays the log into the
+    /// mirror (recovery truncates a torn tail and refuses corruption, naming
+    /// segment, offset and seq), and starts the writer thread.
+    pub fn open(
+        settings: &Settings,
+        fs: Arc<dyn Fs>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Engine, EngineOpenError> {
+        let lock = lock_data_dir(&settings.data_dir)?;
+        let mut mirror = Mirror::new();
+        let (log, recovery) = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
+            replay_record(&mut mirror, &record).map(|_| ())
+        })
+        .map_err(|e| match e {
+            OpenError::Log(e) => EngineOpenError::Log(e),
+            OpenError::Visit(e) => EngineOpenError::Replay(e),
+        })?;
+        let shared = Arc::new(Shared {
+            mirror: RwLock::new(mirror),
+            head: Mutex::new(log.head()),
+            poison: Mutex::new(None),
+        });
+        let (queue, receiver) = mpsc::channel(settings.log.queue_depth_commands);
+        let writer = journal::spawn(
+            log,
+            Arc::clone(&shared),
+            receiver,
+            clock,
+            settings.log.group_commit_max_ops,
+        )
+        .map_err(|source| EngineOpenError::DataDir {
+            path: settings.data_dir.display().to_string(),
+            source,
+        })?;
+        Ok(Engine {
+            queue,
+            shared,
+            writer: Mutex::new(Some(writer)),
+            _lock: lock,
+            recovery,
+        })
+    }
+
+    /// Sends a command to the sequencer and waits until its op is durable
+    /// (or until it is answered from what is already known).
+    pub async fn submit(&self, command: Command) -> Result<Outcome, EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Job::Command { command, reply })
+            .await
+            .map_err(|_| EngineError::Unavailable("the engine is shutting down".into()))?;
+        answer.await.unwrap_or_else(|_| {
+            Err(EngineError::Unavailable(
+                "the writer stopped before answering".into(),
+            ))
+        })
+    }
+
+    /// Runs `f` over the published mirror (durable state only), under a
+    /// read lock: keep `f` short.
+    pub fn read<R>(&self, f: impl FnOnce(&Mirror) -> R) -> R {
+        f(&self.shared.mirror.read())
+    }
+
+    /// The log's head as of the last committed batch.
+    pub fn head(&self) -> Head {
+        self.shared.head.lock().clone()
+    }
+
+    /// Why the write path is stopped, if it is.
+    pub fn poisoned(&self) -> Option<String> {
+        self.shared.poison.lock().clone()
+    }
+
+    /// What recovery found when the engine opened.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Stops the writer thread after every command queued before this call
+    /// is answered; later commands get `Unavailable`. Idempotent.
+    pub async fn shutdown(&self) {
+        let _ = self.queue.send(Job::Stop).await;
+        let handle = self.writer.lock().take();
+        if let Some(handle) = handle {
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+    }
+}
+
+fn lock_data_dir(data_dir: &Path) -> Result<File, EngineOpenError> {
+    let io_error = |source| EngineOpenError::DataDir {
+        path: data_dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(data_dir).map_err(io_error)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(data_dir.join("LOCK"))
+        .map_err(io_error)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            Err(EngineOpenError::Locked(data_dir.display().to_string()))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(io_error(e)),
+    }
+}

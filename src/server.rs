@@ -1,0 +1,143 @@
+//! The server: opens the engine, binds the listener, serves the API, and
+//! shuts down cleanly (stop accepting, finish requests and the batch in
+//! flight, stop the journal).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use spark_log_format::{Fs, OsFs};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::api::{routes, AppState};
+use crate::clock::{Clock, SystemClock};
+use crate::config::Settings;
+use crate::engine::{Engine, EngineOpenError};
+
+/// Why the server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data directory or its log could not be opened.
+    #[error(transparent)]
+    Engine(#[from] EngineOpenError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The settings are invalid.
+    #[error(transparent)]
+    Settings(#[from] crate::config::SettingsError),
+}
+
+/// A server that is listening. Dropping it without [`RunningServer::shutdown`]
+/// leaves the task running until the runtime ends.
+pub struct RunningServer {
+    /// The address actually bound (port 0 resolved).
+    pub addr: SocketAddr,
+    engine: Arc<Engine>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// The engine behind the API.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Stops accepting, lets requests in flight finish, then stops the
+    /// journal after the batch in flight is durable.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+        self.engine.shutdown().await;
+    }
+}
+
+/// Opens the engine on the real file system and clock, and serves.
+pub async fn start(settings: Settings) -> Result<RunningServer, StartError> {
+    start_with(settings, Arc::new(OsFs), Arc::new(SystemClock)).await
+}
+
+/// Opens the engine with the given file seam and clock, and serves.
+pub async fn start_with(
+    settings: Settings,
+    fs: Arc<dyn Fs>,
+    clock: Arc<dyn Clock>,
+) -> Result<RunningServer, StartError> {
+    settings.validate()?;
+    let settings = Arc::new(settings);
+    let opening = Arc::clone(&settings);
+    let engine = tokio::task::spawn_blocking(move || Engine::open(&opening, fs, clock))
+        .await
+        .map_err(|e| EngineOpenError::DataDir {
+            path: settings.data_dir.display().to_string(),
+            source: std::io::Error::other(format!("replay task failed: {e}")),
+        })??;
+    let engine = Arc::new(engine);
+    let report = engine.recovery();
+    tracing::info!(
+        segments = report.segments,
+        records = report.records,
+        seq = engine.head().seq,
+        torn_tail = ?report.truncated,
+        "log replayed"
+    );
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: settings.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: settings.listen,
+        source,
+    })?;
+    let state = Arc::new(AppState {
+        engine: Arc::clone(&engine),
+        settings,
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = warp::serve(routes(state))
+        .incoming(listener)
+        .graceful(async move {
+            let _ = stopped.await;
+        });
+    let task = tokio::spawn(server.run());
+    Ok(RunningServer {
+        addr,
+        engine,
+        stop: Some(stop),
+        task,
+    })
+}
+
+/// Resolves when the process gets SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

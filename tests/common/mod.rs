@@ -1,0 +1,173 @@
+//! Shared helpers for the integration tests: servers on ephemeral ports over
+//! temporary data directories, in-process or as the real binary.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use serde_json::Value;
+use spark_engine::clock::SystemClock;
+use spark_engine::config::Settings;
+use spark_engine::server::{self, RunningServer};
+use spark_log_format::{LogReader, OsFs, ScanOptions};
+
+/// Settings for a test server: port 0 on loopback, the given data directory.
+pub fn settings(data: &Path) -> Settings {
+    Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    }
+}
+
+/// An in-process server and an HTTP client for it.
+pub struct TestServer {
+    pub running: RunningServer,
+    pub base: String,
+    pub client: reqwest::Client,
+}
+
+impl TestServer {
+    pub async fn start(data: &Path) -> TestServer {
+        TestServer::start_with(settings(data)).await
+    }
+
+    pub async fn start_with(settings: Settings) -> TestServer {
+        let running = server::start_with(settings, Arc::new(OsFs), Arc::new(SystemClock))
+            .await
+            .expect("server starts");
+        let base = format!("http://{}", running.addr);
+        TestServer {
+            running,
+            base,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Sends a request with an optional JSON body and headers; returns the
+    /// status, the parsed JSON body (Null when none) and the headers.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value, reqwest::header::HeaderMap) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self.client.request(method, self.url(path));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.expect("request is answered");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.unwrap();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+        };
+        (status, value, headers)
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let (s, v, _) = self.call("POST", path, Some(body), &[]).await;
+        (s, v)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let (s, v, _) = self.call("GET", path, None, &[]).await;
+        (s, v)
+    }
+
+    pub async fn stop(self) {
+        self.running.shutdown().await;
+    }
+}
+
+/// A fresh ULID for now, as a string.
+pub fn ulid() -> String {
+    use spark_engine::clock::Clock;
+    spark_engine::ids::Id::from_parts(SystemClock.now_ms(), rand::random::<u128>()).to_string()
+}
+
+/// Every record of the log under `data`, as (seq, kind code) pairs, read
+/// with the read-only reader.
+pub fn log_records(data: &Path) -> Vec<(u64, u16)> {
+    let reader = LogReader::open(&data.join("log")).expect("log opens");
+    let mut records = Vec::new();
+    reader
+        .scan(ScanOptions::default(), |_, record| {
+            records.push((record.seq, record.kind));
+            std::ops::ControlFlow::Continue(())
+        })
+        .expect("log scans");
+    records
+}
+
+/// The real `spark-engine` binary, started on port 0 over `data`.
+pub struct ServerProcess {
+    pub child: Child,
+    pub base: String,
+    pub data: PathBuf,
+}
+
+impl ServerProcess {
+    pub fn start(data: &Path) -> ServerProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
+            .args(["--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("binary starts");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        ServerProcess {
+            child,
+            base: format!("http://{addr}"),
+            data: data.to_owned(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// kill -9.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+/// The digest, seq and request count of the mirror replayed from `data`
+/// with the engine's own open (the server must be stopped).
+pub fn replayed_state(data: &Path) -> (String, u64, usize) {
+    let engine = spark_engine::Engine::open(&settings(data), Arc::new(OsFs), Arc::new(SystemClock))
+        .expect("engine opens");
+    engine.read(|m| (m.digest(), m.seq, m.requests.len()))
+}

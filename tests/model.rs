@@ -1,0 +1,232 @@
+//! A model test: random sequences of creates, edits and deletes (with
+//! reused ids and request ids, If-Match, restarts in between) go through the
+//! real engine and through a few lines of plain model; every answer and the
+//! final state must agree, and a restart must give back the same mirror.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use spark_engine::clock::SystemClock;
+use spark_engine::config::Settings;
+use spark_engine::engine::{Command, CreateMoment, DeleteMoment, EditMoment};
+use spark_engine::op::OpKind;
+use spark_engine::{Engine, EngineError, Id, Outcome};
+use spark_log_format::OsFs;
+
+#[derive(Clone, Debug)]
+enum Step {
+    Create {
+        id: Option<u8>,
+        rid: Option<u8>,
+        text: u8,
+    },
+    Edit {
+        id: u8,
+        rid: Option<u8>,
+        text: u8,
+        if_match: Option<u32>,
+    },
+    Delete {
+        id: u8,
+        rid: Option<u8>,
+    },
+    Restart,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (proptest::option::of(0..6u8), proptest::option::of(0..8u8), 0..3u8)
+            .prop_map(|(id, rid, text)| Step::Create { id, rid, text }),
+        3 => (0..6u8, proptest::option::of(0..8u8), 0..3u8, proptest::option::of(1..4u32))
+            .prop_map(|(id, rid, text, if_match)| Step::Edit { id, rid, text, if_match }),
+        2 => (0..6u8, proptest::option::of(0..8u8)).prop_map(|(id, rid)| Step::Delete { id, rid }),
+        1 => Just(Step::Restart),
+    ]
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct ModelMoment {
+    text: String,
+    version: u32,
+    deleted: bool,
+}
+
+#[derive(Default)]
+struct Model {
+    moments: HashMap<Id, ModelMoment>,
+    requests: HashMap<String, (OpKind, Id)>,
+    ops: u64,
+}
+
+/// What the model expects: Ok((flag, id, version, deleted)) or the error's kind.
+type Expect = Result<(bool, Id, u32, bool), &'static str>;
+
+impl Model {
+    fn known(
+        &self,
+        rid: &Option<String>,
+        kind: OpKind,
+        id: Option<Id>,
+    ) -> Option<Result<Id, &'static str>> {
+        let (k, e) = self.requests.get(rid.as_ref()?)?;
+        if *k != kind || id.is_some_and(|id| id != *e) {
+            return Some(Err("conflict"));
+        }
+        Some(Ok(*e))
+    }
+
+    fn answer(&self, flag: bool, id: Id) -> Expect {
+        let m = &self.moments[&id];
+        Ok((flag, id, m.version, m.deleted))
+    }
+
+    fn record(&mut self, rid: Option<String>, kind: OpKind, id: Id) {
+        self.ops += 1;
+        if let Some(r) = rid {
+            self.requests.entry(r).or_insert((kind, id));
+        }
+    }
+}
+
+fn ulid(n: u8) -> Id {
+    Id::from_parts(1_767_225_600_000, u128::from(n) + 1)
+}
+
+fn view(outcome: Result<Outcome, EngineError>) -> Expect {
+    match outcome {
+        Ok(Outcome::MomentCreated { created: f, moment })
+        | Ok(Outcome::MomentEdited { changed: f, moment })
+        | Ok(Outcome::MomentDeleted { deleted: f, moment }) => {
+            Ok((f, moment.id, moment.version, moment.deleted))
+        }
+        Err(EngineError::Conflict(_)) => Err("conflict"),
+        Err(EngineError::NotFound(_)) => Err("not_found"),
+        Err(EngineError::Deleted(_)) => Err("deleted"),
+        Err(EngineError::PreconditionFailed { .. }) => Err("precondition_failed"),
+        Err(EngineError::Unavailable(_)) => Err("unavailable"),
+    }
+}
+
+fn open(settings: &Settings) -> Engine {
+    Engine::open(settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_agrees_with_the_model(steps in proptest::collection::vec(step(), 1..60)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings { data_dir: dir.path().to_owned(), ..Settings::default() };
+        let mut engine = open(&settings);
+        let mut model = Model::default();
+        for step in steps {
+            let rid = |r: Option<u8>| r.map(|r| format!("rid-{r}"));
+            let (command, expect): (Command, Expect) = match step {
+                Step::Restart => {
+                    let before = engine.read(|m| m.digest());
+                    runtime.block_on(engine.shutdown());
+                    drop(engine);
+                    engine = open(&settings);
+                    prop_assert_eq!(engine.read(|m| m.digest()), before);
+                    continue;
+                }
+                Step::Create { id, rid: r, text } => {
+                    let id = id.map(ulid);
+                    let r = rid(r);
+                    let expect = match model.known(&r, OpKind::MomentCreate, None) {
+                        Some(Ok(e)) => model.answer(false, e),
+                        Some(Err(e)) => Err(e),
+                        None => match id.filter(|i| model.moments.contains_key(i)) {
+                            Some(i) => model.answer(false, i),
+                            // Minted ids are unknown to the model: checked below.
+                            None => Ok((true, id.unwrap_or_default(), 1, false)),
+                        },
+                    };
+                    let command = Command::CreateMoment(CreateMoment {
+                        id, request_id: r, text: Some(format!("t{text}")), caption: None,
+                        lang: None, captured_at_ms: None, device: "model".into(),
+                    });
+                    (command, expect)
+                }
+                Step::Edit { id, rid: r, text, if_match } => {
+                    let id = ulid(id);
+                    let r = rid(r);
+                    let new_text = format!("t{text}");
+                    let expect = match model.known(&r, OpKind::MomentEdit, Some(id)) {
+                        Some(Ok(e)) => model.answer(false, e),
+                        Some(Err(e)) => Err(e),
+                        None => match model.moments.get(&id) {
+                            None => Err("not_found"),
+                            Some(m) if m.deleted => Err("deleted"),
+                            Some(m) if if_match.is_some_and(|v| v != m.version) => Err("precondition_failed"),
+                            Some(m) if m.text == new_text => model.answer(false, id),
+                            Some(_) => Ok((true, id, model.moments[&id].version + 1, false)),
+                        },
+                    };
+                    let command = Command::EditMoment(EditMoment {
+                        id, request_id: r, if_match, text: Some(Some(new_text)), caption: None,
+                        lang: None, device: "model".into(),
+                    });
+                    (command, expect)
+                }
+                Step::Delete { id, rid: r } => {
+                    let id = ulid(id);
+                    let r = rid(r);
+                    let expect = match model.known(&r, OpKind::MomentDelete, Some(id)) {
+                        Some(Ok(e)) => model.answer(false, e),
+                        Some(Err(e)) => Err(e),
+                        None => match model.moments.get(&id) {
+                            None => Err("not_found"),
+                            Some(m) if m.deleted => model.answer(false, id),
+                            Some(m) => Ok((true, id, m.version + 1, true)),
+                        },
+                    };
+                    let command = Command::DeleteMoment(DeleteMoment {
+                        id, request_id: r, if_match: None, device: "model".into(),
+                    });
+                    (command, expect)
+                }
+            };
+            let got = view(runtime.block_on(engine.submit(command.clone())));
+            match (&expect, &got) {
+                (Ok((true, want_id, _, _)), Ok((true, got_id, 1, false))) if *want_id == Id::default() => {
+                    // A minted id: new to the model.
+                    prop_assert!(!model.moments.contains_key(got_id));
+                }
+                _ => prop_assert_eq!(&got, &expect, "{:?}", command),
+            }
+            // Apply what was written to the model.
+            if let Ok((true, id, version, deleted)) = got {
+                match &command {
+                    Command::CreateMoment(c) => {
+                        model.moments.insert(id, ModelMoment { text: c.text.clone().unwrap(), version, deleted });
+                        model.record(c.request_id.clone(), OpKind::MomentCreate, id);
+                    }
+                    Command::EditMoment(c) => {
+                        let m = model.moments.get_mut(&id).unwrap();
+                        m.text = c.text.clone().unwrap().unwrap();
+                        m.version = version;
+                        model.record(c.request_id.clone(), OpKind::MomentEdit, id);
+                    }
+                    Command::DeleteMoment(c) => {
+                        let m = model.moments.get_mut(&id).unwrap();
+                        m.deleted = true;
+                        m.version = version;
+                        model.record(c.request_id.clone(), OpKind::MomentDelete, id);
+                    }
+                }
+            }
+        }
+        prop_assert_eq!(engine.head().seq, model.ops);
+        let state: HashMap<Id, ModelMoment> = engine.read(|m| {
+            m.moments.values().map(|x| (x.id, ModelMoment {
+                text: x.text.clone().unwrap_or_default(), version: x.version, deleted: x.deleted,
+            })).collect()
+        });
+        prop_assert_eq!(state, model.moments.clone());
+        runtime.block_on(engine.shutdown());
+    }
+}
