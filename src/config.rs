@@ -31,6 +31,10 @@ pub struct Limits {
     /// Largest JSON request body, in bytes; larger is `413 too_large`
     /// before any parsing. Default 64 KiB (SPEC section 8).
     pub json_body_limit_bytes: u64,
+    /// Largest media upload, in bytes; larger is `413 too_large` (by
+    /// `Content-Length` before reading, or as soon as the stream passes it).
+    /// Default 32 MiB (SPEC section 8).
+    pub media_limit_bytes: u64,
     /// Page size of list routes when `limit` is not given. Default 100.
     pub list_limit_default: usize,
     /// Largest page size; larger `limit` values are clamped. Default 1,000.
@@ -69,6 +73,7 @@ impl Default for Limits {
     fn default() -> Limits {
         Limits {
             json_body_limit_bytes: 64 * 1024,
+            media_limit_bytes: 32 * 1024 * 1024,
             list_limit_default: 100,
             list_limit_max: 1000,
         }
@@ -141,6 +146,9 @@ impl Settings {
         };
         if self.limits.json_body_limit_bytes == 0 {
             return invalid("limits.json_body_limit_bytes", "must be above 0");
+        }
+        if self.limits.media_limit_bytes == 0 {
+            return invalid("limits.media_limit_bytes", "must be above 0");
         }
         if self.limits.list_limit_max == 0 || self.limits.list_limit_default == 0 {
             return invalid("limits.list_limit_*", "must be above 0");

@@ -14,6 +14,7 @@
 //! - [`mirror`]: the state and the one fold, including the request index.
 //! - [`engine`]: the sequencer, the journal (group commit) and the published
 //!   mirror.
+//! - [`media`]: the content-addressed blob store under `<data>/media/`.
 //! - [`api`]: the warp routes, problem+json errors, body limits.
 //! - [`server`]: start, serve and shut down.
 //! - [`config`]: settings with units in their names; [`clock`], [`time`].
@@ -26,6 +27,7 @@ pub mod codec;
 pub mod config;
 pub mod engine;
 pub mod ids;
+pub mod media;
 pub mod mirror;
 pub mod op;
 pub mod server;

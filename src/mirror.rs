@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::ids::Id;
-use crate::op::{Op, OpBody, OpKind};
+use crate::op::{MediaRole, Op, OpBody, OpKind, Sha256};
 
 /// One moment as the mirror holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +35,27 @@ pub struct Moment {
     pub deleted: bool,
     /// Seq of the last op applied to this moment.
     pub last_seq: u64,
+    /// Ids of the moment's media, in upload order (at most one per role).
+    pub media: Vec<Id>,
+}
+
+/// One stored blob as the mirror holds it (from its `media.put`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Media {
+    /// The phone-minted media id.
+    pub id: Id,
+    /// The moment it belongs to.
+    pub moment_id: Id,
+    /// Copy or original.
+    pub role: MediaRole,
+    /// SHA-256 of the bytes: the blob's address under `<data>/media/blobs/`.
+    pub sha256: Sha256,
+    /// Number of bytes.
+    pub size_bytes: u64,
+    /// `Content-Type` as uploaded.
+    pub content_type: String,
+    /// Seq of its `media.put`.
+    pub seq: u64,
 }
 
 /// What a request id produced: a row of the request index.
@@ -81,6 +102,16 @@ pub enum FoldError {
         /// `"unknown"` or `"deleted"`.
         state: &'static str,
     },
+    /// A `media.put` whose media id exists, or whose role is already filled.
+    #[error("seq {seq}: media {id} cannot be put: {why}")]
+    MediaConflict {
+        /// The op's seq.
+        seq: u64,
+        /// The media id.
+        id: Id,
+        /// What is in the way.
+        why: String,
+    },
 }
 
 /// The in-memory state: moments and the request index, as of `seq`.
@@ -95,6 +126,8 @@ pub struct Mirror {
     pub moments: BTreeMap<Id, Moment>,
     /// The request index: request id -> what its first op produced.
     pub requests: HashMap<String, RequestRow>,
+    /// Every stored blob, by media id.
+    pub media: HashMap<Id, Media>,
     /// Number of moments that are not deleted.
     pub live_moments: usize,
 }
@@ -134,6 +167,7 @@ impl Mirror {
                         version: 1,
                         deleted: false,
                         last_seq: op.seq,
+                        media: Vec::new(),
                     },
                 );
                 self.live_moments += 1;
@@ -158,6 +192,42 @@ impl Mirror {
                 moment.version += 1;
                 moment.last_seq = op.seq;
                 self.live_moments -= 1;
+            }
+            OpBody::MediaPut(p) => {
+                let conflict = |why: String| FoldError::MediaConflict {
+                    seq: op.seq,
+                    id: p.id,
+                    why,
+                };
+                if self.media.contains_key(&p.id) {
+                    return Err(conflict("the media id exists".into()));
+                }
+                let moment = live_moment(&mut self.moments, op, p.moment_id)?;
+                if let Some(other) = moment
+                    .media
+                    .iter()
+                    .find(|m| self.media.get(m).is_some_and(|x| x.role == p.role))
+                {
+                    return Err(conflict(format!(
+                        "the {} is already media {other}",
+                        p.role.name()
+                    )));
+                }
+                moment.media.push(p.id);
+                moment.version += 1;
+                moment.last_seq = op.seq;
+                self.media.insert(
+                    p.id,
+                    Media {
+                        id: p.id,
+                        moment_id: p.moment_id,
+                        role: p.role,
+                        sha256: p.sha256,
+                        size_bytes: p.size_bytes,
+                        content_type: p.content_type.clone(),
+                        seq: op.seq,
+                    },
+                );
             }
         }
         if let Some(request_id) = op.body.request_id() {
@@ -223,6 +293,20 @@ impl Mirror {
             hasher.update(&moment.version.to_le_bytes());
             hasher.update(&[u8::from(moment.deleted)]);
             hasher.update(&moment.last_seq.to_le_bytes());
+            for media_id in &moment.media {
+                hasher.update(&media_id.0.to_le_bytes());
+            }
+        }
+        let mut media: Vec<&Media> = self.media.values().collect();
+        media.sort_unstable_by_key(|m| m.id);
+        for m in media {
+            hasher.update(&m.id.0.to_le_bytes());
+            hasher.update(&m.moment_id.0.to_le_bytes());
+            hasher.update(m.role.name().as_bytes());
+            hasher.update(&m.sha256.0);
+            hasher.update(&m.size_bytes.to_le_bytes());
+            hash_opt_str(&mut hasher, Some(&m.content_type));
+            hasher.update(&m.seq.to_le_bytes());
         }
         let mut requests: Vec<(&String, &RequestRow)> = self.requests.iter().collect();
         requests.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -287,26 +371,61 @@ pub struct MomentView {
     pub version: u32,
     /// True for a tombstone.
     pub deleted: bool,
-    /// The moment's media (filled once uploads exist; empty for now).
-    pub media: Vec<serde_json::Value>,
+    /// The moment's media, in upload order.
+    pub media: Vec<MediaView>,
     /// Ids of the moment's turns.
     pub turns: Vec<Id>,
 }
 
-impl Moment {
-    /// The moment as the API shows it.
-    pub fn view(&self) -> MomentView {
+/// A media record as the API shows it (SPEC section 10).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct MediaView {
+    /// The media id.
+    pub id: Id,
+    /// The moment it belongs to.
+    pub moment_id: Id,
+    /// `copy` or `original`.
+    pub role: MediaRole,
+    /// SHA-256 of the bytes, 64 lower-case hex characters.
+    pub sha256: String,
+    /// Number of bytes.
+    pub size: u64,
+    /// `Content-Type` as uploaded.
+    pub content_type: String,
+}
+
+impl Mirror {
+    /// A moment as the API shows it, with its media.
+    pub fn moment_view(&self, moment: &Moment) -> MomentView {
         MomentView {
-            id: self.id,
-            text: self.text.clone(),
-            caption: self.caption.clone(),
-            lang: self.lang.clone(),
-            captured_at: self.captured_at_ms.map(crate::time::format_rfc3339_ms),
-            created_at: crate::time::format_rfc3339_ms(self.created_at_ms as i64),
-            version: self.version,
-            deleted: self.deleted,
-            media: Vec::new(),
+            id: moment.id,
+            text: moment.text.clone(),
+            caption: moment.caption.clone(),
+            lang: moment.lang.clone(),
+            captured_at: moment.captured_at_ms.map(crate::time::format_rfc3339_ms),
+            // Cast: server times are below i64::MAX ms for 292 million years.
+            created_at: crate::time::format_rfc3339_ms(moment.created_at_ms as i64),
+            version: moment.version,
+            deleted: moment.deleted,
+            media: moment
+                .media
+                .iter()
+                .filter_map(|id| self.media.get(id))
+                .map(|m| self.media_view(m))
+                .collect(),
             turns: Vec::new(),
+        }
+    }
+
+    /// A media record as the API shows it.
+    pub fn media_view(&self, media: &Media) -> MediaView {
+        MediaView {
+            id: media.id,
+            moment_id: media.moment_id,
+            role: media.role,
+            sha256: hex::encode(media.sha256.0),
+            size: media.size_bytes,
+            content_type: media.content_type.clone(),
         }
     }
 }

@@ -22,14 +22,17 @@ pub enum OpKind {
     MomentEdit,
     /// `moment.delete`: the moment's tombstone.
     MomentDelete,
+    /// `media.put`: a blob (copy or original) stored for a moment.
+    MediaPut,
 }
 
 impl OpKind {
     /// Every kind this build reads, in code order.
-    pub const ALL: [OpKind; 3] = [
+    pub const ALL: [OpKind; 4] = [
         OpKind::MomentCreate,
         OpKind::MomentEdit,
         OpKind::MomentDelete,
+        OpKind::MediaPut,
     ];
 
     /// The code written in the record header.
@@ -38,12 +41,19 @@ impl OpKind {
             OpKind::MomentCreate => 1,
             OpKind::MomentEdit => 2,
             OpKind::MomentDelete => 3,
+            OpKind::MediaPut => 4,
         }
     }
 
     /// The kind for a record header code, if this build knows it.
     pub fn from_code(code: u16) -> Option<OpKind> {
-        OpKind::ALL.into_iter().find(|k| k.code() == code)
+        match code {
+            1 => Some(OpKind::MomentCreate),
+            2 => Some(OpKind::MomentEdit),
+            3 => Some(OpKind::MomentDelete),
+            4 => Some(OpKind::MediaPut),
+            _ => None,
+        }
     }
 
     /// The newest payload version of this kind; this build writes it and
@@ -58,6 +68,7 @@ impl OpKind {
             OpKind::MomentCreate => "moment.create",
             OpKind::MomentEdit => "moment.edit",
             OpKind::MomentDelete => "moment.delete",
+            OpKind::MediaPut => "media.put",
         }
     }
 
@@ -118,6 +129,75 @@ pub struct MomentDelete {
     pub device: String,
 }
 
+/// Which of a moment's two media a blob is (SPEC section 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MediaRole {
+    /// The small copy the brain reads.
+    Copy,
+    /// The full-size original.
+    Original,
+}
+
+impl MediaRole {
+    /// `"copy"` or `"original"`, as on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            MediaRole::Copy => "copy",
+            MediaRole::Original => "original",
+        }
+    }
+}
+
+/// A SHA-256 digest: 32 bytes in the log, 64 lower-case hex characters in
+/// JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Sha256(pub [u8; 32]);
+
+impl Serialize for Sha256 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.serialize_str(&hex::encode(self.0))
+        } else {
+            self.0.serialize(serializer)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Sha256 {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Sha256, D::Error> {
+        if deserializer.is_human_readable() {
+            let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+            let mut out = [0u8; 32];
+            hex::decode_to_slice(text.as_bytes(), &mut out).map_err(serde::de::Error::custom)?;
+            Ok(Sha256(out))
+        } else {
+            <[u8; 32]>::deserialize(deserializer).map(Sha256)
+        }
+    }
+}
+
+/// Payload of `media.put`, version 1: the blob is durable under its SHA-256
+/// before this op is written. Uploads carry no request id: the phone-minted
+/// media id plus the hash make a replay harmless.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MediaPut {
+    /// The phone-minted media id.
+    pub id: Id,
+    /// The moment it belongs to.
+    pub moment_id: Id,
+    /// Copy or original.
+    pub role: MediaRole,
+    /// SHA-256 of the bytes.
+    pub sha256: Sha256,
+    /// Number of bytes.
+    pub size_bytes: u64,
+    /// The `Content-Type` it was uploaded with.
+    pub content_type: String,
+    /// The device that sent it.
+    pub device: String,
+}
+
 /// An op's payload, by kind.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -128,6 +208,8 @@ pub enum OpBody {
     MomentEdit(MomentEdit),
     /// See [`MomentDelete`].
     MomentDelete(MomentDelete),
+    /// See [`MediaPut`].
+    MediaPut(MediaPut),
 }
 
 impl OpBody {
@@ -137,6 +219,7 @@ impl OpBody {
             OpBody::MomentCreate(_) => OpKind::MomentCreate,
             OpBody::MomentEdit(_) => OpKind::MomentEdit,
             OpBody::MomentDelete(_) => OpKind::MomentDelete,
+            OpBody::MediaPut(_) => OpKind::MediaPut,
         }
     }
 
@@ -146,6 +229,7 @@ impl OpBody {
             OpBody::MomentCreate(p) => p.request_id.as_deref(),
             OpBody::MomentEdit(p) => p.request_id.as_deref(),
             OpBody::MomentDelete(p) => p.request_id.as_deref(),
+            OpBody::MediaPut(_) => None,
         }
     }
 
@@ -155,15 +239,18 @@ impl OpBody {
             OpBody::MomentCreate(p) => &p.device,
             OpBody::MomentEdit(p) => &p.device,
             OpBody::MomentDelete(p) => &p.device,
+            OpBody::MediaPut(p) => &p.device,
         }
     }
 
-    /// The entity the op is about (for moment ops, the moment id).
+    /// The entity the op is about (the moment id for moment ops, the media
+    /// id for `media.put`).
     pub fn entity_id(&self) -> Id {
         match self {
             OpBody::MomentCreate(p) => p.id,
             OpBody::MomentEdit(p) => p.id,
             OpBody::MomentDelete(p) => p.id,
+            OpBody::MediaPut(p) => p.id,
         }
     }
 
@@ -175,6 +262,7 @@ impl OpBody {
             OpBody::MomentCreate(p) => codec::encode(p)?,
             OpBody::MomentEdit(p) => codec::encode(p)?,
             OpBody::MomentDelete(p) => codec::encode(p)?,
+            OpBody::MediaPut(p) => codec::encode(p)?,
         };
         Ok((kind.code(), kind.current_version(), payload))
     }
@@ -257,6 +345,7 @@ impl Op {
             OpKind::MomentCreate => OpBody::MomentCreate(codec::decode(bytes).map_err(wrap)?),
             OpKind::MomentEdit => OpBody::MomentEdit(codec::decode(bytes).map_err(wrap)?),
             OpKind::MomentDelete => OpBody::MomentDelete(codec::decode(bytes).map_err(wrap)?),
+            OpKind::MediaPut => OpBody::MediaPut(codec::decode(bytes).map_err(wrap)?),
         };
         Ok(Op {
             seq,
@@ -278,5 +367,29 @@ impl Op {
             "device": self.body.device(),
             "payload": self.body,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_round_trips_through_its_code_and_name() {
+        let mut seen = 0;
+        for code in 0..=u16::MAX {
+            if let Some(kind) = OpKind::from_code(code) {
+                assert_eq!(kind.code(), code);
+                assert!(
+                    OpKind::ALL.contains(&kind),
+                    "{} missing from ALL",
+                    kind.name()
+                );
+                assert_eq!(OpKind::from_name(kind.name()), Some(kind));
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, OpKind::ALL.len());
+        assert_eq!(OpKind::from_code(0), None, "0 is the seal");
     }
 }

@@ -13,6 +13,7 @@ use crate::api::{routes, AppState};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Settings;
 use crate::engine::{Engine, EngineOpenError};
+use crate::media::MediaStore;
 
 /// Why the server did not start.
 #[derive(Debug, thiserror::Error)]
@@ -100,9 +101,18 @@ pub async fn start_with(
         addr: settings.listen,
         source,
     })?;
+    let media =
+        MediaStore::open(&settings.data_dir).map_err(|source| EngineOpenError::DataDir {
+            path: crate::media::media_dir(&settings.data_dir)
+                .display()
+                .to_string(),
+            source,
+        })?;
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         settings,
+        media,
+        verified_blobs: Default::default(),
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let server = warp::serve(routes(state))

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use spark_engine::clock::SystemClock;
 use spark_engine::config::Settings;
-use spark_engine::engine::{Command, CreateMoment, DeleteMoment, EditMoment};
-use spark_engine::op::OpKind;
+use spark_engine::engine::{Command, CreateMoment, DeleteMoment, EditMoment, PutMedia};
+use spark_engine::op::{MediaRole, OpKind};
 use spark_engine::{Engine, EngineError, Id, Outcome};
 use spark_log_format::OsFs;
 
@@ -31,6 +31,12 @@ enum Step {
         id: u8,
         rid: Option<u8>,
     },
+    Media {
+        media: u8,
+        moment: u8,
+        original: bool,
+        bytes: u8,
+    },
     Restart,
 }
 
@@ -41,6 +47,8 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0..6u8, proptest::option::of(0..8u8), 0..3u8, proptest::option::of(1..4u32))
             .prop_map(|(id, rid, text, if_match)| Step::Edit { id, rid, text, if_match }),
         2 => (0..6u8, proptest::option::of(0..8u8)).prop_map(|(id, rid)| Step::Delete { id, rid }),
+        2 => (0..5u8, 0..6u8, any::<bool>(), 0..2u8)
+            .prop_map(|(media, moment, original, bytes)| Step::Media { media, moment, original, bytes }),
         1 => Just(Step::Restart),
     ]
 }
@@ -55,6 +63,8 @@ struct ModelMoment {
 #[derive(Default)]
 struct Model {
     moments: HashMap<Id, ModelMoment>,
+    /// media id -> (moment, role, first byte of the digest)
+    media: HashMap<Id, (Id, MediaRole, u8)>,
     requests: HashMap<String, (OpKind, Id)>,
     ops: u64,
 }
@@ -93,6 +103,10 @@ fn ulid(n: u8) -> Id {
     Id::from_parts(1_767_225_600_000, u128::from(n) + 1)
 }
 
+fn media_ulid(n: u8) -> Id {
+    Id::from_parts(1_767_225_700_000, u128::from(n) + 1)
+}
+
 fn view(outcome: Result<Outcome, EngineError>) -> Expect {
     match outcome {
         Ok(Outcome::MomentCreated { created: f, moment })
@@ -100,6 +114,13 @@ fn view(outcome: Result<Outcome, EngineError>) -> Expect {
         | Ok(Outcome::MomentDeleted { deleted: f, moment }) => {
             Ok((f, moment.id, moment.version, moment.deleted))
         }
+        // For media: (created, media id, first digest byte, false).
+        Ok(Outcome::MediaPut { created, media }) => Ok((
+            created,
+            media.id,
+            u32::from_str_radix(&media.sha256[..2], 16).unwrap(),
+            false,
+        )),
         Err(EngineError::Conflict(_)) => Err("conflict"),
         Err(EngineError::NotFound(_)) => Err("not_found"),
         Err(EngineError::Deleted(_)) => Err("deleted"),
@@ -172,6 +193,29 @@ proptest! {
                     });
                     (command, expect)
                 }
+                Step::Media { media, moment, original, bytes } => {
+                    let (id, moment_id) = (media_ulid(media), ulid(moment));
+                    let role = if original { MediaRole::Original } else { MediaRole::Copy };
+                    let digest = [bytes; 32];
+                    let expect = match model.media.get(&id) {
+                        Some((_, _, b)) if *b != bytes => Err("conflict"),
+                        Some((m, r, _)) if *m != moment_id || *r != role => Err("conflict"),
+                        Some(_) => Ok((false, id, u32::from(bytes), false)),
+                        None => match model.moments.get(&moment_id) {
+                            None => Err("not_found"),
+                            Some(m) if m.deleted => Err("deleted"),
+                            Some(_) if model.media.values().any(|(m, r, _)| *m == moment_id && *r == role) => {
+                                Err("conflict")
+                            }
+                            Some(_) => Ok((true, id, u32::from(bytes), false)),
+                        },
+                    };
+                    let command = Command::PutMedia(PutMedia {
+                        id, moment_id, role, sha256: digest, size_bytes: 10,
+                        content_type: "image/jpeg".into(), device: "model".into(),
+                    });
+                    (command, expect)
+                }
                 Step::Delete { id, rid: r } => {
                     let id = ulid(id);
                     let r = rid(r);
@@ -216,6 +260,11 @@ proptest! {
                         m.deleted = true;
                         m.version = version;
                         model.record(c.request_id.clone(), OpKind::MomentDelete, id);
+                    }
+                    Command::PutMedia(c) => {
+                        model.media.insert(id, (c.moment_id, c.role, c.sha256[0]));
+                        model.moments.get_mut(&c.moment_id).unwrap().version += 1;
+                        model.ops += 1;
                     }
                 }
             }

@@ -4,7 +4,9 @@
 //! new kind version instead, and keep the old vector here forever.
 
 use spark_engine::ids::Id;
-use spark_engine::op::{MomentCreate, MomentDelete, MomentEdit, Op, OpBody, OpKind};
+use spark_engine::op::{
+    MediaPut, MediaRole, MomentCreate, MomentDelete, MomentEdit, Op, OpBody, OpKind, Sha256,
+};
 use spark_log_format::RecordRef;
 
 fn id() -> Id {
@@ -50,6 +52,20 @@ fn vectors() -> Vec<(OpKind, u16, OpBody, &'static str)> {
                 device: "phone".into(),
             }),
             "fedf6af1d8303e61cd86c375e37fc9a001010564656c2d310570686f6e65",
+        ),
+        (
+            OpKind::MediaPut,
+            1,
+            OpBody::MediaPut(MediaPut {
+                id: Id::parse("01M34QZRVNRE3CTR9Y63CF2TQ0").unwrap(),
+                moment_id: id(),
+                role: MediaRole::Original,
+                sha256: Sha256([0xAB; 32]),
+                size_bytes: 3_145_728,
+                content_type: "image/jpeg".into(),
+                device: "phone".into(),
+            }),
+            "fee06af1d8303e61cd86c375e37fc9a001fedf6af1d8303e61cd86c375e37fc9a00101ababababababababababababababababababababababababababababababababfc000030000a696d6167652f6a7065670570686f6e65",
         ),
     ]
 }

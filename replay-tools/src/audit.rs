@@ -43,6 +43,21 @@ pub enum AuditCmd {
         #[command(flatten)]
         common: Common,
     },
+    /// Every media.put has its blob with the right size and SHA-256; blobs
+    /// that no op names (a crash between blob and op) are listed as orphans.
+    /// Exit 1 on any missing or damaged blob (orphans alone exit 0).
+    Media {
+        #[command(flatten)]
+        common: Common,
+        /// Delete orphan blobs older than the grace period (the only audit
+        /// that writes).
+        #[arg(long)]
+        remove_orphans: bool,
+        /// Orphans younger than this may belong to an upload in flight on a
+        /// running server; they are never removed.
+        #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+        grace_seconds: u64,
+    },
 }
 
 /// Runs one audit.
@@ -52,6 +67,11 @@ pub fn run(cmd: AuditCmd) -> Outcome {
         AuditCmd::Request { rid, common } => request(&common, &rid),
         AuditCmd::Chain { common } => chain(&common),
         AuditCmd::Duplicates { common } => duplicates(&common),
+        AuditCmd::Media {
+            common,
+            remove_orphans,
+            grace_seconds,
+        } => crate::media::audit(&common, remove_orphans, grace_seconds),
     }
 }
 

@@ -7,6 +7,7 @@
 //! engine's own code ([`spark_engine::engine::replay_record`]), never a copy.
 
 mod audit;
+mod media;
 mod progress;
 mod scan;
 

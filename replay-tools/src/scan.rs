@@ -307,7 +307,11 @@ pub fn rebuild(common: &Common, at: Option<&str>, export: Option<&Path>) -> Outc
     let reader = open(common)?;
     let (mirror, _report) = replay(&reader, at.as_ref())?;
     if let Some(path) = export {
-        let moments: Vec<_> = mirror.moments.values().map(|m| m.view()).collect();
+        let moments: Vec<_> = mirror
+            .moments
+            .values()
+            .map(|m| mirror.moment_view(m))
+            .collect();
         let mut requests: Vec<_> = mirror.requests.iter().collect();
         requests.sort_by(|a, b| a.0.cmp(b.0));
         let requests: serde_json::Map<String, serde_json::Value> = requests

@@ -7,6 +7,7 @@
 //! which enforces the size limit before parsing.
 
 pub mod log;
+pub mod media;
 pub mod moments;
 pub mod problem;
 
@@ -23,8 +24,9 @@ use warp::reply::Response;
 use warp::Filter;
 
 use crate::config::Settings;
-use crate::engine::Engine;
+use crate::engine::{Engine, Outcome};
 use crate::ids::{check_request_id, REQUEST_ID_MAX_BYTES};
+use crate::media::{MediaStore, Sha256Digest};
 
 pub use problem::ApiError;
 
@@ -38,10 +40,15 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// The effective settings (limits).
     pub settings: Arc<Settings>,
+    /// Where uploads go.
+    pub media: MediaStore,
+    /// Blobs whose whole bytes were hashed and matched their op since
+    /// startup; a range of one of these is served without hashing it all again.
+    pub verified_blobs: Arc<parking_lot::Mutex<std::collections::HashSet<Sha256Digest>>>,
 }
 
 /// The body of a request as a stream of chunks, not yet read.
-pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, warp::Error>> + Send>>;
+pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, warp::Error>> + Send + Sync>>;
 
 /// One request as the handlers see it.
 pub struct Request {
@@ -175,11 +182,10 @@ fn request() -> impl Filter<Extract = (Request,), Error = warp::Rejection> + Clo
 
 fn box_body<S, B>(body: S) -> BodyStream
 where
-    S: Stream<Item = Result<B, warp::Error>> + Send + 'static,
+    S: Stream<Item = Result<B, warp::Error>> + Send + Sync + 'static,
     B: Buf,
 {
-    body.map_ok(|mut chunk| chunk.copy_to_bytes(chunk.remaining()))
-        .boxed()
+    Box::pin(body.map_ok(|mut chunk| chunk.copy_to_bytes(chunk.remaining())))
 }
 
 /// Every route, with rejections turned into problem+json.
@@ -196,12 +202,18 @@ pub fn routes(
         .and(with_state.clone())
         .and(request())
         .then(|id, state, req| async move { into_response(moments::item(state, id, req).await) });
+    let media = warp::path!("api" / "media" / String)
+        .and(with_state.clone())
+        .and(request())
+        .then(|id, state, req| async move { into_response(media::item(state, id, req).await) });
     let head = warp::path!("api" / "log" / "head")
         .and(with_state)
         .and(request())
         .then(|state, req| async move { into_response(log::head(state, req).await) });
     moments
         .or(moment)
+        .unify()
+        .or(media)
         .unify()
         .or(head)
         .unify()
@@ -216,6 +228,15 @@ pub fn routes(
                 "request"
             );
         }))
+}
+
+/// The answer when the engine returned an outcome of another route (a bug).
+pub(crate) fn unexpected(outcome: Outcome) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "unavailable",
+        format!("the engine answered with an outcome of another route: {outcome:?}"),
+    )
 }
 
 fn into_response(result: Result<Response, ApiError>) -> Response {

@@ -163,7 +163,7 @@ fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
             None
         };
         Page {
-            moments: moments.into_iter().map(|m| m.view()).collect(),
+            moments: moments.into_iter().map(|m| mirror.moment_view(m)).collect(),
             next,
         }
     });
@@ -211,14 +211,14 @@ async fn create(state: &AppState, req: &mut Request) -> Result<Response, ApiErro
                 version,
             ))
         }
-        other => Err(unexpected(other)),
+        other => Err(super::unexpected(other)),
     }
 }
 
 fn get(state: &AppState, id: Id) -> Result<Response, ApiError> {
     let view = state
         .engine
-        .read(|mirror| mirror.moment(id).map(|m| m.view()));
+        .read(|mirror| mirror.moment(id).map(|m| mirror.moment_view(m)));
     match view {
         None => Err(ApiError::not_found(format!("moment {id} does not exist"))),
         Some(view) if view.deleted => Err(ApiError::from(crate::engine::EngineError::Deleted(id))),
@@ -258,7 +258,7 @@ async fn edit(state: &AppState, id: Id, req: &mut Request) -> Result<Response, A
                 version,
             ))
         }
-        other => Err(unexpected(other)),
+        other => Err(super::unexpected(other)),
     }
 }
 
@@ -282,14 +282,6 @@ async fn delete(state: &AppState, id: Id, req: &mut Request) -> Result<Response,
                 moment: &moment,
             },
         )),
-        other => Err(unexpected(other)),
+        other => Err(super::unexpected(other)),
     }
-}
-
-fn unexpected(outcome: Outcome) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "unavailable",
-        format!("the engine answered with an outcome of another route: {outcome:?}"),
-    )
 }

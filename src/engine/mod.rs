@@ -32,10 +32,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ids::Id;
-use crate::mirror::{FoldError, Mirror, MomentView};
+use crate::mirror::{FoldError, MediaView, Mirror, MomentView};
 use crate::op::{Op, OpDecodeError};
 
-pub use sequencer::{Command, CreateMoment, DeleteMoment, EditMoment, FieldChange};
+pub use sequencer::{Command, CreateMoment, DeleteMoment, EditMoment, FieldChange, PutMedia};
 
 /// What a write command produced (SPEC section 10 answer shapes).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +62,14 @@ pub enum Outcome {
         deleted: bool,
         /// The moment as it is now.
         moment: MomentView,
+    },
+    /// An upload: `created` is false when the media id was known with the
+    /// same bytes.
+    MediaPut {
+        /// True when this command wrote the `media.put`.
+        created: bool,
+        /// The media record.
+        media: MediaView,
     },
 }
 

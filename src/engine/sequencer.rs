@@ -9,7 +9,9 @@
 
 use crate::ids::Id;
 use crate::mirror::{Mirror, Moment};
-use crate::op::{MomentCreate, MomentDelete, MomentEdit, OpBody, OpKind};
+use crate::op::{
+    MediaPut, MediaRole, MomentCreate, MomentDelete, MomentEdit, OpBody, OpKind, Sha256,
+};
 
 use super::{EngineError, Outcome};
 
@@ -67,6 +69,25 @@ pub struct DeleteMoment {
     pub device: String,
 }
 
+/// `PUT /api/media/{id}`, after the blob is durable under its digest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutMedia {
+    /// The phone-minted media id.
+    pub id: Id,
+    /// The moment it belongs to.
+    pub moment_id: Id,
+    /// Copy or original.
+    pub role: MediaRole,
+    /// SHA-256 of the bytes.
+    pub sha256: [u8; 32],
+    /// Number of bytes.
+    pub size_bytes: u64,
+    /// `Content-Type` as uploaded.
+    pub content_type: String,
+    /// Who sent it.
+    pub device: String,
+}
+
 /// A write request, validated by the API layer, on its way to the sequencer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -76,6 +97,8 @@ pub enum Command {
     EditMoment(EditMoment),
     /// Delete a moment.
     DeleteMoment(DeleteMoment),
+    /// Record a stored blob.
+    PutMedia(PutMedia),
 }
 
 /// A key two commands may share; two commands with a common key are never
@@ -93,6 +116,8 @@ impl Command {
             Command::CreateMoment(c) => (&c.request_id, c.id),
             Command::EditMoment(c) => (&c.request_id, Some(c.id)),
             Command::DeleteMoment(c) => (&c.request_id, Some(c.id)),
+            // The media id and its moment (whose role slots it fills).
+            Command::PutMedia(c) => return vec![Key::Entity(c.id), Key::Entity(c.moment_id)],
         };
         let mut keys = Vec::with_capacity(2);
         if let Some(r) = request_id {
@@ -111,6 +136,7 @@ pub(super) enum Plan {
     Created(Id),
     Edited(Id),
     Deleted(Id),
+    MediaPut(Id),
 }
 
 impl Plan {
@@ -119,7 +145,7 @@ impl Plan {
         let view = |id| {
             mirror
                 .moment(id)
-                .map(Moment::view)
+                .map(|m| mirror.moment_view(m))
                 .ok_or(EngineError::NotFound(id))
         };
         Ok(match self {
@@ -134,6 +160,14 @@ impl Plan {
             Plan::Deleted(id) => Outcome::MomentDeleted {
                 deleted: true,
                 moment: view(id)?,
+            },
+            Plan::MediaPut(id) => Outcome::MediaPut {
+                created: true,
+                media: mirror
+                    .media
+                    .get(&id)
+                    .map(|m| mirror.media_view(m))
+                    .ok_or(EngineError::NotFound(id))?,
             },
         })
     }
@@ -154,6 +188,7 @@ pub(super) fn decide(mirror: &Mirror, command: Command, mint: &mut dyn FnMut() -
         Command::CreateMoment(c) => decide_create(mirror, c, mint),
         Command::EditMoment(c) => decide_edit(mirror, c),
         Command::DeleteMoment(c) => decide_delete(mirror, c),
+        Command::PutMedia(c) => decide_put_media(mirror, c),
     }
 }
 
@@ -197,7 +232,7 @@ fn decide_create(mirror: &Mirror, c: CreateMoment, mint: &mut dyn FnMut() -> Id)
         Ok(Some(moment)) => {
             return answer(Outcome::MomentCreated {
                 created: false,
-                moment: moment.view(),
+                moment: mirror.moment_view(moment),
             })
         }
         Ok(None) => {}
@@ -206,7 +241,7 @@ fn decide_create(mirror: &Mirror, c: CreateMoment, mint: &mut dyn FnMut() -> Id)
     if let Some(moment) = c.id.and_then(|id| mirror.moment(id)) {
         return answer(Outcome::MomentCreated {
             created: false,
-            moment: moment.view(),
+            moment: mirror.moment_view(moment),
         });
     }
     let id = match c.id {
@@ -261,7 +296,7 @@ fn decide_edit(mirror: &Mirror, c: EditMoment) -> Decision {
         Ok(Some(moment)) => {
             return answer(Outcome::MomentEdited {
                 changed: false,
-                moment: moment.view(),
+                moment: mirror.moment_view(moment),
             })
         }
         Ok(None) => {}
@@ -280,7 +315,7 @@ fn decide_edit(mirror: &Mirror, c: EditMoment) -> Decision {
     if text.is_none() && caption.is_none() && lang.is_none() {
         return answer(Outcome::MomentEdited {
             changed: false,
-            moment: moment.view(),
+            moment: mirror.moment_view(moment),
         });
     }
     Decision::Write(
@@ -307,7 +342,7 @@ fn decide_delete(mirror: &Mirror, c: DeleteMoment) -> Decision {
         Ok(Some(moment)) => {
             return answer(Outcome::MomentDeleted {
                 deleted: false,
-                moment: moment.view(),
+                moment: mirror.moment_view(moment),
             })
         }
         Ok(None) => {}
@@ -319,7 +354,7 @@ fn decide_delete(mirror: &Mirror, c: DeleteMoment) -> Decision {
     if moment.deleted {
         return answer(Outcome::MomentDeleted {
             deleted: false,
-            moment: moment.view(),
+            moment: mirror.moment_view(moment),
         });
     }
     if let Err(e) = check_if_match(moment, c.if_match) {
@@ -332,5 +367,62 @@ fn decide_delete(mirror: &Mirror, c: DeleteMoment) -> Decision {
             device: c.device,
         }),
         Plan::Deleted(c.id),
+    )
+}
+
+fn decide_put_media(mirror: &Mirror, c: PutMedia) -> Decision {
+    // The media id: a replay must carry the same bytes for the same moment
+    // and role; anything else is a client bug, never a guess.
+    if let Some(existing) = mirror.media.get(&c.id) {
+        if existing.sha256.0 != c.sha256 {
+            return refuse(EngineError::Conflict(format!(
+                "media {} was uploaded with sha256 {}; these bytes hash to {}",
+                c.id,
+                hex::encode(existing.sha256.0),
+                hex::encode(c.sha256)
+            )));
+        }
+        if existing.moment_id != c.moment_id || existing.role != c.role {
+            return refuse(EngineError::Conflict(format!(
+                "media {} belongs to moment {} as its {}",
+                c.id,
+                existing.moment_id,
+                existing.role.name()
+            )));
+        }
+        return answer(Outcome::MediaPut {
+            created: false,
+            media: mirror.media_view(existing),
+        });
+    }
+    let moment = match mirror.moment(c.moment_id) {
+        None => return refuse(EngineError::NotFound(c.moment_id)),
+        Some(m) if m.deleted => return refuse(EngineError::Deleted(c.moment_id)),
+        Some(m) => m,
+    };
+    if let Some(other) = moment
+        .media
+        .iter()
+        .filter_map(|id| mirror.media.get(id))
+        .find(|m| m.role == c.role)
+    {
+        return refuse(EngineError::Conflict(format!(
+            "moment {} already has its {}: media {}",
+            c.moment_id,
+            c.role.name(),
+            other.id
+        )));
+    }
+    Decision::Write(
+        OpBody::MediaPut(MediaPut {
+            id: c.id,
+            moment_id: c.moment_id,
+            role: c.role,
+            sha256: Sha256(c.sha256),
+            size_bytes: c.size_bytes,
+            content_type: c.content_type,
+            device: c.device,
+        }),
+        Plan::MediaPut(c.id),
     )
 }
