@@ -31,8 +31,8 @@ impl Id {
         let bytes = text.as_bytes();
         if bytes.len() != ULID_LEN {
             return Err(IdError(format!(
-                "a ULID has {ULID_LEN} characters, this one has {}",
-                text.chars().count()
+                "a ULID is {ULID_LEN} ASCII characters, this one is {} bytes",
+                bytes.len()
             )));
         }
         let mut value: u128 = 0;

@@ -42,8 +42,10 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SPARK_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -57,7 +59,8 @@ fn main() -> ExitCode {
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("spark-engine: {e:#}");
+            // Each error's message already names its cause.
+            eprintln!("spark-engine: {e}");
             ExitCode::FAILURE
         }
     }

@@ -357,7 +357,31 @@ impl Op {
     /// The op as one JSON object, the line `spark-replay dump` prints: `seq`,
     /// `ts_ms`, `kind`, `request_id` (or null), `entity_id`, `device`, and the
     /// payload under `payload`.
+    ///
+    /// An edit's payload shows only the fields it touched: a member set to
+    /// `null` was cleared, an absent member was left alone.
     pub fn to_json(&self) -> serde_json::Value {
+        let payload = match &self.body {
+            OpBody::MomentEdit(p) => {
+                let mut changes = serde_json::Map::new();
+                for (name, change) in [
+                    ("text", &p.text),
+                    ("caption", &p.caption),
+                    ("lang", &p.lang),
+                ] {
+                    if let Some(value) = change {
+                        changes.insert(name.into(), serde_json::json!(value));
+                    }
+                }
+                serde_json::json!({
+                    "id": p.id,
+                    "request_id": p.request_id,
+                    "device": p.device,
+                    "changes": changes,
+                })
+            }
+            other => serde_json::to_value(other).unwrap_or(serde_json::Value::Null),
+        };
         serde_json::json!({
             "seq": self.seq,
             "ts_ms": self.ts_ms,
@@ -365,7 +389,7 @@ impl Op {
             "request_id": self.body.request_id(),
             "entity_id": self.body.entity_id().to_string(),
             "device": self.body.device(),
-            "payload": self.body,
+            "payload": payload,
         })
     }
 }

@@ -299,6 +299,13 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing() {
         ),
         (json!([1, 2]), vec![], 400, "invalid_request"),
         (
+            json!(["01JDQ3ZC9W4G8Y7E6QJ2KX5N3M", "arr-1", "from an array"]),
+            vec![],
+            400,
+            "invalid_request",
+        ),
+        (json!("just a string"), vec![], 400, "invalid_request"),
+        (
             json!({"text": "z".repeat(70 * 1024)}),
             vec![],
             413,
@@ -328,6 +335,35 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing() {
     assert_eq!((s, code(&v)), (400, "invalid_id"));
     let (s, v) = server.get("/api/nothing-here").await;
     assert_eq!((s, code(&v)), (404, "not_found"));
+    let id = ulid();
+    let (s, _) = server.post("/api/moments", json!({"id": id})).await;
+    assert_eq!(s, 201);
+    let (s, v, _) = server
+        .call(
+            "DELETE",
+            &format!("/api/moments/{id}"),
+            Some(json!(["del-rid"])),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (s, code(&v)),
+        (400, "invalid_request"),
+        "an array is not a delete body"
+    );
+    let (s, v, _) = server
+        .call(
+            "PATCH",
+            &format!("/api/moments/{id}"),
+            Some(json!([null, "x"])),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (s, code(&v)),
+        (400, "invalid_request"),
+        "an array is not an edit body"
+    );
     let (s, _, h) = server.call("PUT", "/api/moments", None, &[]).await;
     assert_eq!((s, h["allow"].to_str().unwrap()), (405, "GET, POST"));
     let (s, _) = server
@@ -337,8 +373,8 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing() {
     server.stop().await;
     assert_eq!(
         log_records(dir.path()).len(),
-        1,
-        "only the valid create was written"
+        2,
+        "only the two valid creates were written"
     );
 }
 

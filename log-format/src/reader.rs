@@ -152,6 +152,9 @@ impl LogReader {
                         segment: file.name.clone(),
                         offset: 0,
                         bytes_dropped: file_len,
+                        damage: "interrupted roll (no valid header)".to_owned(),
+                        whole_frame: false,
+                        quarantine: None,
                     });
                     continue;
                 }
@@ -162,6 +165,9 @@ impl LogReader {
                     segment: file.name.clone(),
                     offset: torn.offset,
                     bytes_dropped: file_len - torn.offset,
+                    damage: torn.damage.to_string(),
+                    whole_frame: torn.damage == crate::format::Damage::BadCrc,
+                    quarantine: None,
                 });
             }
             if let SegmentEnd::Sealed { chain } = segment.tail {

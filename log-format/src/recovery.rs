@@ -44,6 +44,16 @@ pub struct TornTail {
     /// Bytes from `offset` to the end of the file (recovery removes them; the
     /// reader only skips them).
     pub bytes_dropped: u64,
+    /// What was found at `offset`, e.g. "truncated record" or "record
+    /// checksum mismatch".
+    pub damage: String,
+    /// True when a whole frame (its `len` fits the file) fails its checksum:
+    /// a torn write cannot be told apart from damage to the last record, so
+    /// `spark-replay verify` reports it as a fault, not a note.
+    pub whole_frame: bool,
+    /// Where recovery kept a copy of the dropped bytes before cutting them
+    /// (a file name in the log directory), when any of them was not zero.
+    pub quarantine: Option<String>,
 }
 
 /// The state recovery hands to the writer.
@@ -52,6 +62,27 @@ pub(crate) struct Recovered {
     pub head: Head,
     /// The last segment, open for appending, unless it is sealed or absent.
     pub active: Option<ActiveSegment>,
+}
+
+/// Writes `bytes` to a new file `name` in `dir` and makes it durable (file
+/// and directory fsync): the copy of what recovery cuts off, so that no byte
+/// is dropped without a trace. Files not ending in `.seg` are not segments.
+fn quarantine(fs: &Arc<dyn Fs>, dir: &Path, name: &str, bytes: &[u8]) -> Result<(), LogError> {
+    let path = dir.join(name);
+    let mut file = match fs.create_new(&path) {
+        Ok(file) => file,
+        // An earlier recovery of the same tail already kept it.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(LogError::io("create_new", &path, e)),
+    };
+    file.write_all_at(0, bytes)
+        .map_err(|e| LogError::io("write", &path, e))?;
+    file.sync_all()
+        .map_err(|e| LogError::io("sync_all", &path, e))?;
+    fs.sync_dir(dir)
+        .map_err(|e| LogError::io("sync_dir", dir, e))?;
+    tracing::warn!(file = %path.display(), bytes = bytes.len(), "kept a copy of the cut bytes");
+    Ok(())
 }
 
 /// Runs recovery on `dir` (see FORMAT.md, "Recovery").
@@ -102,12 +133,25 @@ pub(crate) fn recover<E>(
                 }
             }
         })?;
+        // Keep what recovery is about to cut, unless it is all zeros.
+        let cut_bytes: Option<Vec<u8>> = match &decoded {
+            Decoded::InterruptedRoll { .. } => Some(bytes.to_vec()),
+            Decoded::Segment(segment) => segment
+                .torn
+                .and_then(|t| usize::try_from(t.offset).ok())
+                .and_then(|offset| bytes.get(offset..))
+                .map(<[u8]>::to_vec),
+        }
+        .filter(|cut| cut.iter().any(|&b| b != 0));
         drop(map);
         if let Some(e) = refused.take() {
             return Err(OpenError::Visit(e));
         }
         let segment = match decoded {
             Decoded::InterruptedRoll { reason } => {
+                if let Some(cut) = &cut_bytes {
+                    quarantine(fs, dir, &format!("{}.torn-roll", file.name), cut)?;
+                }
                 fs.remove_file(&file.path)
                     .map_err(|e| LogError::io("remove_file", &file.path, e))?;
                 fs.sync_dir(dir)
@@ -145,6 +189,14 @@ pub(crate) fn recover<E>(
                     .open_rw(&file.path)
                     .map_err(|e| LogError::io("open_rw", &file.path, e))?;
                 if let Some(torn) = segment.torn {
+                    let kept = match &cut_bytes {
+                        Some(cut) => {
+                            let name = format!("{}.torn-{:012}", file.name, torn.offset);
+                            quarantine(fs, dir, &name, cut)?;
+                            Some(name)
+                        }
+                        None => None,
+                    };
                     handle
                         .set_len(torn.offset)
                         .map_err(|e| LogError::io("set_len", &file.path, e))?;
@@ -164,6 +216,9 @@ pub(crate) fn recover<E>(
                         segment: file.name.clone(),
                         offset: torn.offset,
                         bytes_dropped: dropped,
+                        damage: torn.damage.to_string(),
+                        whole_frame: torn.damage == crate::format::Damage::BadCrc,
+                        quarantine: kept,
                     });
                 }
                 active = Some(ActiveSegment {

@@ -24,7 +24,7 @@ pub mod exit {
     pub const DAMAGE: u8 = 1;
     /// Bad usage (clap's own code).
     pub const USAGE: u8 = 2;
-    /// The data directory could not be read at all.
+    /// The data directory could not be read, or an output file written.
     pub const UNREADABLE: u8 = 3;
 }
 
@@ -32,7 +32,7 @@ const EXIT_CODES: &str = "Exit codes:
   0  clean (for verify and audits: nothing wrong found)
   1  damage found: the message names segment, offset and seq
   2  bad usage
-  3  the data directory cannot be read";
+  3  the data directory cannot be read, or an output file cannot be written";
 
 /// Offline tools for a Spark data directory: verify, dump, rebuild, audit,
 /// stats. Read-only; safe beside a running server.

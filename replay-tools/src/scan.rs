@@ -114,7 +114,8 @@ fn print_json(value: &serde_json::Value) {
 
 fn torn_json(report: &ScanReport) -> serde_json::Value {
     match &report.torn_tail {
-        Some(t) => json!({"segment": t.segment, "offset": t.offset, "bytes": t.bytes_dropped}),
+        Some(t) => json!({"segment": t.segment, "offset": t.offset, "bytes": t.bytes_dropped,
+                          "damage": t.damage, "whole_frame": t.whole_frame}),
         None => serde_json::Value::Null,
     }
 }
@@ -126,44 +127,61 @@ pub fn verify(common: &Common) -> Outcome {
     let result = scan(&reader, true, "verify", |segment, record| {
         fold(&mut mirror, segment, record).map(|_| ControlFlow::Continue(()))
     });
-    match result {
-        Ok(report) => {
-            if common.json {
-                print_json(&json!({
-                    "ok": true,
-                    "segments": report.segments,
-                    "records": report.records,
-                    "bytes": report.bytes,
-                    "seq": report.head.seq,
-                    "chain": report.head.chain_hex(),
-                    "torn_tail": torn_json(&report),
-                }));
-            } else {
-                println!(
-                    "ok: {} records in {} segments ({} bytes), seq 1..={}, chain {}",
-                    report.records,
-                    report.segments,
-                    report.bytes,
-                    report.head.seq,
-                    report.head.chain_hex()
-                );
-                if let Some(t) = &report.torn_tail {
-                    println!(
-                        "note: {} bytes after the last whole record in segment {} at offset {} \
-                         (a torn write, or a write in progress on a running server; the engine \
-                         truncates it at its next start)",
-                        t.bytes_dropped, t.segment, t.offset
-                    );
-                }
-            }
-            Ok(exit::OK)
-        }
+    let report = match result {
+        Ok(report) => report,
         Err(failure) => {
             if common.json {
                 print_json(&json!({"ok": false, "error": failure.message}));
             }
-            Err(failure)
+            return Err(failure);
         }
+    };
+    // A whole last record that fails its checksum may be an acknowledged
+    // record that was damaged, not only a torn write: a fault, not a note.
+    let damaged_tail = report.torn_tail.as_ref().filter(|t| t.whole_frame);
+    if common.json {
+        print_json(&json!({
+            "ok": damaged_tail.is_none(),
+            "segments": report.segments,
+            "records": report.records,
+            "bytes": report.bytes,
+            "seq": report.head.seq,
+            "chain": report.head.chain_hex(),
+            "torn_tail": torn_json(&report),
+        }));
+    } else {
+        if report.records == 0 {
+            println!(
+                "ok: empty log ({} segments, {} bytes)",
+                report.segments, report.bytes
+            );
+        } else {
+            println!(
+                "ok: {} records in {} segments ({} bytes), seq 1..={}, chain {}",
+                report.records,
+                report.segments,
+                report.bytes,
+                report.head.seq,
+                report.head.chain_hex()
+            );
+        }
+        if let Some(t) = report.torn_tail.as_ref().filter(|t| !t.whole_frame) {
+            println!(
+                "note: {} bytes after the last whole record in segment {} at offset {} ({}): \
+                 a torn write, or a write in progress on a running server; the engine cuts \
+                 it at its next start and keeps a copy beside the segment",
+                t.bytes_dropped, t.segment, t.offset, t.damage
+            );
+        }
+    }
+    match damaged_tail {
+        None => Ok(exit::OK),
+        Some(t) => Err(Failure::damage(format!(
+            "segment {} at offset {} (after seq {}): the last record is whole but fails its \
+             checksum ({}); it may be a damaged acknowledged record rather than a torn write. \
+             The engine will cut it at its next start and keep a copy in the log directory",
+            t.segment, t.offset, report.head.seq, t.damage
+        ))),
     }
 }
 
@@ -306,6 +324,14 @@ pub fn rebuild(common: &Common, at: Option<&str>, export: Option<&Path>) -> Outc
     };
     let reader = open(common)?;
     let (mirror, _report) = replay(&reader, at.as_ref())?;
+    if let Some(At::Seq(seq)) = at {
+        if seq > mirror.seq {
+            return Err(usage(format!(
+                "--at {seq} is past the head of the log (seq {}); for a time, give RFC 3339",
+                mirror.seq
+            )));
+        }
+    }
     if let Some(path) = export {
         let moments: Vec<_> = mirror
             .moments

@@ -112,6 +112,13 @@ async fn every_subcommand_beside_a_running_engine() {
     assert_eq!(ops[0]["device"], "test-phone");
     assert_eq!(ops[4]["request_id"], Value::Null);
 
+    // An edit shows only what it touched.
+    assert_eq!(ops[3]["kind"], "moment.edit");
+    assert_eq!(
+        ops[3]["payload"]["changes"],
+        serde_json::json!({"caption": "bus stop"})
+    );
+
     let count = |args: &[&str]| run(args, data).1.lines().count();
     assert_eq!(count(&["dump", "--kind", "moment.create"]), 3);
     assert_eq!(
@@ -250,4 +257,72 @@ fn a_missing_data_directory_is_exit_3() {
     let (code, _, err) = run(&["verify"], &dir.path().join("nothing"));
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("no log"), "{err}");
+}
+
+#[tokio::test]
+async fn verify_tells_a_torn_tail_from_a_damaged_last_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, _) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    let segment = data.join("log/00000000000000000001.seg");
+    let whole = std::fs::read(&segment).unwrap();
+
+    // A record cut short: a torn write. A note, exit 0.
+    std::fs::write(&segment, &whole[..whole.len() - 5]).unwrap();
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("ok: 4 records"), "{out}");
+    assert!(out.contains("note:"), "{out}");
+
+    // The last record whole but with a flipped payload byte: maybe a damaged
+    // acknowledged record. A fault, exit 1, naming the place.
+    let mut flipped = whole.clone();
+    let last = flipped.len() - 3;
+    flipped[last] ^= 0x01;
+    std::fs::write(&segment, &flipped).unwrap();
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("00000000000000000001.seg") && err.contains("checksum"),
+        "{err}"
+    );
+
+    // The engine cuts it at its next start, and keeps a copy of what it cut.
+    let settings = Settings {
+        data_dir: data.clone(),
+        ..Settings::default()
+    };
+    let engine = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap();
+    let torn = engine
+        .recovery()
+        .truncated
+        .clone()
+        .expect("a torn tail was cut");
+    assert!(torn.whole_frame);
+    let kept = data
+        .join("log")
+        .join(torn.quarantine.expect("a copy was kept"));
+    let cut = std::fs::read(kept).unwrap();
+    assert_eq!(cut, flipped[torn.offset as usize..].to_vec());
+    assert_eq!(engine.head().seq, 4);
+    drop(engine);
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(
+        (code, out.starts_with("ok: 4 records")),
+        (0, true),
+        "{out}{err}"
+    );
+}
+
+#[tokio::test]
+async fn rebuild_at_a_seq_past_the_head_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engine, _) = populate(dir.path(), 64 << 20).await;
+    engine.shutdown().await;
+    let (code, _, err) = run(&["rebuild", "--at", "6"], dir.path());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("past the head"), "{err}");
+    assert_eq!(run(&["rebuild", "--at", "5"], dir.path()).0, 0);
 }

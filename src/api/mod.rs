@@ -89,9 +89,10 @@ impl Request {
         Ok(buffer.freeze())
     }
 
-    /// Reads and parses a JSON body of at most `limit_bytes`. An empty body
-    /// is `Ok(None)`; malformed JSON, unknown members and wrong types are
-    /// `400 invalid_request` naming the problem.
+    /// Reads and parses a JSON object body of at most `limit_bytes`. An
+    /// empty body is `Ok(None)`; malformed JSON, anything but an object,
+    /// unknown members and wrong types are `400 invalid_request` naming the
+    /// problem.
     pub async fn json<T: DeserializeOwned>(
         &mut self,
         limit_bytes: u64,
@@ -100,7 +101,14 @@ impl Request {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
-        serde_json::from_slice(&bytes)
+        let value: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::invalid_request(format!("the body is not JSON: {e}")))?;
+        // serde would read an array as a struct's fields in order; only an
+        // object names its members.
+        if !value.is_object() {
+            return Err(ApiError::invalid_request("a JSON object is required"));
+        }
+        serde_json::from_value(value)
             .map(Some)
             .map_err(|e| ApiError::invalid_request(format!("the JSON body does not fit: {e}")))
     }

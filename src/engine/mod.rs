@@ -119,8 +119,16 @@ pub enum EngineOpenError {
     #[error(transparent)]
     Log(#[from] LogError),
     /// A record did not replay into the mirror.
-    #[error("replay stopped: {0}")]
-    Replay(#[from] ReplayError),
+    #[error("replay stopped at segment {segment} offset {offset}: {source}")]
+    Replay {
+        /// The segment file holding the record.
+        segment: String,
+        /// The record's byte offset in it.
+        offset: u64,
+        /// What the decoder or the fold said (it names the seq).
+        #[source]
+        source: ReplayError,
+    },
 }
 
 /// A record that decodes but does not fold, or does not decode.
@@ -185,12 +193,18 @@ impl Engine {
     ) -> Result<Engine, EngineOpenError> {
         let lock = lock_data_dir(&settings.data_dir)?;
         let mut mirror = Mirror::new();
+        let mut at = (0, 0);
         let (log, recovery) = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
+            at = (record.seq, record.offset);
             replay_record(&mut mirror, &record).map(|_| ())
         })
         .map_err(|e| match e {
             OpenError::Log(e) => EngineOpenError::Log(e),
-            OpenError::Visit(e) => EngineOpenError::Replay(e),
+            OpenError::Visit(source) => EngineOpenError::Replay {
+                segment: segment_of(&settings.log_dir(), at.0),
+                offset: at.1,
+                source,
+            },
         })?;
         let shared = Arc::new(Shared {
             mirror: RwLock::new(mirror),
@@ -263,6 +277,23 @@ impl Engine {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
     }
+}
+
+/// The name of the segment file that holds `seq`: the one with the largest
+/// first seq not above it (segment files are named by their first seq).
+fn segment_of(log_dir: &Path, seq: u64) -> String {
+    std::fs::read_dir(log_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter_map(|name| {
+            let first = name.strip_suffix(".seg")?.parse::<u64>().ok()?;
+            (first <= seq).then_some((first, name))
+        })
+        .max()
+        .map(|(_, name)| name)
+        .unwrap_or_else(|| "(unknown)".into())
 }
 
 fn lock_data_dir(data_dir: &Path) -> Result<File, EngineOpenError> {
