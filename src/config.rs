@@ -22,6 +22,42 @@ pub struct Settings {
     pub limits: Limits,
     /// The log and its group commit.
     pub log: LogSettings,
+    /// The brains: seats, concurrency, timeouts.
+    pub brains: BrainSettings,
+}
+
+/// The brains (SPEC section 4, DESIGN.md "Brains").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrainSettings {
+    /// Named brain configurations, in order: a practical turn asks the first
+    /// (unless the request names another); a high-quality job asks each,
+    /// turn `i` with request id `<job id>:<i>`. Default: one seat `pippa`
+    /// on the offline `local` adapter.
+    pub seats: Vec<crate::brain::SeatConfig>,
+    /// Most brain calls at once; more turns wait their turn. Default 4.
+    pub concurrency_max: usize,
+    /// Longest one brain call may take before the turn fails, in
+    /// milliseconds. Default 60,000.
+    pub timeout_ms: u64,
+    /// Longest `GET /api/turns/{id}?wait=` holds a request, in seconds;
+    /// larger values are clamped. Default 60.
+    pub turn_wait_max_s: u64,
+    /// Most kept phrases in one quick-recall session (most recent first).
+    /// Default 20.
+    pub recall_phrases_max: usize,
+}
+
+impl Default for BrainSettings {
+    fn default() -> BrainSettings {
+        BrainSettings {
+            seats: crate::brain::SeatConfig::default_seats(),
+            concurrency_max: 4,
+            timeout_ms: crate::brain::DEFAULT_BRAIN_TIMEOUT_MS,
+            turn_wait_max_s: 60,
+            recall_phrases_max: 20,
+        }
+    }
 }
 
 /// Limits on what one request may carry.
@@ -65,6 +101,7 @@ impl Default for Settings {
             data_dir: PathBuf::from("./spark-data"),
             limits: Limits::default(),
             log: LogSettings::default(),
+            brains: BrainSettings::default(),
         }
     }
 }
@@ -162,6 +199,24 @@ impl Settings {
         if self.log.queue_depth_commands == 0 {
             return invalid("log.queue_depth_commands", "must be above 0");
         }
+        if self.brains.seats.is_empty() {
+            return invalid("brains.seats", "at least one seat is needed");
+        }
+        let mut names = std::collections::HashSet::new();
+        for seat in &self.brains.seats {
+            if seat.name.is_empty() || seat.name.len() > 64 {
+                return invalid("brains.seats.name", "a seat name is 1 to 64 bytes");
+            }
+            if !names.insert(&seat.name) {
+                return invalid("brains.seats.name", "seat names must be unique");
+            }
+        }
+        if self.brains.concurrency_max == 0 || self.brains.timeout_ms == 0 {
+            return invalid("brains.concurrency_max / timeout_ms", "must be above 0");
+        }
+        if self.brains.recall_phrases_max == 0 {
+            return invalid("brains.recall_phrases_max", "must be above 0");
+        }
         if u64::from(self.log.max_record_bytes) < self.limits.json_body_limit_bytes + 1024 {
             return invalid(
                 "log.max_record_bytes",
@@ -189,4 +244,39 @@ impl Settings {
 /// `<data_dir>/log`, where the segments live.
 pub fn log_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("log")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ```toml blocks of README.md, in order.
+    fn readme_toml_blocks() -> Vec<String> {
+        let readme = include_str!("../README.md");
+        readme
+            .split("```toml")
+            .skip(1)
+            .filter_map(|rest| rest.split("```").next().map(str::to_owned))
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_settings_file_parses_to_the_defaults() {
+        let blocks = readme_toml_blocks();
+        let parsed: Settings = toml::from_str(&blocks[0]).unwrap();
+        assert_eq!(
+            parsed,
+            Settings::default(),
+            "README's defaults drifted from the code"
+        );
+        let seats: Settings = toml::from_str(&blocks[1]).unwrap();
+        assert_eq!(seats.brains.seats.len(), 2);
+        seats.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let error = toml::from_str::<Settings>("[limits]\njson_body_limit = 5\n").unwrap_err();
+        assert!(error.to_string().contains("json_body_limit"), "{error}");
+    }
 }

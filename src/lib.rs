@@ -15,6 +15,8 @@
 //! - [`engine`]: the sequencer, the journal (group commit) and the published
 //!   mirror.
 //! - [`media`]: the content-addressed blob store under `<data>/media/`.
+//! - [`brain`]: the reading models (seats, adapters) and [`turns`], which asks
+//!   them once per turn in the background.
 //! - [`api`]: the warp routes, problem+json errors, body limits.
 //! - [`server`]: start, serve and shut down.
 //! - [`config`]: settings with units in their names; [`clock`], [`time`].
@@ -22,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod brain;
 pub mod clock;
 pub mod codec;
 pub mod config;
@@ -32,6 +35,7 @@ pub mod mirror;
 pub mod op;
 pub mod server;
 pub mod time;
+pub mod turns;
 
 pub use config::Settings;
 pub use engine::{Engine, EngineError, Outcome};

@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::ids::Id;
-use crate::op::{MediaRole, Op, OpBody, OpKind, Sha256};
+use crate::op::{Entity, MediaRole, Op, OpBody, OpKind, Sha256, TurnMode};
 
 /// One moment as the mirror holds it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Moment {
     /// The moment's id.
     pub id: Id,
@@ -37,10 +37,12 @@ pub struct Moment {
     pub last_seq: u64,
     /// Ids of the moment's media, in upload order (at most one per role).
     pub media: Vec<Id>,
+    /// Ids of the moment's turns, in start order.
+    pub turns: Vec<Id>,
 }
 
 /// One stored blob as the mirror holds it (from its `media.put`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Media {
     /// The phone-minted media id.
     pub id: Id,
@@ -66,7 +68,95 @@ pub struct RequestRow {
     /// That op's kind.
     pub kind: OpKind,
     /// The entity that op was about.
-    pub entity_id: Id,
+    pub entity: Entity,
+}
+
+/// Where a turn stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum TurnStatus {
+    /// Started; the brain has not answered (or the engine stopped before it
+    /// did: it is asked again after a restart).
+    Running,
+    /// The brain answered.
+    Done {
+        /// The reading.
+        answer: String,
+        /// Which adapter answered.
+        adapter: String,
+        /// What the reading was made from.
+        source: String,
+        /// How long the brain took, in milliseconds.
+        elapsed_ms: u64,
+    },
+    /// The brain gave no answer.
+    Failed {
+        /// Why.
+        error: String,
+        /// How long the attempt took, in milliseconds.
+        elapsed_ms: u64,
+    },
+}
+
+/// One turn as the mirror holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Turn {
+    /// The engine-minted turn id.
+    pub id: Id,
+    /// The moment it reads.
+    pub moment_id: Id,
+    /// The seat asked.
+    pub seat: String,
+    /// Practical or recall.
+    pub mode: TurnMode,
+    /// Its request id, if any.
+    pub request_id: Option<String>,
+    /// Where it stands.
+    pub status: TurnStatus,
+    /// Seq of its `turn.start`.
+    pub seq: u64,
+}
+
+/// One kept phrase (a mark).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Mark {
+    /// `keep:<phrase>`.
+    pub id: String,
+    /// The normalised phrase.
+    pub phrase: String,
+    /// False once dropped (until kept again).
+    pub active: bool,
+    /// The moment it was last kept from, if any.
+    pub moment_id: Option<Id>,
+    /// Seq of the last `mark.keep`: recall takes the most recent first.
+    pub kept_seq: u64,
+}
+
+/// One high-quality job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Job {
+    /// The client's job id.
+    pub job_id: String,
+    /// The moment it reads.
+    pub moment_id: Id,
+    /// The seats asked, in order; turn `i` has request id `<job id>:<i>`.
+    pub seats: Vec<String>,
+    /// Seq of its `job.start`.
+    pub seq: u64,
+}
+
+/// One quick-recall session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Recall {
+    /// The recall id.
+    pub id: String,
+    /// The moment assembled from the phrases.
+    pub moment_id: Id,
+    /// The session's turn.
+    pub turn_id: Id,
+    /// The marks used, most recent first.
+    pub marks: Vec<String>,
+    /// Seq of its `recall.start`.
+    pub seq: u64,
 }
 
 /// Why an op cannot be applied. The sequencer never decides such an op, so
@@ -102,6 +192,19 @@ pub enum FoldError {
         /// `"unknown"` or `"deleted"`.
         state: &'static str,
     },
+    /// An op that does not fit the state (an id that exists, a turn that
+    /// already ended, a mark that is not active, ...).
+    #[error("seq {seq}: {kind} of {entity} refused: {why}")]
+    Refused {
+        /// The op's seq.
+        seq: u64,
+        /// The op's kind name.
+        kind: &'static str,
+        /// What it was about.
+        entity: String,
+        /// Why.
+        why: &'static str,
+    },
     /// A `media.put` whose media id exists, or whose role is already filled.
     #[error("seq {seq}: media {id} cannot be put: {why}")]
     MediaConflict {
@@ -128,6 +231,14 @@ pub struct Mirror {
     pub requests: HashMap<String, RequestRow>,
     /// Every stored blob, by media id.
     pub media: HashMap<Id, Media>,
+    /// Every turn, by turn id.
+    pub turns: HashMap<Id, Turn>,
+    /// Every mark ever kept, active or dropped, by mark id.
+    pub marks: BTreeMap<String, Mark>,
+    /// Every job, by job id.
+    pub jobs: HashMap<String, Job>,
+    /// Every quick-recall session, by recall id.
+    pub recalls: HashMap<String, Recall>,
     /// Number of moments that are not deleted.
     pub live_moments: usize,
 }
@@ -168,6 +279,7 @@ impl Mirror {
                         deleted: false,
                         last_seq: op.seq,
                         media: Vec::new(),
+                        turns: Vec::new(),
                     },
                 );
                 self.live_moments += 1;
@@ -229,6 +341,107 @@ impl Mirror {
                     },
                 );
             }
+            OpBody::TurnStart(p) => {
+                let refused = |why| refuse(op, Entity::Id(p.id), why);
+                if self.turns.contains_key(&p.id) {
+                    return Err(refused("the turn id exists"));
+                }
+                let moment = live_moment(&mut self.moments, op, p.moment_id)?;
+                moment.turns.push(p.id);
+                moment.version += 1;
+                moment.last_seq = op.seq;
+                self.turns.insert(
+                    p.id,
+                    Turn {
+                        id: p.id,
+                        moment_id: p.moment_id,
+                        seat: p.seat.clone(),
+                        mode: p.mode,
+                        request_id: p.request_id.clone(),
+                        status: TurnStatus::Running,
+                        seq: op.seq,
+                    },
+                );
+            }
+            OpBody::TurnFinish(p) => {
+                let turn = running_turn(&mut self.turns, op, p.id)?;
+                turn.status = TurnStatus::Done {
+                    answer: p.answer.clone(),
+                    adapter: p.adapter.clone(),
+                    source: p.source.clone(),
+                    elapsed_ms: p.elapsed_ms,
+                };
+            }
+            OpBody::TurnFail(p) => {
+                let turn = running_turn(&mut self.turns, op, p.id)?;
+                turn.status = TurnStatus::Failed {
+                    error: p.error.clone(),
+                    elapsed_ms: p.elapsed_ms,
+                };
+            }
+            OpBody::MarkKeep(p) => {
+                if self.marks.get(&p.id).is_some_and(|m| m.active) {
+                    return Err(refuse(op, Entity::Name(p.id.clone()), "the mark is active"));
+                }
+                self.marks.insert(
+                    p.id.clone(),
+                    Mark {
+                        id: p.id.clone(),
+                        phrase: p.phrase.clone(),
+                        active: true,
+                        moment_id: p.moment_id,
+                        kept_seq: op.seq,
+                    },
+                );
+            }
+            OpBody::MarkDrop(p) => match self.marks.get_mut(&p.id) {
+                Some(mark) if mark.active => mark.active = false,
+                _ => {
+                    return Err(refuse(
+                        op,
+                        Entity::Name(p.id.clone()),
+                        "the mark is not active",
+                    ))
+                }
+            },
+            OpBody::JobStart(p) => {
+                if self.jobs.contains_key(&p.job_id) {
+                    return Err(refuse(
+                        op,
+                        Entity::Name(p.job_id.clone()),
+                        "the job id exists",
+                    ));
+                }
+                live_moment(&mut self.moments, op, p.moment_id)?;
+                self.jobs.insert(
+                    p.job_id.clone(),
+                    Job {
+                        job_id: p.job_id.clone(),
+                        moment_id: p.moment_id,
+                        seats: p.seats.clone(),
+                        seq: op.seq,
+                    },
+                );
+            }
+            OpBody::RecallStart(p) => {
+                if self.recalls.contains_key(&p.id) {
+                    return Err(refuse(
+                        op,
+                        Entity::Name(p.id.clone()),
+                        "the recall id exists",
+                    ));
+                }
+                self.recalls.insert(
+                    p.id.clone(),
+                    Recall {
+                        id: p.id.clone(),
+                        moment_id: p.moment_id,
+                        turn_id: p.turn_id,
+                        marks: p.marks.clone(),
+                        seq: op.seq,
+                    },
+                );
+            }
         }
         if let Some(request_id) = op.body.request_id() {
             // First producer wins forever (INSERT OR IGNORE).
@@ -237,7 +450,7 @@ impl Mirror {
                 .or_insert(RequestRow {
                     seq: op.seq,
                     kind: op.body.kind(),
-                    entity_id: op.body.entity_id(),
+                    entity: op.body.entity(),
                 });
         }
         self.seq = op.seq;
@@ -273,63 +486,88 @@ impl Mirror {
         self.moments.len() - self.live_moments
     }
 
-    /// A BLAKE3 digest of the whole mirror in a canonical order (moments by
-    /// id, requests by request id), as 64 lower-case hex characters. Two
-    /// mirrors with the same state have the same digest, however they were
-    /// built; `spark-replay rebuild` prints it and the restart tests compare it.
+    /// A BLAKE3 digest of the whole mirror in a canonical order (every map
+    /// sorted by key, each item encoded by [`crate::codec`]), as 64
+    /// lower-case hex characters. Two mirrors with the same state have the
+    /// same digest, however they were built; `spark-replay rebuild` prints it
+    /// and the restart tests compare it.
     pub fn digest(&self) -> String {
         let mut hasher = blake3::Hasher::new();
-        hasher.update(&self.seq.to_le_bytes());
+        let mut feed = |item: &dyn erased::Encode| {
+            // Encoding plain data into memory cannot fail; an error would
+            // only make two digests differ.
+            let bytes = item.encode().unwrap_or_default();
+            hasher.update(&(bytes.len() as u64).to_le_bytes());
+            hasher.update(&bytes);
+        };
+        feed(&self.seq);
         for moment in self.moments.values() {
-            hasher.update(&moment.id.0.to_le_bytes());
-            for field in [&moment.text, &moment.caption, &moment.lang] {
-                hash_opt_str(&mut hasher, field.as_deref());
-            }
-            match moment.captured_at_ms {
-                Some(ms) => hasher.update(&[1]).update(&ms.to_le_bytes()),
-                None => hasher.update(&[0]),
-            };
-            hasher.update(&moment.created_at_ms.to_le_bytes());
-            hasher.update(&moment.version.to_le_bytes());
-            hasher.update(&[u8::from(moment.deleted)]);
-            hasher.update(&moment.last_seq.to_le_bytes());
-            for media_id in &moment.media {
-                hasher.update(&media_id.0.to_le_bytes());
-            }
-        }
-        let mut media: Vec<&Media> = self.media.values().collect();
-        media.sort_unstable_by_key(|m| m.id);
-        for m in media {
-            hasher.update(&m.id.0.to_le_bytes());
-            hasher.update(&m.moment_id.0.to_le_bytes());
-            hasher.update(m.role.name().as_bytes());
-            hasher.update(&m.sha256.0);
-            hasher.update(&m.size_bytes.to_le_bytes());
-            hash_opt_str(&mut hasher, Some(&m.content_type));
-            hasher.update(&m.seq.to_le_bytes());
+            feed(moment);
         }
         let mut requests: Vec<(&String, &RequestRow)> = self.requests.iter().collect();
         requests.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (request_id, row) in requests {
-            hash_opt_str(&mut hasher, Some(request_id));
-            hasher.update(&row.seq.to_le_bytes());
-            hasher.update(&row.kind.code().to_le_bytes());
-            hasher.update(&row.entity_id.0.to_le_bytes());
+            feed(&(request_id, row.seq, row.kind.code(), row.entity.to_string()));
+        }
+        for item in sorted(&self.media) {
+            feed(item);
+        }
+        for item in sorted(&self.turns) {
+            feed(item);
+        }
+        for item in self.marks.values() {
+            feed(item);
+        }
+        for item in sorted(&self.jobs) {
+            feed(item);
+        }
+        for item in sorted(&self.recalls) {
+            feed(item);
         }
         hasher.finalize().to_hex().to_string()
     }
 }
 
-fn hash_opt_str(hasher: &mut blake3::Hasher, value: Option<&str>) {
-    match value {
-        Some(s) => {
-            hasher.update(&[1]);
-            hasher.update(&(s.len() as u64).to_le_bytes());
-            hasher.update(s.as_bytes());
+/// The values of a map in key order.
+fn sorted<K: Ord, V>(map: &HashMap<K, V>) -> Vec<&V> {
+    let mut entries: Vec<(&K, &V)> = map.iter().collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    entries.into_iter().map(|(_, v)| v).collect()
+}
+
+/// Object-safe encoding for the digest.
+mod erased {
+    /// Encodes a value with the crate's codec.
+    pub trait Encode {
+        /// The value's bytes.
+        fn encode(&self) -> Result<Vec<u8>, crate::codec::CodecError>;
+    }
+
+    impl<T: serde::Serialize> Encode for T {
+        fn encode(&self) -> Result<Vec<u8>, crate::codec::CodecError> {
+            crate::codec::encode(self)
         }
-        None => {
-            hasher.update(&[0]);
-        }
+    }
+}
+
+fn refuse(op: &Op, entity: Entity, why: &'static str) -> FoldError {
+    FoldError::Refused {
+        seq: op.seq,
+        kind: op.body.kind().name(),
+        entity: entity.to_string(),
+        why,
+    }
+}
+
+fn running_turn<'a>(
+    turns: &'a mut HashMap<Id, Turn>,
+    op: &Op,
+    id: Id,
+) -> Result<&'a mut Turn, FoldError> {
+    match turns.get_mut(&id) {
+        Some(turn) if turn.status == TurnStatus::Running => Ok(turn),
+        Some(_) => Err(refuse(op, Entity::Id(id), "the turn already ended")),
+        None => Err(refuse(op, Entity::Id(id), "no such turn")),
     }
 }
 
@@ -413,7 +651,7 @@ impl Mirror {
                 .filter_map(|id| self.media.get(id))
                 .map(|m| self.media_view(m))
                 .collect(),
-            turns: Vec::new(),
+            turns: moment.turns.clone(),
         }
     }
 
@@ -427,5 +665,166 @@ impl Mirror {
             size: media.size_bytes,
             content_type: media.content_type.clone(),
         }
+    }
+}
+
+/// A turn as the API shows it (SPEC section 10).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct TurnView {
+    /// The turn id.
+    pub id: Id,
+    /// The moment it reads.
+    pub moment_id: Id,
+    /// The seat asked.
+    pub seat: String,
+    /// `practical` or `recall`.
+    pub mode: TurnMode,
+    /// `running`, `done` or `failed`.
+    pub status: &'static str,
+    /// The reading, when done.
+    pub answer: Option<String>,
+    /// Why it failed, when failed.
+    pub error: Option<String>,
+    /// Which adapter answered, when done.
+    pub adapter: Option<String>,
+    /// What the reading was made from (`ocr`, `text`, `model`), when done.
+    pub source: Option<String>,
+    /// How long the brain took, in milliseconds, once ended.
+    pub elapsed_ms: Option<u64>,
+    /// The turn's request id, if any.
+    pub request_id: Option<String>,
+}
+
+/// A mark as the API shows it (SPEC section 10).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct MarkView {
+    /// `keep:<phrase>`.
+    pub id: String,
+    /// The normalised phrase.
+    pub phrase: String,
+    /// False once dropped.
+    pub active: bool,
+    /// The moment it was kept from, if any.
+    pub moment_id: Option<Id>,
+}
+
+/// A job as the API shows it (SPEC section 10).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct JobView {
+    /// The client's job id.
+    pub job_id: String,
+    /// The moment it reads.
+    pub moment_id: Id,
+    /// One turn per seat, in seat order (request ids `<job id>:<index>`).
+    pub turns: Vec<TurnView>,
+}
+
+/// A quick-recall session as the API shows it (SPEC section 10).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct RecallView {
+    /// The recall id.
+    pub id: String,
+    /// The moment assembled from the phrases.
+    pub moment: MomentView,
+    /// The session's turn (request id `<recall id>:turn`).
+    pub turn: TurnView,
+}
+
+impl Turn {
+    /// The turn as the API shows it.
+    pub fn view(&self) -> TurnView {
+        let (status, answer, error, adapter, source, elapsed_ms) = match &self.status {
+            TurnStatus::Running => ("running", None, None, None, None, None),
+            TurnStatus::Done {
+                answer,
+                adapter,
+                source,
+                elapsed_ms,
+            } => (
+                "done",
+                Some(answer.clone()),
+                None,
+                Some(adapter.clone()),
+                Some(source.clone()),
+                Some(*elapsed_ms),
+            ),
+            TurnStatus::Failed { error, elapsed_ms } => (
+                "failed",
+                None,
+                Some(error.clone()),
+                None,
+                None,
+                Some(*elapsed_ms),
+            ),
+        };
+        TurnView {
+            id: self.id,
+            moment_id: self.moment_id,
+            seat: self.seat.clone(),
+            mode: self.mode,
+            status,
+            answer,
+            error,
+            adapter,
+            source,
+            elapsed_ms,
+            request_id: self.request_id.clone(),
+        }
+    }
+}
+
+impl Mark {
+    /// The mark as the API shows it.
+    pub fn view(&self) -> MarkView {
+        MarkView {
+            id: self.id.clone(),
+            phrase: self.phrase.clone(),
+            active: self.active,
+            moment_id: self.moment_id,
+        }
+    }
+}
+
+impl Mirror {
+    /// A job as the API shows it: its turns are found by their derived
+    /// request ids; a turn not (yet) written is left out.
+    pub fn job_view(&self, job: &Job) -> JobView {
+        let turns = (0..job.seats.len())
+            .filter_map(|index| self.turn_by_request(&format!("{}:{index}", job.job_id)))
+            .map(Turn::view)
+            .collect();
+        JobView {
+            job_id: job.job_id.clone(),
+            moment_id: job.moment_id,
+            turns,
+        }
+    }
+
+    /// A recall as the API shows it, once its moment and turn exist.
+    pub fn recall_view(&self, recall: &Recall) -> Option<RecallView> {
+        let moment = self.moment(recall.moment_id)?;
+        let turn = self.turns.get(&recall.turn_id)?;
+        Some(RecallView {
+            id: recall.id.clone(),
+            moment: self.moment_view(moment),
+            turn: turn.view(),
+        })
+    }
+
+    /// The turn a request id started, if it started one.
+    pub fn turn_by_request(&self, request_id: &str) -> Option<&Turn> {
+        let row = self.requests.get(request_id)?;
+        if row.kind != OpKind::TurnStart {
+            return None;
+        }
+        self.turns.get(&row.entity.id()?)
+    }
+
+    /// Active marks, most recently kept first, at most `limit`.
+    pub fn recent_marks(&self, limit: usize) -> Vec<&Mark> {
+        let mut active: Vec<&Mark> = self.marks.values().filter(|m| m.active).collect();
+        active.sort_unstable_by_key(|m| std::cmp::Reverse(m.kept_seq));
+        active.truncate(limit);
+        active
     }
 }

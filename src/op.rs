@@ -24,15 +24,36 @@ pub enum OpKind {
     MomentDelete,
     /// `media.put`: a blob (copy or original) stored for a moment.
     MediaPut,
+    /// `turn.start`: a brain is to give a reading of a moment.
+    TurnStart,
+    /// `turn.finish`: the brain's answer.
+    TurnFinish,
+    /// `turn.fail`: the brain gave no answer.
+    TurnFail,
+    /// `mark.keep`: a phrase kept for quick recall.
+    MarkKeep,
+    /// `mark.drop`: a kept phrase dropped.
+    MarkDrop,
+    /// `job.start`: a high-quality job, one practical turn per seat.
+    JobStart,
+    /// `recall.start`: a quick-recall session over the kept phrases.
+    RecallStart,
 }
 
 impl OpKind {
     /// Every kind this build reads, in code order.
-    pub const ALL: [OpKind; 4] = [
+    pub const ALL: [OpKind; 11] = [
         OpKind::MomentCreate,
         OpKind::MomentEdit,
         OpKind::MomentDelete,
         OpKind::MediaPut,
+        OpKind::TurnStart,
+        OpKind::TurnFinish,
+        OpKind::TurnFail,
+        OpKind::MarkKeep,
+        OpKind::MarkDrop,
+        OpKind::JobStart,
+        OpKind::RecallStart,
     ];
 
     /// The code written in the record header.
@@ -42,6 +63,14 @@ impl OpKind {
             OpKind::MomentEdit => 2,
             OpKind::MomentDelete => 3,
             OpKind::MediaPut => 4,
+            OpKind::TurnStart => 5,
+            OpKind::TurnFinish => 6,
+            OpKind::TurnFail => 7,
+            OpKind::MarkKeep => 8,
+            OpKind::MarkDrop => 9,
+            // 10 is kept for message.post.
+            OpKind::JobStart => 11,
+            OpKind::RecallStart => 12,
         }
     }
 
@@ -52,6 +81,13 @@ impl OpKind {
             2 => Some(OpKind::MomentEdit),
             3 => Some(OpKind::MomentDelete),
             4 => Some(OpKind::MediaPut),
+            5 => Some(OpKind::TurnStart),
+            6 => Some(OpKind::TurnFinish),
+            7 => Some(OpKind::TurnFail),
+            8 => Some(OpKind::MarkKeep),
+            9 => Some(OpKind::MarkDrop),
+            11 => Some(OpKind::JobStart),
+            12 => Some(OpKind::RecallStart),
             _ => None,
         }
     }
@@ -69,6 +105,13 @@ impl OpKind {
             OpKind::MomentEdit => "moment.edit",
             OpKind::MomentDelete => "moment.delete",
             OpKind::MediaPut => "media.put",
+            OpKind::TurnStart => "turn.start",
+            OpKind::TurnFinish => "turn.finish",
+            OpKind::TurnFail => "turn.fail",
+            OpKind::MarkKeep => "mark.keep",
+            OpKind::MarkDrop => "mark.drop",
+            OpKind::JobStart => "job.start",
+            OpKind::RecallStart => "recall.start",
         }
     }
 
@@ -198,6 +241,158 @@ pub struct MediaPut {
     pub device: String,
 }
 
+/// What a turn is for (SPEC section 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TurnMode {
+    /// A practical reading of one photographed sign.
+    Practical,
+    /// A quick-recall session over kept phrases.
+    Recall,
+}
+
+impl TurnMode {
+    /// `"practical"` or `"recall"`, as on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            TurnMode::Practical => "practical",
+            TurnMode::Recall => "recall",
+        }
+    }
+}
+
+/// Payload of `turn.start`, version 1. The brain is asked after this op is
+/// durable; its outcome is a `turn.finish` or `turn.fail` of the same id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnStart {
+    /// The engine-minted turn id.
+    pub id: Id,
+    /// The moment the turn reads.
+    pub moment_id: Id,
+    /// The seat (named brain configuration) that is asked.
+    pub seat: String,
+    /// Practical or recall.
+    pub mode: TurnMode,
+    /// The request id (a client's, or derived: `<recall id>:turn`,
+    /// `<job id>:<index>`), if any.
+    pub request_id: Option<String>,
+    /// The device that caused it.
+    pub device: String,
+}
+
+/// Payload of `turn.finish`, version 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnFinish {
+    /// The turn.
+    pub id: Id,
+    /// The brain's reading.
+    pub answer: String,
+    /// Which adapter answered (`local`, `openai`, ...).
+    pub adapter: String,
+    /// What the reading was made from (`ocr`, `text`, `model`, ...).
+    pub source: String,
+    /// How long the brain took, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// Payload of `turn.fail`, version 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnFail {
+    /// The turn.
+    pub id: Id,
+    /// Why the brain gave no answer (an error, or the timeout).
+    pub error: String,
+    /// How long the attempt took, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// Payload of `mark.keep`, version 1: a phrase kept (or kept again after a
+/// drop). Its id is `keep:<normalised phrase>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkKeep {
+    /// `keep:<phrase>`.
+    pub id: String,
+    /// The normalised phrase (NFKC, lower case, trimmed, single spaces).
+    pub phrase: String,
+    /// The moment it was kept from, if any.
+    pub moment_id: Option<Id>,
+    /// The device that kept it.
+    pub device: String,
+}
+
+/// Payload of `mark.drop`, version 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkDrop {
+    /// `keep:<phrase>`.
+    pub id: String,
+    /// The device that dropped it.
+    pub device: String,
+}
+
+/// Payload of `job.start`, version 1: a high-quality job over one moment.
+/// Its turns follow as `turn.start` ops with request ids `<job id>:<index>`,
+/// one per seat in this order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobStart {
+    /// The client's job id (at most 64 bytes; it is the job's request id).
+    pub job_id: String,
+    /// The moment the job reads.
+    pub moment_id: Id,
+    /// The seats asked, in configuration order at the time of the job.
+    pub seats: Vec<String>,
+    /// The device that started it.
+    pub device: String,
+}
+
+/// Payload of `recall.start`, version 1: a quick-recall session. Its moment
+/// follows as a `moment.create` with the recall id as request id, and its
+/// turn as a `turn.start` with request id `<recall id>:turn`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecallStart {
+    /// The recall id (the client's, at most 70 bytes, or engine-minted).
+    pub id: String,
+    /// The moment assembled from the kept phrases.
+    pub moment_id: Id,
+    /// The session's turn.
+    pub turn_id: Id,
+    /// The mark ids of the phrases used, most recent first.
+    pub marks: Vec<String>,
+    /// The device that started it.
+    pub device: String,
+}
+
+/// The device recorded on ops the engine writes on its own (turn outcomes).
+pub const ENGINE_DEVICE: &str = "engine";
+
+/// What an op is about: a ULID entity (moment, media, turn) or a named one
+/// (mark, job, recall). `Display` gives the canonical text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Entity {
+    /// A moment, media or turn id.
+    Id(Id),
+    /// A mark id (`keep:<phrase>`), a job id or a recall id.
+    Name(String),
+}
+
+impl std::fmt::Display for Entity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Entity::Id(id) => write!(f, "{id}"),
+            Entity::Name(name) => f.write_str(name),
+        }
+    }
+}
+
+impl Entity {
+    /// The ULID, for id entities.
+    pub fn id(&self) -> Option<Id> {
+        match self {
+            Entity::Id(id) => Some(*id),
+            Entity::Name(_) => None,
+        }
+    }
+}
+
 /// An op's payload, by kind.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -210,6 +405,20 @@ pub enum OpBody {
     MomentDelete(MomentDelete),
     /// See [`MediaPut`].
     MediaPut(MediaPut),
+    /// See [`TurnStart`].
+    TurnStart(TurnStart),
+    /// See [`TurnFinish`].
+    TurnFinish(TurnFinish),
+    /// See [`TurnFail`].
+    TurnFail(TurnFail),
+    /// See [`MarkKeep`].
+    MarkKeep(MarkKeep),
+    /// See [`MarkDrop`].
+    MarkDrop(MarkDrop),
+    /// See [`JobStart`].
+    JobStart(JobStart),
+    /// See [`RecallStart`].
+    RecallStart(RecallStart),
 }
 
 impl OpBody {
@@ -220,6 +429,13 @@ impl OpBody {
             OpBody::MomentEdit(_) => OpKind::MomentEdit,
             OpBody::MomentDelete(_) => OpKind::MomentDelete,
             OpBody::MediaPut(_) => OpKind::MediaPut,
+            OpBody::TurnStart(_) => OpKind::TurnStart,
+            OpBody::TurnFinish(_) => OpKind::TurnFinish,
+            OpBody::TurnFail(_) => OpKind::TurnFail,
+            OpBody::MarkKeep(_) => OpKind::MarkKeep,
+            OpBody::MarkDrop(_) => OpKind::MarkDrop,
+            OpBody::JobStart(_) => OpKind::JobStart,
+            OpBody::RecallStart(_) => OpKind::RecallStart,
         }
     }
 
@@ -229,7 +445,15 @@ impl OpBody {
             OpBody::MomentCreate(p) => p.request_id.as_deref(),
             OpBody::MomentEdit(p) => p.request_id.as_deref(),
             OpBody::MomentDelete(p) => p.request_id.as_deref(),
-            OpBody::MediaPut(_) => None,
+            OpBody::TurnStart(p) => p.request_id.as_deref(),
+            // A job's id is its request id: a retried job lands on it.
+            OpBody::JobStart(p) => Some(&p.job_id),
+            OpBody::MediaPut(_)
+            | OpBody::TurnFinish(_)
+            | OpBody::TurnFail(_)
+            | OpBody::MarkKeep(_)
+            | OpBody::MarkDrop(_)
+            | OpBody::RecallStart(_) => None,
         }
     }
 
@@ -240,17 +464,31 @@ impl OpBody {
             OpBody::MomentEdit(p) => &p.device,
             OpBody::MomentDelete(p) => &p.device,
             OpBody::MediaPut(p) => &p.device,
+            OpBody::TurnStart(p) => &p.device,
+            OpBody::MarkKeep(p) => &p.device,
+            OpBody::MarkDrop(p) => &p.device,
+            OpBody::JobStart(p) => &p.device,
+            OpBody::RecallStart(p) => &p.device,
+            // Outcomes come from the engine's own brain runner.
+            OpBody::TurnFinish(_) | OpBody::TurnFail(_) => ENGINE_DEVICE,
         }
     }
 
-    /// The entity the op is about (the moment id for moment ops, the media
-    /// id for `media.put`).
-    pub fn entity_id(&self) -> Id {
+    /// The entity the op is about: the moment, media or turn id, the mark
+    /// id (`keep:<phrase>`), the job id or the recall id.
+    pub fn entity(&self) -> Entity {
         match self {
-            OpBody::MomentCreate(p) => p.id,
-            OpBody::MomentEdit(p) => p.id,
-            OpBody::MomentDelete(p) => p.id,
-            OpBody::MediaPut(p) => p.id,
+            OpBody::MomentCreate(p) => Entity::Id(p.id),
+            OpBody::MomentEdit(p) => Entity::Id(p.id),
+            OpBody::MomentDelete(p) => Entity::Id(p.id),
+            OpBody::MediaPut(p) => Entity::Id(p.id),
+            OpBody::TurnStart(p) => Entity::Id(p.id),
+            OpBody::TurnFinish(p) => Entity::Id(p.id),
+            OpBody::TurnFail(p) => Entity::Id(p.id),
+            OpBody::MarkKeep(p) => Entity::Name(p.id.clone()),
+            OpBody::MarkDrop(p) => Entity::Name(p.id.clone()),
+            OpBody::JobStart(p) => Entity::Name(p.job_id.clone()),
+            OpBody::RecallStart(p) => Entity::Name(p.id.clone()),
         }
     }
 
@@ -263,6 +501,13 @@ impl OpBody {
             OpBody::MomentEdit(p) => codec::encode(p)?,
             OpBody::MomentDelete(p) => codec::encode(p)?,
             OpBody::MediaPut(p) => codec::encode(p)?,
+            OpBody::TurnStart(p) => codec::encode(p)?,
+            OpBody::TurnFinish(p) => codec::encode(p)?,
+            OpBody::TurnFail(p) => codec::encode(p)?,
+            OpBody::MarkKeep(p) => codec::encode(p)?,
+            OpBody::MarkDrop(p) => codec::encode(p)?,
+            OpBody::JobStart(p) => codec::encode(p)?,
+            OpBody::RecallStart(p) => codec::encode(p)?,
         };
         Ok((kind.code(), kind.current_version(), payload))
     }
@@ -346,6 +591,13 @@ impl Op {
             OpKind::MomentEdit => OpBody::MomentEdit(codec::decode(bytes).map_err(wrap)?),
             OpKind::MomentDelete => OpBody::MomentDelete(codec::decode(bytes).map_err(wrap)?),
             OpKind::MediaPut => OpBody::MediaPut(codec::decode(bytes).map_err(wrap)?),
+            OpKind::TurnStart => OpBody::TurnStart(codec::decode(bytes).map_err(wrap)?),
+            OpKind::TurnFinish => OpBody::TurnFinish(codec::decode(bytes).map_err(wrap)?),
+            OpKind::TurnFail => OpBody::TurnFail(codec::decode(bytes).map_err(wrap)?),
+            OpKind::MarkKeep => OpBody::MarkKeep(codec::decode(bytes).map_err(wrap)?),
+            OpKind::MarkDrop => OpBody::MarkDrop(codec::decode(bytes).map_err(wrap)?),
+            OpKind::JobStart => OpBody::JobStart(codec::decode(bytes).map_err(wrap)?),
+            OpKind::RecallStart => OpBody::RecallStart(codec::decode(bytes).map_err(wrap)?),
         };
         Ok(Op {
             seq,
@@ -387,7 +639,7 @@ impl Op {
             "ts_ms": self.ts_ms,
             "kind": self.body.kind().name(),
             "request_id": self.body.request_id(),
-            "entity_id": self.body.entity_id().to_string(),
+            "entity_id": self.body.entity().to_string(),
             "device": self.body.device(),
             "payload": payload,
         })

@@ -4,16 +4,19 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use spark_log_format::{Fs, OsFs};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::{routes, AppState};
+use crate::brain::Brain;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Settings;
 use crate::engine::{Engine, EngineOpenError};
 use crate::media::MediaStore;
+use crate::turns;
 
 /// Why the server did not start.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +46,9 @@ pub struct RunningServer {
     engine: Arc<Engine>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    /// The brain runner; aborted at shutdown (turns in flight stay running
+    /// and are asked again at the next start).
+    runner: JoinHandle<()>,
 }
 
 impl RunningServer {
@@ -58,6 +64,8 @@ impl RunningServer {
             let _ = stop.send(());
         }
         let _ = (&mut self.task).await;
+        self.runner.abort();
+        let _ = (&mut self.runner).await;
         self.engine.shutdown().await;
     }
 }
@@ -67,11 +75,30 @@ pub async fn start(settings: Settings) -> Result<RunningServer, StartError> {
     start_with(settings, Arc::new(OsFs), Arc::new(SystemClock)).await
 }
 
-/// Opens the engine with the given file seam and clock, and serves.
+/// Opens the engine with the given file seam and clock, and serves, with the
+/// brains the settings' seats describe.
 pub async fn start_with(
     settings: Settings,
     fs: Arc<dyn Fs>,
     clock: Arc<dyn Clock>,
+) -> Result<RunningServer, StartError> {
+    let seats = settings
+        .brains
+        .seats
+        .iter()
+        .map(|seat| (seat.name.clone(), seat.build()))
+        .collect();
+    start_with_brains(settings, fs, clock, seats).await
+}
+
+/// Opens the engine and serves with the given brains, one per seat name
+/// (the names must be the settings' seats, in order); tests use this to put
+/// scripted brains in the seats.
+pub async fn start_with_brains(
+    settings: Settings,
+    fs: Arc<dyn Fs>,
+    clock: Arc<dyn Clock>,
+    brains: Vec<(String, Arc<dyn Brain>)>,
 ) -> Result<RunningServer, StartError> {
     settings.validate()?;
     let settings = Arc::new(settings);
@@ -108,11 +135,20 @@ pub async fn start_with(
                 .to_string(),
             source,
         })?;
+    let seat_names: Vec<String> = brains.iter().map(|(name, _)| name.clone()).collect();
+    let runner = turns::spawn(
+        Arc::clone(&engine),
+        brains.into_iter().collect(),
+        media.clone(),
+        settings.brains.concurrency_max,
+        Duration::from_millis(settings.brains.timeout_ms),
+    );
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         settings,
         media,
         verified_blobs: Default::default(),
+        seats: seat_names,
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let server = warp::serve(routes(state))
@@ -126,6 +162,7 @@ pub async fn start_with(
         engine,
         stop: Some(stop),
         task,
+        runner,
     })
 }
 

@@ -126,6 +126,9 @@ fn view(outcome: Result<Outcome, EngineError>) -> Expect {
         Err(EngineError::Deleted(_)) => Err("deleted"),
         Err(EngineError::PreconditionFailed { .. }) => Err("precondition_failed"),
         Err(EngineError::Unavailable(_)) => Err("unavailable"),
+        Err(EngineError::Missing(_)) => Err("missing"),
+        Err(EngineError::Invalid(_)) => Err("invalid"),
+        Ok(other) => panic!("the model sends no command that answers {other:?}"),
     }
 }
 
@@ -266,6 +269,7 @@ proptest! {
                         model.moments.get_mut(&c.moment_id).unwrap().version += 1;
                         model.ops += 1;
                     }
+                    other => panic!("the model sends no {other:?}"),
                 }
             }
         }

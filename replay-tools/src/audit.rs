@@ -16,9 +16,10 @@ use crate::{exit, Common, Failure, Outcome};
 /// The audits.
 #[derive(Subcommand, Debug)]
 pub enum AuditCmd {
-    /// Every op that touched one entity, in seq order (JSON lines).
+    /// Every op that touched one entity, in seq order.
     Entity {
-        /// The entity's id (a ULID).
+        /// The entity: a moment, media or turn id (a ULID), a mark id
+        /// (keep:...), a job id or a recall id.
         id: String,
         #[command(flatten)]
         common: Common,
@@ -94,16 +95,13 @@ fn ops_where(common: &Common, keep: impl Fn(&Op) -> bool) -> Result<Vec<Op>, Fai
 }
 
 fn entity(common: &Common, id: &str) -> Outcome {
-    let id = Id::parse(id).map_err(|e| Failure {
-        message: format!("not a ULID: {e}"),
-        code: exit::USAGE,
-    })?;
-    let ops = ops_where(common, |op| op.body.entity_id() == id)?;
+    let id = crate::scan::parse_entity(id);
+    let ops = ops_where(common, |op| op.body.entity() == id)?;
     if common.json {
         let list: Vec<_> = ops.iter().map(Op::to_json).collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!({"entity_id": id, "ops": list}))
+            serde_json::to_string_pretty(&json!({"entity_id": id.to_string(), "ops": list}))
                 .unwrap_or_default()
         );
     } else if ops.is_empty() {
@@ -129,7 +127,7 @@ fn request(common: &Common, rid: &str) -> Outcome {
     let row = mirror.requests.get(rid);
     let doc = json!({
         "request_id": rid,
-        "produced": row.map(|r| json!({"seq": r.seq, "kind": r.kind.name(), "entity_id": r.entity_id})),
+        "produced": row.map(|r| json!({"seq": r.seq, "kind": r.kind.name(), "entity_id": r.entity.to_string()})),
         "ops": ops.iter().map(Op::to_json).collect::<Vec<_>>(),
     });
     if common.json {
@@ -140,7 +138,7 @@ fn request(common: &Common, rid: &str) -> Outcome {
             Some(r) => println!(
                 "request id {rid:?} produced {} of {} at seq {} ({} op(s) carry it)",
                 r.kind.name(),
-                r.entity_id,
+                r.entity,
                 r.seq,
                 ops.len()
             ),

@@ -12,7 +12,7 @@ use spark_engine::config::log_dir;
 use spark_engine::engine::replay_record;
 use spark_engine::ids::Id;
 use spark_engine::mirror::Mirror;
-use spark_engine::op::{Op, OpKind};
+use spark_engine::op::{Entity, Op, OpKind};
 use spark_log_format::{LogError, LogReader, RecordRef, ScanOptions, ScanReport, SegmentInfo};
 
 use crate::{exit, progress, Common, Failure, Outcome};
@@ -203,12 +203,22 @@ pub struct Filter {
     /// Only ops of this kind (e.g. moment.create); repeat for several.
     #[arg(long, value_name = "KIND")]
     pub kind: Vec<String>,
-    /// Only ops about this entity (a ULID).
+    /// Only ops about this entity: a moment, media or turn id (a ULID), a
+    /// mark id (keep:...), a job id or a recall id.
     #[arg(long, value_name = "ID")]
     pub entity: Option<String>,
     /// Only ops that carry this request id.
     #[arg(long, value_name = "RID")]
     pub request: Option<String>,
+}
+
+/// An entity named on the command line: a ULID (any case) for moments,
+/// media and turns, else a name (a mark id `keep:...`, a job or recall id).
+pub fn parse_entity(text: &str) -> Entity {
+    match Id::parse(text) {
+        Ok(id) => Entity::Id(id),
+        Err(_) => Entity::Name(text.to_owned()),
+    }
 }
 
 /// Parses a time given as RFC 3339 or as Unix milliseconds.
@@ -241,11 +251,7 @@ pub fn dump(common: &Common, filter: &Filter) -> Outcome {
             OpKind::from_name(name).ok_or_else(|| usage(format!("unknown op kind {name:?}")))?,
         );
     }
-    let entity = filter
-        .entity
-        .as_deref()
-        .map(|e| Id::parse(e).map_err(|err| usage(format!("--entity: {err}"))))
-        .transpose()?;
+    let entity = filter.entity.as_deref().map(parse_entity);
     let reader = open(common)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -262,7 +268,7 @@ pub fn dump(common: &Common, filter: &Filter) -> Outcome {
         }
         let op = decode(segment, record)?;
         if (!kinds.is_empty() && !kinds.contains(&op.body.kind()))
-            || entity.is_some_and(|e| op.body.entity_id() != e)
+            || entity.as_ref().is_some_and(|e| op.body.entity() != *e)
             || filter
                 .request
                 .as_deref()
@@ -345,7 +351,7 @@ pub fn rebuild(common: &Common, at: Option<&str>, export: Option<&Path>) -> Outc
             .map(|(rid, row)| {
                 (
                     rid.clone(),
-                    json!({"seq": row.seq, "kind": row.kind.name(), "entity_id": row.entity_id}),
+                    json!({"seq": row.seq, "kind": row.kind.name(), "entity_id": row.entity.to_string()}),
                 )
             })
             .collect();

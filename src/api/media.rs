@@ -92,23 +92,10 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
             }
             return Ok(());
         }
-        let moment = match mirror.moment(moment_id) {
-            None => return Err(ApiError::from(EngineError::NotFound(moment_id))),
-            Some(m) if m.deleted => return Err(ApiError::from(EngineError::Deleted(moment_id))),
-            Some(m) => m,
-        };
-        match moment
-            .media
-            .iter()
-            .filter_map(|m| mirror.media.get(m))
-            .find(|m| m.role == role)
-        {
-            Some(other) => Err(ApiError::from(EngineError::Conflict(format!(
-                "moment {moment_id} already has its {}: media {}",
-                role.name(),
-                other.id
-            )))),
-            None => Ok(()),
+        match mirror.moment(moment_id) {
+            None => Err(ApiError::from(EngineError::NotFound(moment_id))),
+            Some(m) if m.deleted => Err(ApiError::from(EngineError::Deleted(moment_id))),
+            Some(_) => Ok(()),
         }
     })?;
     let limit_bytes = state.settings.limits.media_limit_bytes;
@@ -175,6 +162,24 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
                 hex_digest(&actual)
             ))))
         };
+    }
+    // Another media already fills this role: refuse before the blob is put
+    // in place, so no orphan is left (the sequencer checks again).
+    let taken = state.engine.read(|mirror| {
+        let moment = mirror.moment(moment_id)?;
+        moment
+            .media
+            .iter()
+            .filter_map(|m| mirror.media.get(m))
+            .find(|m| m.role == role)
+            .map(|m| m.id)
+    });
+    if let Some(other) = taken {
+        state.media.discard(received).await;
+        return Err(ApiError::from(EngineError::Conflict(format!(
+            "moment {moment_id} already has its {}: media {other}",
+            role.name()
+        ))));
     }
     state
         .media

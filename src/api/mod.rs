@@ -6,10 +6,14 @@
 //! into a problem+json `404`. Bodies are read through [`Request::json`],
 //! which enforces the size limit before parsing.
 
+pub mod jobs;
 pub mod log;
 pub mod media;
 pub mod moments;
+pub mod phrases;
 pub mod problem;
+pub mod recall;
+pub mod turns;
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -45,6 +49,9 @@ pub struct AppState {
     /// Blobs whose whole bytes were hashed and matched their op since
     /// startup; a range of one of these is served without hashing it all again.
     pub verified_blobs: Arc<parking_lot::Mutex<std::collections::HashSet<Sha256Digest>>>,
+    /// The seat names, in configuration order (practical turns ask the
+    /// first; jobs ask each).
+    pub seats: Vec<String>,
 }
 
 /// The body of a request as a stream of chunks, not yet read.
@@ -214,6 +221,30 @@ pub fn routes(
         .and(with_state.clone())
         .and(request())
         .then(|id, state, req| async move { into_response(media::item(state, id, req).await) });
+    let start_turn = warp::path!("api" / "moments" / String / "turns")
+        .and(with_state.clone())
+        .and(request())
+        .then(|id, state, req| async move { into_response(turns::start(state, id, req).await) });
+    let turn = warp::path!("api" / "turns" / String)
+        .and(with_state.clone())
+        .and(request())
+        .then(|id, state, req| async move { into_response(turns::get(state, id, req).await) });
+    let phrases = warp::path!("api" / "phrases")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(phrases::collection(state, req).await) });
+    let phrase = warp::path!("api" / "phrases" / String)
+        .and(with_state.clone())
+        .and(request())
+        .then(|id, state, req| async move { into_response(phrases::item(state, id, req).await) });
+    let recall = warp::path!("api" / "recall")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(recall::start(state, req).await) });
+    let jobs = warp::path!("api" / "jobs")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(jobs::start(state, req).await) });
     let head = warp::path!("api" / "log" / "head")
         .and(with_state)
         .and(request())
@@ -222,6 +253,18 @@ pub fn routes(
         .or(moment)
         .unify()
         .or(media)
+        .unify()
+        .or(start_turn)
+        .unify()
+        .or(turn)
+        .unify()
+        .or(phrases)
+        .unify()
+        .or(phrase)
+        .unify()
+        .or(recall)
+        .unify()
+        .or(jobs)
         .unify()
         .or(head)
         .unify()

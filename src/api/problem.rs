@@ -154,7 +154,8 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> ApiError {
         let detail = e.to_string();
         match e {
-            EngineError::NotFound(_) => ApiError::not_found(detail),
+            EngineError::NotFound(_) | EngineError::Missing(_) => ApiError::not_found(detail),
+            EngineError::Invalid(_) => ApiError::invalid_request(detail),
             EngineError::Deleted(_) => ApiError::new(StatusCode::GONE, "deleted", detail),
             EngineError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", detail),
             EngineError::PreconditionFailed { current, .. } => {

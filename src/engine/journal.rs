@@ -106,7 +106,7 @@ impl Journal {
             return;
         }
         let mut touched: HashSet<Key> = HashSet::new();
-        let mut writes: Vec<(OpBody, Plan, Reply)> = Vec::new();
+        let mut writes: Vec<(Vec<OpBody>, Plan, Reply)> = Vec::new();
         let ts_ms;
         {
             let mirror = self.shared.mirror.read();
@@ -124,7 +124,7 @@ impl Journal {
                     Decision::Answer(answer) => {
                         let _ = reply.send(answer);
                     }
-                    Decision::Write(body, plan) => writes.push((body, plan, reply)),
+                    Decision::Write(ops, plan) => writes.push((ops, plan, reply)),
                 }
             }
         }
@@ -132,7 +132,7 @@ impl Journal {
             return;
         }
         let mut encoded = Vec::with_capacity(writes.len());
-        for (body, _, _) in &writes {
+        for body in writes.iter().flat_map(|(ops, _, _)| ops) {
             match body.encode() {
                 Ok(e) => encoded.push(e),
                 Err(e) => {
@@ -161,42 +161,55 @@ impl Journal {
             }
         };
         drop(records);
-        // `writes.len()` ops end at `last_seq`, so the first is this many back.
-        let first_seq = last_seq + 1 - writes.len() as u64;
+        // `encoded.len()` ops end at `last_seq`, so the first is this many back.
+        let first_seq = last_seq + 1 - encoded.len() as u64;
+        drop(encoded);
+        let mut started_turns = Vec::new();
         let mut answers: Vec<(Result<Outcome, EngineError>, Reply)> =
             Vec::with_capacity(writes.len());
         {
             let mut mirror = self.shared.mirror.write();
-            for (index, (body, plan, reply)) in writes.into_iter().enumerate() {
-                let op = Op {
-                    seq: first_seq + index as u64,
-                    ts_ms,
-                    body,
-                };
-                if let Err(e) = mirror.apply(&op) {
-                    // The sequencer decided an op the fold refuses: a bug.
-                    // The op is durable but its effect is not published;
-                    // restart replays it and reports the same refusal.
-                    drop(mirror);
-                    let reason = format!("the fold refused a committed op: {e}");
-                    tracing::error!(%reason);
-                    *self.shared.poison.lock() = Some(reason.clone());
-                    let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
-                    for (_, reply) in answers {
-                        let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+            let mut seq = first_seq;
+            for (ops, plan, reply) in writes {
+                for body in ops {
+                    if let OpBody::TurnStart(t) = &body {
+                        started_turns.push(t.id);
                     }
-                    return;
+                    let op = Op { seq, ts_ms, body };
+                    seq += 1;
+                    if let Err(e) = mirror.apply(&op) {
+                        // The sequencer decided an op the fold refuses: a bug.
+                        // The op is durable but its effect is not published;
+                        // restart replays it and reports the same refusal.
+                        drop(mirror);
+                        let reason = format!("the fold refused a committed op: {e}");
+                        tracing::error!(%reason);
+                        *self.shared.poison.lock() = Some(reason.clone());
+                        let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+                        for (_, reply) in answers {
+                            let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+                        }
+                        return;
+                    }
                 }
                 answers.push((plan.outcome(&mirror), reply));
             }
             *self.shared.head.lock() = self.log.head();
+        }
+        self.shared.committed.send_replace(last_seq);
+        if !started_turns.is_empty() {
+            if let Some(sink) = self.shared.turn_sink.lock().as_ref() {
+                for id in started_turns {
+                    let _ = sink.send(id);
+                }
+            }
         }
         for (answer, reply) in answers {
             let _ = reply.send(answer);
         }
     }
 
-    fn poison_and_refuse(&mut self, reason: String, writes: Vec<(OpBody, Plan, Reply)>) {
+    fn poison_and_refuse(&mut self, reason: String, writes: Vec<(Vec<OpBody>, Plan, Reply)>) {
         *self.shared.poison.lock() = Some(reason.clone());
         for (_, _, reply) in writes {
             let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));

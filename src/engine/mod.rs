@@ -32,10 +32,16 @@ use tokio::sync::{mpsc, oneshot};
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ids::Id;
-use crate::mirror::{FoldError, MediaView, Mirror, MomentView};
+use crate::mirror::{
+    FoldError, JobView, MarkView, MediaView, Mirror, MomentView, RecallView, TurnView,
+};
 use crate::op::{Op, OpDecodeError};
 
-pub use sequencer::{Command, CreateMoment, DeleteMoment, EditMoment, FieldChange, PutMedia};
+pub use sequencer::{
+    job_turn_request_id, mark_id, recall_turn_request_id, Command, CreateMoment, DeleteMoment,
+    DropPhrase, EditMoment, EndTurn, FieldChange, KeepPhrase, PutMedia, StartJob, StartRecall,
+    StartTurn,
+};
 
 /// What a write command produced (SPEC section 10 answer shapes).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +77,47 @@ pub enum Outcome {
         /// The media record.
         media: MediaView,
     },
+    /// A turn start: `created` is false when the request id was known.
+    TurnStarted {
+        /// True when this command wrote the `turn.start`.
+        created: bool,
+        /// The turn as it is now.
+        turn: TurnView,
+    },
+    /// A turn's outcome was recorded (or it had already ended).
+    TurnEnded {
+        /// The turn as it is now.
+        turn: TurnView,
+    },
+    /// A phrase kept: `created` is false when it was already active.
+    PhraseKept {
+        /// True when this command wrote a `mark.keep`.
+        created: bool,
+        /// The mark.
+        mark: MarkView,
+    },
+    /// A phrase dropped: `dropped` is false when it was not active.
+    PhraseDropped {
+        /// True when this command wrote a `mark.drop`.
+        dropped: bool,
+        /// The mark.
+        mark: MarkView,
+    },
+    /// A quick recall: `created` is false when the recall id was known.
+    RecallStarted {
+        /// True when this command wrote ops.
+        created: bool,
+        /// The recall with its moment and turn (boxed: it is the largest
+        /// answer by far).
+        recall: Box<RecallView>,
+    },
+    /// A high-quality job: `created` is false when the job id was known.
+    JobStarted {
+        /// True when this command wrote ops.
+        created: bool,
+        /// The job with its turns.
+        job: JobView,
+    },
 }
 
 /// Why a command was refused. Each maps to one problem `code` (SPEC 10).
@@ -82,6 +129,13 @@ pub enum EngineError {
     /// The entity is a tombstone: `410 deleted`.
     #[error("moment {0} is deleted")]
     Deleted(Id),
+    /// Something other than a moment does not exist (a turn, a mark, ...):
+    /// `404 not_found`. The text names it.
+    #[error("{0} does not exist")]
+    Missing(String),
+    /// The request cannot be carried out as it stands: `400 invalid_request`.
+    #[error("{0}")]
+    Invalid(String),
     /// The request id belongs to another kind of request or another entity:
     /// `409 conflict`.
     #[error("{0}")]
@@ -158,6 +212,11 @@ struct Shared {
     head: Mutex<Head>,
     /// Set once the write path is stopped by an I/O error; the reason.
     poison: Mutex<Option<String>>,
+    /// The last committed seq, for long polls that wait for a change.
+    committed: tokio::sync::watch::Sender<u64>,
+    /// Where the ids of committed `turn.start` ops go (the brain runner),
+    /// once one is attached.
+    turn_sink: Mutex<Option<mpsc::UnboundedSender<Id>>>,
 }
 
 /// A command on its way to the writer thread, with where to answer.
@@ -177,8 +236,8 @@ pub struct Engine {
     queue: mpsc::Sender<Job>,
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    /// Held for the engine's lifetime: the exclusive lock on `<data>/LOCK`.
-    _lock: File,
+    /// The exclusive lock on `<data>/LOCK`: held until shutdown (or drop).
+    lock: Mutex<Option<File>>,
     recovery: RecoveryReport,
 }
 
@@ -206,10 +265,13 @@ impl Engine {
                 source,
             },
         })?;
+        let (committed, _) = tokio::sync::watch::channel(mirror.seq);
         let shared = Arc::new(Shared {
             mirror: RwLock::new(mirror),
             head: Mutex::new(log.head()),
             poison: Mutex::new(None),
+            committed,
+            turn_sink: Mutex::new(None),
         });
         let (queue, receiver) = mpsc::channel(settings.log.queue_depth_commands);
         let writer = journal::spawn(
@@ -227,7 +289,7 @@ impl Engine {
             queue,
             shared,
             writer: Mutex::new(Some(writer)),
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
             recovery,
         })
     }
@@ -253,6 +315,31 @@ impl Engine {
         f(&self.shared.mirror.read())
     }
 
+    /// A receiver that changes whenever a batch commits (its value is the
+    /// last committed seq): what long polls wait on.
+    pub fn watch_commits(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.committed.subscribe()
+    }
+
+    /// Attaches the brain runner: the id of every `turn.start` committed from
+    /// now on is sent to `sink`. Returns the ids of the turns that are
+    /// running now (left running by a crash or a stop, or started before the
+    /// sink was attached), so the runner can ask them again.
+    pub fn attach_turn_sink(&self, sink: mpsc::UnboundedSender<Id>) -> Vec<Id> {
+        // Hold the mirror lock so that no batch commits between the scan and
+        // the attach: every running turn is in exactly one of the two.
+        let mirror = self.shared.mirror.read();
+        *self.shared.turn_sink.lock() = Some(sink);
+        let mut running: Vec<(u64, Id)> = mirror
+            .turns
+            .values()
+            .filter(|t| t.status == crate::mirror::TurnStatus::Running)
+            .map(|t| (t.seq, t.id))
+            .collect();
+        running.sort_unstable();
+        running.into_iter().map(|(_, id)| id).collect()
+    }
+
     /// The log's head as of the last committed batch.
     pub fn head(&self) -> Head {
         self.shared.head.lock().clone()
@@ -269,13 +356,15 @@ impl Engine {
     }
 
     /// Stops the writer thread after every command queued before this call
-    /// is answered; later commands get `Unavailable`. Idempotent.
+    /// is answered, then releases the data directory's lock; later commands
+    /// get `Unavailable`. Idempotent.
     pub async fn shutdown(&self) {
         let _ = self.queue.send(Job::Stop).await;
         let handle = self.writer.lock().take();
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
+        self.lock.lock().take();
     }
 }
 

@@ -1,5 +1,5 @@
 //! The sequencer: turns a command into either an answer from what is known
-//! or one op to write. It reads only the committed mirror; the journal keeps
+//! or the ops to write. It reads only the committed mirror; the journal keeps
 //! commands that share a key with an op in flight out of the same batch.
 //!
 //! The two keys of a create (SPEC section 3), in this order: the request id
@@ -10,7 +10,8 @@
 use crate::ids::Id;
 use crate::mirror::{Mirror, Moment};
 use crate::op::{
-    MediaPut, MediaRole, MomentCreate, MomentDelete, MomentEdit, OpBody, OpKind, Sha256,
+    Entity, JobStart, MarkDrop, MarkKeep, MediaPut, MediaRole, MomentCreate, MomentDelete,
+    MomentEdit, OpBody, OpKind, RecallStart, Sha256, TurnFail, TurnFinish, TurnMode, TurnStart,
 };
 
 use super::{EngineError, Outcome};
@@ -88,6 +89,76 @@ pub struct PutMedia {
     pub device: String,
 }
 
+/// `POST /api/moments/{id}/turns`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartTurn {
+    /// The moment to read.
+    pub moment_id: Id,
+    /// The request id, if any: a known one answers with its turn.
+    pub request_id: Option<String>,
+    /// The seat to ask (a configured one).
+    pub seat: String,
+    /// Who sent it.
+    pub device: String,
+}
+
+/// The brain runner's report of a turn's outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndTurn {
+    /// The turn.
+    pub turn_id: Id,
+    /// `(answer, adapter, source)` when the brain answered, else the error.
+    pub outcome: Result<(String, String, String), String>,
+    /// How long the brain took, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// `POST /api/phrases`, validated and normalised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeepPhrase {
+    /// The normalised phrase (its mark id is `keep:<phrase>`).
+    pub phrase: String,
+    /// The moment it was kept from, if any.
+    pub moment_id: Option<Id>,
+    /// Who sent it.
+    pub device: String,
+}
+
+/// `DELETE /api/phrases/{mark id}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DropPhrase {
+    /// `keep:<phrase>`.
+    pub mark_id: String,
+    /// Who sent it.
+    pub device: String,
+}
+
+/// `POST /api/recall`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartRecall {
+    /// The client's recall id (at most 70 bytes), or `None` to mint one.
+    pub recall_id: Option<String>,
+    /// The seat that runs the session.
+    pub seat: String,
+    /// Most phrases in one session.
+    pub phrases_max: usize,
+    /// Who sent it.
+    pub device: String,
+}
+
+/// `POST /api/jobs`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartJob {
+    /// The client's job id (at most 64 bytes).
+    pub job_id: String,
+    /// The moment to read.
+    pub moment_id: Id,
+    /// Every configured seat, in configuration order.
+    pub seats: Vec<String>,
+    /// Who sent it.
+    pub device: String,
+}
+
 /// A write request, validated by the API layer, on its way to the sequencer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -99,6 +170,33 @@ pub enum Command {
     DeleteMoment(DeleteMoment),
     /// Record a stored blob.
     PutMedia(PutMedia),
+    /// Start a practical turn.
+    StartTurn(StartTurn),
+    /// Record a turn's outcome.
+    EndTurn(EndTurn),
+    /// Keep a phrase.
+    KeepPhrase(KeepPhrase),
+    /// Drop a kept phrase.
+    DropPhrase(DropPhrase),
+    /// Start a quick-recall session.
+    StartRecall(StartRecall),
+    /// Start a high-quality job.
+    StartJob(StartJob),
+}
+
+/// The mark id of a normalised phrase.
+pub fn mark_id(phrase: &str) -> String {
+    format!("keep:{phrase}")
+}
+
+/// The request id of a recall's turn (SPEC section 2).
+pub fn recall_turn_request_id(recall_id: &str) -> String {
+    format!("{recall_id}:turn")
+}
+
+/// The request id of a job's turn for seat `index` (SPEC section 2).
+pub fn job_turn_request_id(job_id: &str, index: usize) -> String {
+    format!("{job_id}:{index}")
 }
 
 /// A key two commands may share; two commands with a common key are never
@@ -107,6 +205,7 @@ pub enum Command {
 pub(super) enum Key {
     Request(String),
     Entity(Id),
+    Name(String),
 }
 
 impl Command {
@@ -116,8 +215,29 @@ impl Command {
             Command::CreateMoment(c) => (&c.request_id, c.id),
             Command::EditMoment(c) => (&c.request_id, Some(c.id)),
             Command::DeleteMoment(c) => (&c.request_id, Some(c.id)),
+            Command::StartTurn(c) => (&c.request_id, Some(c.moment_id)),
             // The media id and its moment (whose role slots it fills).
             Command::PutMedia(c) => return vec![Key::Entity(c.id), Key::Entity(c.moment_id)],
+            Command::EndTurn(c) => return vec![Key::Entity(c.turn_id)],
+            Command::KeepPhrase(c) => return vec![Key::Name(mark_id(&c.phrase))],
+            Command::DropPhrase(c) => return vec![Key::Name(c.mark_id.clone())],
+            Command::StartRecall(c) => {
+                return match &c.recall_id {
+                    Some(r) => vec![
+                        Key::Request(r.clone()),
+                        Key::Request(recall_turn_request_id(r)),
+                    ],
+                    // A minted recall id is new; only the marks are read.
+                    None => Vec::new(),
+                };
+            }
+            Command::StartJob(c) => {
+                let mut keys = vec![Key::Request(c.job_id.clone()), Key::Entity(c.moment_id)];
+                keys.extend(
+                    (0..c.seats.len()).map(|i| Key::Request(job_turn_request_id(&c.job_id, i))),
+                );
+                return keys;
+            }
         };
         let mut keys = Vec::with_capacity(2);
         if let Some(r) = request_id {
@@ -131,12 +251,18 @@ impl Command {
 }
 
 /// How to answer once the op is durable and applied.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) enum Plan {
     Created(Id),
     Edited(Id),
     Deleted(Id),
     MediaPut(Id),
+    TurnStarted(Id),
+    TurnEnded(Id),
+    Kept(String),
+    Dropped(String),
+    Recall(String),
+    Job(String),
 }
 
 impl Plan {
@@ -169,16 +295,68 @@ impl Plan {
                     .map(|m| mirror.media_view(m))
                     .ok_or(EngineError::NotFound(id))?,
             },
+            Plan::TurnStarted(id) | Plan::TurnEnded(id) => {
+                let turn = mirror
+                    .turns
+                    .get(&id)
+                    .map(|t| t.view())
+                    .ok_or_else(|| EngineError::Missing(format!("turn {id}")))?;
+                match self {
+                    Plan::TurnStarted(_) => Outcome::TurnStarted {
+                        created: true,
+                        turn,
+                    },
+                    _ => Outcome::TurnEnded { turn },
+                }
+            }
+            Plan::Kept(ref id) | Plan::Dropped(ref id) => {
+                let mark = mirror
+                    .marks
+                    .get(id)
+                    .map(|m| m.view())
+                    .ok_or_else(|| EngineError::Missing(format!("mark {id}")))?;
+                match self {
+                    Plan::Kept(_) => Outcome::PhraseKept {
+                        created: true,
+                        mark,
+                    },
+                    _ => Outcome::PhraseDropped {
+                        dropped: true,
+                        mark,
+                    },
+                }
+            }
+            Plan::Recall(id) => Outcome::RecallStarted {
+                created: true,
+                recall: Box::new(
+                    mirror
+                        .recalls
+                        .get(&id)
+                        .and_then(|r| mirror.recall_view(r))
+                        .ok_or_else(|| EngineError::Missing(format!("recall {id}")))?,
+                ),
+            },
+            Plan::Job(id) => Outcome::JobStarted {
+                created: true,
+                job: mirror
+                    .jobs
+                    .get(&id)
+                    .map(|j| mirror.job_view(j))
+                    .ok_or_else(|| EngineError::Missing(format!("job {id}")))?,
+            },
         })
     }
 }
 
 /// What the sequencer made of a command.
+// One Decision lives per command for the length of a batch; boxing the
+// answer would cost an allocation per command for nothing.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Decision {
     /// Answer now; nothing to write.
     Answer(Result<Outcome, EngineError>),
-    /// Write this op, then answer by the plan.
-    Write(OpBody, Plan),
+    /// Write these ops (in this order, in one batch), then answer by the plan.
+    Write(Vec<OpBody>, Plan),
 }
 
 /// Decides one command against the committed mirror. `mint` gives a fresh
@@ -189,32 +367,51 @@ pub(super) fn decide(mirror: &Mirror, command: Command, mint: &mut dyn FnMut() -
         Command::EditMoment(c) => decide_edit(mirror, c),
         Command::DeleteMoment(c) => decide_delete(mirror, c),
         Command::PutMedia(c) => decide_put_media(mirror, c),
+        Command::StartTurn(c) => decide_start_turn(mirror, c, mint),
+        Command::EndTurn(c) => decide_end_turn(mirror, c),
+        Command::KeepPhrase(c) => decide_keep(mirror, c),
+        Command::DropPhrase(c) => decide_drop(mirror, c),
+        Command::StartRecall(c) => decide_recall(mirror, c, mint),
+        Command::StartJob(c) => decide_job(mirror, c, mint),
     }
 }
 
-/// Looks up a request id: `Ok(None)` when unknown, `Ok(Some(moment))` when
-/// it was produced by an op of `kind` on `entity` (any entity when `None`),
-/// `Err(conflict)` when it belongs to something else.
-fn known_request<'m>(
-    mirror: &'m Mirror,
+/// Looks up a request id: `Ok(None)` when unknown, `Ok(Some(row entity))`
+/// when it was produced by an op of `kind` (on `entity`, when given),
+/// `Err(conflict)` when it belongs to another kind of request or entity.
+fn known_request(
+    mirror: &Mirror,
     request_id: Option<&str>,
     kind: OpKind,
-    entity: Option<Id>,
-) -> Result<Option<&'m Moment>, EngineError> {
+    entity: Option<&Entity>,
+) -> Result<Option<Entity>, EngineError> {
     let Some(request_id) = request_id else {
         return Ok(None);
     };
     let Some(row) = mirror.requests.get(request_id) else {
         return Ok(None);
     };
-    if row.kind != kind || entity.is_some_and(|id| id != row.entity_id) {
+    if row.kind != kind || entity.is_some_and(|e| *e != row.entity) {
         return Err(EngineError::Conflict(format!(
-            "request id {request_id:?} was already used by a {} of moment {}",
+            "request id {request_id:?} was already used by a {} of {}",
             row.kind.name(),
-            row.entity_id
+            row.entity
         )));
     }
-    Ok(mirror.moment(row.entity_id))
+    Ok(Some(row.entity.clone()))
+}
+
+/// The moment a known request produced, for the moment routes.
+fn known_moment<'m>(
+    mirror: &'m Mirror,
+    request_id: Option<&str>,
+    kind: OpKind,
+    moment: Option<Id>,
+) -> Result<Option<&'m Moment>, EngineError> {
+    let entity = moment.map(Entity::Id);
+    Ok(known_request(mirror, request_id, kind, entity.as_ref())?
+        .and_then(|e| e.id())
+        .and_then(|id| mirror.moment(id)))
 }
 
 fn answer(outcome: Outcome) -> Decision {
@@ -227,7 +424,7 @@ fn refuse(error: EngineError) -> Decision {
 
 fn decide_create(mirror: &Mirror, c: CreateMoment, mint: &mut dyn FnMut() -> Id) -> Decision {
     // Key 1: the request id, whatever `id` the request carries now.
-    match known_request(mirror, c.request_id.as_deref(), OpKind::MomentCreate, None) {
+    match known_moment(mirror, c.request_id.as_deref(), OpKind::MomentCreate, None) {
         Err(e) => return refuse(e),
         Ok(Some(moment)) => {
             return answer(Outcome::MomentCreated {
@@ -254,7 +451,7 @@ fn decide_create(mirror: &Mirror, c: CreateMoment, mint: &mut dyn FnMut() -> Id)
         },
     };
     Decision::Write(
-        OpBody::MomentCreate(MomentCreate {
+        vec![OpBody::MomentCreate(MomentCreate {
             id,
             request_id: c.request_id,
             device: c.device,
@@ -262,7 +459,7 @@ fn decide_create(mirror: &Mirror, c: CreateMoment, mint: &mut dyn FnMut() -> Id)
             caption: c.caption,
             lang: c.lang,
             captured_at_ms: c.captured_at_ms,
-        }),
+        })],
         Plan::Created(id),
     )
 }
@@ -286,7 +483,7 @@ fn field_change(current: &Option<String>, wanted: FieldChange) -> FieldChange {
 }
 
 fn decide_edit(mirror: &Mirror, c: EditMoment) -> Decision {
-    match known_request(
+    match known_moment(
         mirror,
         c.request_id.as_deref(),
         OpKind::MomentEdit,
@@ -319,20 +516,20 @@ fn decide_edit(mirror: &Mirror, c: EditMoment) -> Decision {
         });
     }
     Decision::Write(
-        OpBody::MomentEdit(MomentEdit {
+        vec![OpBody::MomentEdit(MomentEdit {
             id: c.id,
             request_id: c.request_id,
             device: c.device,
             text,
             caption,
             lang,
-        }),
+        })],
         Plan::Edited(c.id),
     )
 }
 
 fn decide_delete(mirror: &Mirror, c: DeleteMoment) -> Decision {
-    match known_request(
+    match known_moment(
         mirror,
         c.request_id.as_deref(),
         OpKind::MomentDelete,
@@ -361,11 +558,11 @@ fn decide_delete(mirror: &Mirror, c: DeleteMoment) -> Decision {
         return refuse(e);
     }
     Decision::Write(
-        OpBody::MomentDelete(MomentDelete {
+        vec![OpBody::MomentDelete(MomentDelete {
             id: c.id,
             request_id: c.request_id,
             device: c.device,
-        }),
+        })],
         Plan::Deleted(c.id),
     )
 }
@@ -414,7 +611,7 @@ fn decide_put_media(mirror: &Mirror, c: PutMedia) -> Decision {
         )));
     }
     Decision::Write(
-        OpBody::MediaPut(MediaPut {
+        vec![OpBody::MediaPut(MediaPut {
             id: c.id,
             moment_id: c.moment_id,
             role: c.role,
@@ -422,7 +619,311 @@ fn decide_put_media(mirror: &Mirror, c: PutMedia) -> Decision {
             size_bytes: c.size_bytes,
             content_type: c.content_type,
             device: c.device,
-        }),
+        })],
         Plan::MediaPut(c.id),
     )
+}
+
+/// Checks that a moment exists and is not deleted.
+fn live(mirror: &Mirror, id: Id) -> Result<&Moment, EngineError> {
+    match mirror.moment(id) {
+        None => Err(EngineError::NotFound(id)),
+        Some(m) if m.deleted => Err(EngineError::Deleted(id)),
+        Some(m) => Ok(m),
+    }
+}
+
+fn turn_start(
+    id: Id,
+    moment_id: Id,
+    seat: &str,
+    mode: TurnMode,
+    request_id: String,
+    device: &str,
+) -> OpBody {
+    OpBody::TurnStart(TurnStart {
+        id,
+        moment_id,
+        seat: seat.to_owned(),
+        mode,
+        request_id: Some(request_id),
+        device: device.to_owned(),
+    })
+}
+
+fn decide_start_turn(mirror: &Mirror, c: StartTurn, mint: &mut dyn FnMut() -> Id) -> Decision {
+    // A known request id answers with its turn, running or finished; no
+    // brain is asked again (the seed lesson).
+    match known_request(mirror, c.request_id.as_deref(), OpKind::TurnStart, None) {
+        Err(e) => return refuse(e),
+        Ok(Some(entity)) => {
+            return match entity.id().and_then(|id| mirror.turns.get(&id)) {
+                Some(turn) if turn.moment_id != c.moment_id => {
+                    refuse(EngineError::Conflict(format!(
+                        "request id {:?} started turn {} of moment {}",
+                        c.request_id.unwrap_or_default(),
+                        turn.id,
+                        turn.moment_id
+                    )))
+                }
+                Some(turn) => answer(Outcome::TurnStarted {
+                    created: false,
+                    turn: turn.view(),
+                }),
+                None => refuse(EngineError::Missing(format!("turn {entity}"))),
+            }
+        }
+        Ok(None) => {}
+    }
+    if let Err(e) = live(mirror, c.moment_id) {
+        return refuse(e);
+    }
+    let id = mint_new(mirror, mint);
+    Decision::Write(
+        vec![OpBody::TurnStart(TurnStart {
+            id,
+            moment_id: c.moment_id,
+            seat: c.seat,
+            mode: TurnMode::Practical,
+            request_id: c.request_id,
+            device: c.device,
+        })],
+        Plan::TurnStarted(id),
+    )
+}
+
+/// A fresh id that no moment or turn has.
+fn mint_new(mirror: &Mirror, mint: &mut dyn FnMut() -> Id) -> Id {
+    loop {
+        let id = mint();
+        if mirror.moment(id).is_none() && !mirror.turns.contains_key(&id) {
+            return id;
+        }
+    }
+}
+
+fn decide_end_turn(mirror: &Mirror, c: EndTurn) -> Decision {
+    let Some(turn) = mirror.turns.get(&c.turn_id) else {
+        return refuse(EngineError::Missing(format!("turn {}", c.turn_id)));
+    };
+    if turn.status != crate::mirror::TurnStatus::Running {
+        // Already ended: the first outcome stands.
+        return answer(Outcome::TurnEnded { turn: turn.view() });
+    }
+    let op = match c.outcome {
+        Ok((answer, adapter, source)) => OpBody::TurnFinish(TurnFinish {
+            id: c.turn_id,
+            answer,
+            adapter,
+            source,
+            elapsed_ms: c.elapsed_ms,
+        }),
+        Err(error) => OpBody::TurnFail(TurnFail {
+            id: c.turn_id,
+            error,
+            elapsed_ms: c.elapsed_ms,
+        }),
+    };
+    Decision::Write(vec![op], Plan::TurnEnded(c.turn_id))
+}
+
+fn decide_keep(mirror: &Mirror, c: KeepPhrase) -> Decision {
+    let id = mark_id(&c.phrase);
+    if let Some(mark) = mirror.marks.get(&id).filter(|m| m.active) {
+        // Keeping an active phrase again writes nothing.
+        return answer(Outcome::PhraseKept {
+            created: false,
+            mark: mark.view(),
+        });
+    }
+    if let Some(moment_id) = c.moment_id {
+        if mirror.moment(moment_id).is_none() {
+            return refuse(EngineError::NotFound(moment_id));
+        }
+    }
+    Decision::Write(
+        vec![OpBody::MarkKeep(MarkKeep {
+            id: id.clone(),
+            phrase: c.phrase,
+            moment_id: c.moment_id,
+            device: c.device,
+        })],
+        Plan::Kept(id),
+    )
+}
+
+fn decide_drop(mirror: &Mirror, c: DropPhrase) -> Decision {
+    match mirror.marks.get(&c.mark_id) {
+        None => refuse(EngineError::Missing(format!("mark {:?}", c.mark_id))),
+        Some(mark) if !mark.active => answer(Outcome::PhraseDropped {
+            dropped: false,
+            mark: mark.view(),
+        }),
+        Some(_) => Decision::Write(
+            vec![OpBody::MarkDrop(MarkDrop {
+                id: c.mark_id.clone(),
+                device: c.device,
+            })],
+            Plan::Dropped(c.mark_id),
+        ),
+    }
+}
+
+fn decide_recall(mirror: &Mirror, c: StartRecall, mint: &mut dyn FnMut() -> Id) -> Decision {
+    let recall_id = match c.recall_id {
+        Some(id) => id,
+        None => loop {
+            let id = mint().to_string();
+            if !mirror.recalls.contains_key(&id) && !mirror.requests.contains_key(&id) {
+                break id;
+            }
+        },
+    };
+    let turn_request = recall_turn_request_id(&recall_id);
+    let mut ops = Vec::new();
+    let recall = match mirror.recalls.get(&recall_id) {
+        Some(recall) => recall.clone(),
+        None => {
+            // The recall id is the moment's request id: it must be unused.
+            if let Err(e) = known_request(mirror, Some(&recall_id), OpKind::RecallStart, None) {
+                return refuse(e);
+            }
+            if mirror.requests.contains_key(&turn_request) {
+                return refuse(EngineError::Conflict(format!(
+                    "request id {turn_request:?} is already used"
+                )));
+            }
+            let marks = mirror.recent_marks(c.phrases_max);
+            if marks.is_empty() {
+                return refuse(EngineError::Invalid(
+                    "no phrase is kept: keep phrases (POST /api/phrases) before a quick recall"
+                        .into(),
+                ));
+            }
+            let recall = RecallStart {
+                id: recall_id.clone(),
+                moment_id: mint_new(mirror, mint),
+                turn_id: mint_new(mirror, mint),
+                marks: marks.iter().map(|m| m.id.clone()).collect(),
+                device: c.device.clone(),
+            };
+            ops.push(OpBody::RecallStart(recall.clone()));
+            crate::mirror::Recall {
+                id: recall.id,
+                moment_id: recall.moment_id,
+                turn_id: recall.turn_id,
+                marks: recall.marks,
+                seq: 0,
+            }
+        }
+    };
+    // Each part is written unless it already is (a retry after a torn batch
+    // completes what is missing, with the ids the recall.start holds).
+    if mirror.moment(recall.moment_id).is_none() {
+        let phrases: Vec<String> = recall
+            .marks
+            .iter()
+            .map(|id| {
+                mirror
+                    .marks
+                    .get(id)
+                    .map(|m| m.phrase.clone())
+                    .unwrap_or_else(|| id.trim_start_matches("keep:").to_owned())
+            })
+            .collect();
+        ops.push(OpBody::MomentCreate(MomentCreate {
+            id: recall.moment_id,
+            request_id: Some(recall_id.clone()),
+            device: c.device.clone(),
+            text: Some(phrases.join("\n")),
+            caption: Some("quick recall".into()),
+            lang: None,
+            captured_at_ms: None,
+        }));
+    }
+    if !mirror.turns.contains_key(&recall.turn_id) {
+        ops.push(turn_start(
+            recall.turn_id,
+            recall.moment_id,
+            &c.seat,
+            TurnMode::Recall,
+            turn_request,
+            &c.device,
+        ));
+    }
+    if ops.is_empty() {
+        return match mirror.recall_view(&recall) {
+            Some(view) => answer(Outcome::RecallStarted {
+                created: false,
+                recall: Box::new(view),
+            }),
+            None => refuse(EngineError::Missing(format!("recall {recall_id}"))),
+        };
+    }
+    Decision::Write(ops, Plan::Recall(recall_id))
+}
+
+fn decide_job(mirror: &Mirror, c: StartJob, mint: &mut dyn FnMut() -> Id) -> Decision {
+    let mut ops = Vec::new();
+    let (moment_id, seats) = match mirror.jobs.get(&c.job_id) {
+        Some(job) if job.moment_id != c.moment_id => {
+            return refuse(EngineError::Conflict(format!(
+                "job {:?} reads moment {}",
+                c.job_id, job.moment_id
+            )))
+        }
+        Some(job) => (job.moment_id, job.seats.clone()),
+        None => {
+            if let Err(e) = known_request(mirror, Some(&c.job_id), OpKind::JobStart, None) {
+                return refuse(e);
+            }
+            if let Err(e) = live(mirror, c.moment_id) {
+                return refuse(e);
+            }
+            if c.seats.is_empty() {
+                return refuse(EngineError::Invalid("no brain seat is configured".into()));
+            }
+            ops.push(OpBody::JobStart(JobStart {
+                job_id: c.job_id.clone(),
+                moment_id: c.moment_id,
+                seats: c.seats.clone(),
+                device: c.device.clone(),
+            }));
+            (c.moment_id, c.seats.clone())
+        }
+    };
+    let mut minted = Vec::new();
+    for (index, seat) in seats.iter().enumerate() {
+        let request_id = job_turn_request_id(&c.job_id, index);
+        match known_request(mirror, Some(&request_id), OpKind::TurnStart, None) {
+            Err(e) => return refuse(e),
+            Ok(Some(_)) => continue,
+            Ok(None) => {}
+        }
+        let id = loop {
+            let id = mint_new(mirror, mint);
+            if !minted.contains(&id) {
+                break id;
+            }
+        };
+        minted.push(id);
+        ops.push(turn_start(
+            id,
+            moment_id,
+            seat,
+            TurnMode::Practical,
+            request_id,
+            &c.device,
+        ));
+    }
+    if ops.is_empty() {
+        return match mirror.jobs.get(&c.job_id) {
+            Some(job) => answer(Outcome::JobStarted {
+                created: false,
+                job: mirror.job_view(job),
+            }),
+            None => refuse(EngineError::Missing(format!("job {}", c.job_id))),
+        };
+    }
+    Decision::Write(ops, Plan::Job(c.job_id))
 }

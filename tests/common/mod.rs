@@ -47,6 +47,31 @@ impl TestServer {
         }
     }
 
+    /// A server whose seats are these brains (named, in order).
+    pub async fn start_with_brains(
+        mut settings: Settings,
+        brains: Vec<(&str, Arc<dyn spark_engine::brain::Brain>)>,
+    ) -> TestServer {
+        settings.brains.seats = brains
+            .iter()
+            .map(|(name, _)| spark_engine::brain::SeatConfig {
+                name: (*name).to_owned(),
+                adapter: spark_engine::brain::AdapterConfig::Local(Default::default()),
+            })
+            .collect();
+        let brains = brains.into_iter().map(|(n, b)| (n.to_owned(), b)).collect();
+        let running =
+            server::start_with_brains(settings, Arc::new(OsFs), Arc::new(SystemClock), brains)
+                .await
+                .expect("server starts");
+        let base = format!("http://{}", running.addr);
+        TestServer {
+            running,
+            base,
+            client: reqwest::Client::new(),
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }

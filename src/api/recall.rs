@@ -1,0 +1,75 @@
+//! `POST /api/recall`: a quick-recall session (SPEC sections 2 and 4).
+//!
+//! The engine assembles a moment from the active kept phrases (most recent
+//! first, at most `brains.recall_phrases_max`), created with the recall id as
+//! its request id, and starts a turn in mode `recall` whose request id is
+//! `<recall id>:turn`. A retry lands on the same moment and turn.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use warp::http::{Method, StatusCode};
+use warp::reply::Response;
+
+use crate::engine::{Command, Outcome, StartRecall};
+use crate::ids::check_request_id;
+use crate::mirror::RecallView;
+
+use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
+
+/// Longest recall id, in bytes: `<recall id>:turn` stays within 80.
+pub const RECALL_ID_MAX_BYTES: usize = 70;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecallBody {
+    id: Option<String>,
+}
+
+#[derive(Serialize)]
+struct RecallAnswer<'a> {
+    created: bool,
+    recall: &'a RecallView,
+}
+
+/// `POST /api/recall`: `202` for a new session, `200` for a known recall id.
+pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
+    if req.method != Method::POST {
+        return Err(ApiError::method_not_allowed("POST"));
+    }
+    let body: RecallBody = req
+        .json(state.settings.limits.json_body_limit_bytes)
+        .await?
+        .unwrap_or_default();
+    if let Some(id) = &body.id {
+        check_request_id(id, RECALL_ID_MAX_BYTES)?;
+    }
+    let seat = state
+        .seats
+        .first()
+        .cloned()
+        .ok_or_else(|| ApiError::invalid_request("no brain seat is configured"))?;
+    let command = Command::StartRecall(StartRecall {
+        recall_id: body.id,
+        seat,
+        phrases_max: state.settings.brains.recall_phrases_max,
+        device: ANONYMOUS_DEVICE.into(),
+    });
+    match state.engine.submit(command).await? {
+        Outcome::RecallStarted { created, recall } => {
+            let status = if created {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::OK
+            };
+            Ok(json_response(
+                status,
+                &RecallAnswer {
+                    created,
+                    recall: &recall,
+                },
+            ))
+        }
+        other => Err(super::unexpected(other)),
+    }
+}

@@ -1,0 +1,170 @@
+//! The brain runner: asks a brain once per committed `turn.start`, in the
+//! background, and records the outcome as `turn.finish` or `turn.fail`.
+//!
+//! The journal sends the id of every committed `turn.start` here; at startup
+//! the runner also gets every turn left `running` (a crash or a stop came
+//! between its start and its outcome) and asks again, once. A turn whose
+//! request id is known is answered from the mirror and never reaches the
+//! runner, so a retried request never asks a brain twice (the seed lesson).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::brain::{Brain, BrainRequest};
+use crate::engine::{Command, EndTurn, Engine, EngineError};
+use crate::ids::Id;
+use crate::media::MediaStore;
+use crate::op::MediaRole;
+
+/// The seats by name.
+pub type Seats = HashMap<String, Arc<dyn Brain>>;
+
+/// Starts the runner over `engine`: attaches to its committed turn starts
+/// and asks again every turn that is running now. Abort the returned task
+/// to stop it (and every brain call in flight).
+pub fn spawn(
+    engine: Arc<Engine>,
+    seats: Seats,
+    media: MediaStore,
+    concurrency_max: usize,
+    timeout: Duration,
+) -> JoinHandle<()> {
+    let (sink, mut started) = mpsc::unbounded_channel();
+    let running = engine.attach_turn_sink(sink);
+    let runner = Arc::new(Runner {
+        engine,
+        seats,
+        media,
+        limit: Arc::new(Semaphore::new(concurrency_max)),
+        timeout,
+    });
+    tokio::spawn(async move {
+        // Every brain call runs in this set: aborting the runner (at
+        // shutdown) aborts them all, and their turns stay running, to be
+        // asked again at the next start.
+        let mut asking = tokio::task::JoinSet::new();
+        if !running.is_empty() {
+            tracing::info!(turns = running.len(), "asking again the turns left running");
+        }
+        for turn_id in running {
+            asking.spawn(Arc::clone(&runner).ask_when_free(turn_id));
+        }
+        loop {
+            tokio::select! {
+                started = started.recv() => match started {
+                    Some(turn_id) => {
+                        asking.spawn(Arc::clone(&runner).ask_when_free(turn_id));
+                    }
+                    None => break,
+                },
+                Some(_) = asking.join_next(), if !asking.is_empty() => {}
+            }
+        }
+        while asking.join_next().await.is_some() {}
+    })
+}
+
+struct Runner {
+    /// Where turns are read and outcomes recorded.
+    engine: Arc<Engine>,
+    /// The configured brains.
+    seats: Seats,
+    /// Where the copies the brains read are.
+    media: MediaStore,
+    /// At most `concurrency_max` brain calls at once.
+    limit: Arc<Semaphore>,
+    /// Longest one brain call may take.
+    timeout: Duration,
+}
+
+impl Runner {
+    /// Waits for a free place under the concurrency limit, then asks.
+    async fn ask_when_free(self: Arc<Self>, turn_id: Id) {
+        let Ok(_permit) = self.limit.clone().acquire_owned().await else {
+            return;
+        };
+        self.ask(turn_id).await;
+    }
+
+    /// What the brain reads for a turn, and which seat; `None` when the turn
+    /// is not running (already ended) or gone.
+    async fn request(&self, turn_id: Id) -> Option<(String, BrainRequest)> {
+        let (seat, mut request, copy) = self.engine.read(|mirror| {
+            let turn = mirror.turns.get(&turn_id)?;
+            if turn.status != crate::mirror::TurnStatus::Running {
+                return None;
+            }
+            let moment = mirror.moment(turn.moment_id)?;
+            let copy = moment
+                .media
+                .iter()
+                .filter_map(|id| mirror.media.get(id))
+                .find(|m| m.role == MediaRole::Copy)
+                .map(|m| (m.sha256.0, m.content_type.clone()));
+            Some((
+                turn.seat.clone(),
+                BrainRequest {
+                    moment_text: moment.text.clone(),
+                    caption: moment.caption.clone(),
+                    lang: moment.lang.clone(),
+                    copy: None,
+                    copy_content_type: None,
+                    mode: turn.mode.name().to_owned(),
+                },
+                copy,
+            ))
+        })?;
+        if let Some((sha256, content_type)) = copy {
+            match tokio::fs::read(self.media.blob_path(&sha256)).await {
+                Ok(bytes) if <[u8; 32]>::from(Sha256::digest(&bytes)) == sha256 => {
+                    request.copy = Some(bytes);
+                    request.copy_content_type = Some(content_type);
+                }
+                Ok(_) => {
+                    tracing::error!(turn = %turn_id, "the copy's blob no longer matches its hash; asking without it")
+                }
+                Err(e) => {
+                    tracing::error!(turn = %turn_id, error = %e, "the copy's blob cannot be read; asking without it")
+                }
+            }
+        }
+        Some((seat, request))
+    }
+
+    async fn ask(&self, turn_id: Id) {
+        let Some((seat, request)) = self.request(turn_id).await else {
+            return;
+        };
+        let started = Instant::now();
+        let outcome = match self.seats.get(&seat) {
+            None => Err(format!("seat {seat:?} is not configured")),
+            Some(brain) => match tokio::time::timeout(self.timeout, brain.read(request)).await {
+                Ok(Ok(answer)) => Ok((answer.text, answer.adapter, answer.source)),
+                Ok(Err(e)) => Err(e.0),
+                Err(_) => Err(format!(
+                    "the brain did not answer within {} ms",
+                    self.timeout.as_millis()
+                )),
+            },
+        };
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let command = Command::EndTurn(EndTurn {
+            turn_id,
+            outcome,
+            elapsed_ms,
+        });
+        match self.engine.submit(command).await {
+            Ok(_) => {}
+            // Stopping: the turn stays running and is asked again at restart.
+            Err(EngineError::Unavailable(why)) => {
+                tracing::warn!(turn = %turn_id, %why, "turn outcome not recorded")
+            }
+            Err(e) => tracing::error!(turn = %turn_id, error = %e, "turn outcome refused"),
+        }
+    }
+}
