@@ -71,6 +71,9 @@ pub struct Limits {
     /// `Content-Length` before reading, or as soon as the stream passes it).
     /// Default 32 MiB (SPEC section 8).
     pub media_limit_bytes: u64,
+    /// Longest message body, in characters; longer is `413 too_large`.
+    /// Default 4,000 (SPEC section 8).
+    pub message_body_limit_chars: usize,
     /// Page size of list routes when `limit` is not given. Default 100.
     pub list_limit_default: usize,
     /// Largest page size; larger `limit` values are clamped. Default 1,000.
@@ -92,6 +95,10 @@ pub struct LogSettings {
     /// Most commands waiting for the sequencer; more make callers wait.
     /// Default 8,192.
     pub queue_depth_commands: usize,
+    /// Committed batches of change notices kept for `/api/events`
+    /// subscribers; one that falls further behind is told where to resume
+    /// and disconnected. Default 1,024.
+    pub change_buffer_batches: usize,
 }
 
 impl Default for Settings {
@@ -111,6 +118,7 @@ impl Default for Limits {
         Limits {
             json_body_limit_bytes: 64 * 1024,
             media_limit_bytes: 32 * 1024 * 1024,
+            message_body_limit_chars: 4000,
             list_limit_default: 100,
             list_limit_max: 1000,
         }
@@ -124,6 +132,7 @@ impl Default for LogSettings {
             max_record_bytes: spark_log_format::DEFAULT_MAX_RECORD_BYTES,
             group_commit_max_ops: 1024,
             queue_depth_commands: 8192,
+            change_buffer_batches: 1024,
         }
     }
 }
@@ -195,6 +204,9 @@ impl Settings {
         }
         if self.log.group_commit_max_ops == 0 {
             return invalid("log.group_commit_max_ops", "must be above 0");
+        }
+        if self.log.change_buffer_batches == 0 {
+            return invalid("log.change_buffer_batches", "must be above 0");
         }
         if self.log.queue_depth_commands == 0 {
             return invalid("log.queue_depth_commands", "must be above 0");

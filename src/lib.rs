@@ -20,15 +20,20 @@
 //! - [`api`]: the warp routes, problem+json errors, body limits.
 //! - [`server`]: start, serve and shut down.
 //! - [`config`]: settings with units in their names; [`clock`], [`time`].
+//! - [`client`]: the phone's outbox (capture, drain, messages) as a Rust
+//!   client, used by the `spark-engine capture`/`drain` commands.
 
 #![warn(missing_docs)]
 
 pub mod api;
 pub mod brain;
+pub mod client;
 pub mod clock;
 pub mod codec;
 pub mod config;
+pub mod damage;
 pub mod engine;
+pub mod failpoints;
 pub mod ids;
 pub mod media;
 pub mod mirror;

@@ -141,9 +141,11 @@ impl MediaStore {
                     return Err(ReceiveError::TooLarge { limit_bytes });
                 }
                 hasher.update(&chunk);
+                crate::failpoints::check("media.write")?;
                 file.write_all(&chunk).await?;
             }
             file.flush().await?;
+            crate::failpoints::check("media.fsync")?;
             file.sync_all().await?;
             Ok((hasher.finalize().into(), size_bytes))
         }
@@ -170,9 +172,14 @@ impl MediaStore {
         let temp = received.temp_path.clone();
         let blobs = self.blobs.clone();
         tokio::task::spawn_blocking(move || {
-            std::fs::rename(&temp, &target)?;
-            sync_dir(&blobs)?;
-            Ok(())
+            let renamed = crate::failpoints::check("media.rename")
+                .and_then(|()| std::fs::rename(&temp, &target));
+            if let Err(e) = renamed {
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+            crate::failpoints::check("media.dir_fsync")?;
+            sync_dir(&blobs)
         })
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))?

@@ -144,6 +144,21 @@ pub struct Job {
     pub seq: u64,
 }
 
+/// One message in a moment's thread.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Message {
+    /// The ULID minted at the send attempt.
+    pub id: Id,
+    /// The thread (a moment id).
+    pub thread_id: Id,
+    /// The text.
+    pub body: String,
+    /// Server time of its `message.post`, Unix milliseconds.
+    pub ts_ms: u64,
+    /// Seq of its `message.post`.
+    pub seq: u64,
+}
+
 /// One quick-recall session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Recall {
@@ -239,6 +254,10 @@ pub struct Mirror {
     pub jobs: HashMap<String, Job>,
     /// Every quick-recall session, by recall id.
     pub recalls: HashMap<String, Recall>,
+    /// Every message, by id.
+    pub messages: HashMap<Id, Message>,
+    /// The message ids of each thread, in id order.
+    pub threads: HashMap<Id, std::collections::BTreeSet<Id>>,
     /// Number of moments that are not deleted.
     pub live_moments: usize,
 }
@@ -423,6 +442,29 @@ impl Mirror {
                     },
                 );
             }
+            OpBody::MessagePost(p) => {
+                if self.messages.contains_key(&p.id) {
+                    return Err(refuse(op, Entity::Id(p.id), "the message id exists"));
+                }
+                if self.moment(p.thread_id).is_none() {
+                    return Err(refuse(
+                        op,
+                        Entity::Id(p.id),
+                        "the thread's moment does not exist",
+                    ));
+                }
+                self.threads.entry(p.thread_id).or_default().insert(p.id);
+                self.messages.insert(
+                    p.id,
+                    Message {
+                        id: p.id,
+                        thread_id: p.thread_id,
+                        body: p.body.clone(),
+                        ts_ms: op.ts_ms,
+                        seq: op.seq,
+                    },
+                );
+            }
             OpBody::RecallStart(p) => {
                 if self.recalls.contains_key(&p.id) {
                     return Err(refuse(
@@ -522,6 +564,9 @@ impl Mirror {
             feed(item);
         }
         for item in sorted(&self.recalls) {
+            feed(item);
+        }
+        for item in sorted(&self.messages) {
             feed(item);
         }
         hasher.finalize().to_hex().to_string()
@@ -826,5 +871,34 @@ impl Mirror {
         active.sort_unstable_by_key(|m| std::cmp::Reverse(m.kept_seq));
         active.truncate(limit);
         active
+    }
+}
+
+/// A message as the API shows it (SPEC section 10).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct MessageView {
+    /// The message id.
+    pub id: Id,
+    /// The thread (a moment id).
+    pub thread_id: Id,
+    /// The text.
+    pub body: String,
+    /// Server time of the post (RFC 3339 UTC).
+    pub ts: String,
+    /// The same time in Unix milliseconds.
+    pub ts_ms: u64,
+}
+
+impl Message {
+    /// The message as the API shows it.
+    pub fn view(&self) -> MessageView {
+        MessageView {
+            id: self.id,
+            thread_id: self.thread_id,
+            body: self.body.clone(),
+            // Cast: server times are below i64::MAX ms.
+            ts: crate::time::format_rfc3339_ms(self.ts_ms as i64),
+            ts_ms: self.ts_ms,
+        }
     }
 }

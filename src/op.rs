@@ -38,11 +38,13 @@ pub enum OpKind {
     JobStart,
     /// `recall.start`: a quick-recall session over the kept phrases.
     RecallStart,
+    /// `message.post`: a message in a moment's thread.
+    MessagePost,
 }
 
 impl OpKind {
     /// Every kind this build reads, in code order.
-    pub const ALL: [OpKind; 11] = [
+    pub const ALL: [OpKind; 12] = [
         OpKind::MomentCreate,
         OpKind::MomentEdit,
         OpKind::MomentDelete,
@@ -54,6 +56,7 @@ impl OpKind {
         OpKind::MarkDrop,
         OpKind::JobStart,
         OpKind::RecallStart,
+        OpKind::MessagePost,
     ];
 
     /// The code written in the record header.
@@ -68,7 +71,7 @@ impl OpKind {
             OpKind::TurnFail => 7,
             OpKind::MarkKeep => 8,
             OpKind::MarkDrop => 9,
-            // 10 is kept for message.post.
+            OpKind::MessagePost => 10,
             OpKind::JobStart => 11,
             OpKind::RecallStart => 12,
         }
@@ -86,6 +89,7 @@ impl OpKind {
             7 => Some(OpKind::TurnFail),
             8 => Some(OpKind::MarkKeep),
             9 => Some(OpKind::MarkDrop),
+            10 => Some(OpKind::MessagePost),
             11 => Some(OpKind::JobStart),
             12 => Some(OpKind::RecallStart),
             _ => None,
@@ -112,6 +116,7 @@ impl OpKind {
             OpKind::MarkDrop => "mark.drop",
             OpKind::JobStart => "job.start",
             OpKind::RecallStart => "recall.start",
+            OpKind::MessagePost => "message.post",
         }
     }
 
@@ -361,6 +366,21 @@ pub struct RecallStart {
     pub device: String,
 }
 
+/// Payload of `message.post`, version 1: a message in a moment's thread.
+/// Its server time (`ts`) is the record's `ts_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessagePost {
+    /// The ULID minted at the send attempt (its time was within the clock
+    /// window when accepted: SPEC section 5).
+    pub id: Id,
+    /// The thread: a moment id.
+    pub thread_id: Id,
+    /// The text.
+    pub body: String,
+    /// The device that sent it.
+    pub device: String,
+}
+
 /// The device recorded on ops the engine writes on its own (turn outcomes).
 pub const ENGINE_DEVICE: &str = "engine";
 
@@ -419,6 +439,8 @@ pub enum OpBody {
     JobStart(JobStart),
     /// See [`RecallStart`].
     RecallStart(RecallStart),
+    /// See [`MessagePost`].
+    MessagePost(MessagePost),
 }
 
 impl OpBody {
@@ -436,6 +458,7 @@ impl OpBody {
             OpBody::MarkDrop(_) => OpKind::MarkDrop,
             OpBody::JobStart(_) => OpKind::JobStart,
             OpBody::RecallStart(_) => OpKind::RecallStart,
+            OpBody::MessagePost(_) => OpKind::MessagePost,
         }
     }
 
@@ -453,7 +476,8 @@ impl OpBody {
             | OpBody::TurnFail(_)
             | OpBody::MarkKeep(_)
             | OpBody::MarkDrop(_)
-            | OpBody::RecallStart(_) => None,
+            | OpBody::RecallStart(_)
+            | OpBody::MessagePost(_) => None,
         }
     }
 
@@ -469,6 +493,7 @@ impl OpBody {
             OpBody::MarkDrop(p) => &p.device,
             OpBody::JobStart(p) => &p.device,
             OpBody::RecallStart(p) => &p.device,
+            OpBody::MessagePost(p) => &p.device,
             // Outcomes come from the engine's own brain runner.
             OpBody::TurnFinish(_) | OpBody::TurnFail(_) => ENGINE_DEVICE,
         }
@@ -489,6 +514,27 @@ impl OpBody {
             OpBody::MarkDrop(p) => Entity::Name(p.id.clone()),
             OpBody::JobStart(p) => Entity::Name(p.job_id.clone()),
             OpBody::RecallStart(p) => Entity::Name(p.id.clone()),
+            OpBody::MessagePost(p) => Entity::Id(p.id),
+        }
+    }
+
+    /// What the op changes, as the change stream tells it: the ids of the
+    /// entities it creates or updates, and of those it removes.
+    pub fn change(&self) -> (Vec<String>, Vec<String>) {
+        let ids = |list: &[Id]| list.iter().map(Id::to_string).collect::<Vec<_>>();
+        match self {
+            OpBody::MomentCreate(p) => (ids(&[p.id]), Vec::new()),
+            OpBody::MomentEdit(p) => (ids(&[p.id]), Vec::new()),
+            OpBody::MomentDelete(p) => (Vec::new(), ids(&[p.id])),
+            OpBody::MediaPut(p) => (ids(&[p.id, p.moment_id]), Vec::new()),
+            OpBody::TurnStart(p) => (ids(&[p.id, p.moment_id]), Vec::new()),
+            OpBody::TurnFinish(p) => (ids(&[p.id]), Vec::new()),
+            OpBody::TurnFail(p) => (ids(&[p.id]), Vec::new()),
+            OpBody::MarkKeep(p) => (vec![p.id.clone()], Vec::new()),
+            OpBody::MarkDrop(p) => (Vec::new(), vec![p.id.clone()]),
+            OpBody::JobStart(p) => (vec![p.job_id.clone()], Vec::new()),
+            OpBody::RecallStart(p) => (vec![p.id.clone()], Vec::new()),
+            OpBody::MessagePost(p) => (ids(&[p.id, p.thread_id]), Vec::new()),
         }
     }
 
@@ -508,6 +554,7 @@ impl OpBody {
             OpBody::MarkDrop(p) => codec::encode(p)?,
             OpBody::JobStart(p) => codec::encode(p)?,
             OpBody::RecallStart(p) => codec::encode(p)?,
+            OpBody::MessagePost(p) => codec::encode(p)?,
         };
         Ok((kind.code(), kind.current_version(), payload))
     }
@@ -598,6 +645,7 @@ impl Op {
             OpKind::MarkDrop => OpBody::MarkDrop(codec::decode(bytes).map_err(wrap)?),
             OpKind::JobStart => OpBody::JobStart(codec::decode(bytes).map_err(wrap)?),
             OpKind::RecallStart => OpBody::RecallStart(codec::decode(bytes).map_err(wrap)?),
+            OpKind::MessagePost => OpBody::MessagePost(codec::decode(bytes).map_err(wrap)?),
         };
         Ok(Op {
             seq,

@@ -49,6 +49,8 @@ pub struct RunningServer {
     /// The brain runner; aborted at shutdown (turns in flight stay running
     /// and are asked again at the next start).
     runner: JoinHandle<()>,
+    /// Tells open event streams to end.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl RunningServer {
@@ -60,6 +62,7 @@ impl RunningServer {
     /// Stops accepting, lets requests in flight finish, then stops the
     /// journal after the batch in flight is durable.
     pub async fn shutdown(mut self) {
+        self.closing.send_replace(true);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -70,9 +73,25 @@ impl RunningServer {
     }
 }
 
-/// Opens the engine on the real file system and clock, and serves.
+/// Opens the engine on the real file system and clock, and serves. With the
+/// `failpoints` feature, the log's file seam goes through the failpoints and
+/// `SPARK_FAILPOINTS` arms them.
 pub async fn start(settings: Settings) -> Result<RunningServer, StartError> {
-    start_with(settings, Arc::new(OsFs), Arc::new(SystemClock)).await
+    #[cfg(feature = "failpoints")]
+    let fs: Arc<dyn Fs> = {
+        if let Ok(spec) = std::env::var("SPARK_FAILPOINTS") {
+            crate::failpoints::arm_from_spec(&spec).map_err(|message| {
+                StartError::Settings(crate::config::SettingsError::Invalid {
+                    key: "SPARK_FAILPOINTS",
+                    message,
+                })
+            })?;
+        }
+        Arc::new(crate::failpoints::FailpointFs(Arc::new(OsFs)))
+    };
+    #[cfg(not(feature = "failpoints"))]
+    let fs: Arc<dyn Fs> = Arc::new(OsFs);
+    start_with(settings, fs, Arc::new(SystemClock)).await
 }
 
 /// Opens the engine with the given file seam and clock, and serves, with the
@@ -143,12 +162,14 @@ pub async fn start_with_brains(
         settings.brains.concurrency_max,
         Duration::from_millis(settings.brains.timeout_ms),
     );
+    let (closing, shutdown) = tokio::sync::watch::channel(false);
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         settings,
         media,
         verified_blobs: Default::default(),
         seats: seat_names,
+        shutdown,
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let server = warp::serve(routes(state))
@@ -163,6 +184,7 @@ pub async fn start_with_brains(
         stop: Some(stop),
         task,
         runner,
+        closing,
     })
 }
 

@@ -5,12 +5,17 @@
 
 use spark_engine::ids::Id;
 use spark_engine::op::{
-    MediaPut, MediaRole, MomentCreate, MomentDelete, MomentEdit, Op, OpBody, OpKind, Sha256,
+    JobStart, MarkDrop, MarkKeep, MediaPut, MediaRole, MessagePost, MomentCreate, MomentDelete,
+    MomentEdit, Op, OpBody, OpKind, RecallStart, Sha256, TurnFail, TurnFinish, TurnMode, TurnStart,
 };
 use spark_log_format::RecordRef;
 
 fn id() -> Id {
     Id::parse("01M34QZRVNRE3CTR9Y63CF2TPZ").unwrap()
+}
+
+fn turn() -> Id {
+    Id::parse("01M34QZRVNRE3CTR9Y63CF2TQ1").unwrap()
 }
 
 /// (kind, version, op, payload hex): the committed vectors of format v1.
@@ -67,7 +72,108 @@ fn vectors() -> Vec<(OpKind, u16, OpBody, &'static str)> {
             }),
             "fee06af1d8303e61cd86c375e37fc9a001fedf6af1d8303e61cd86c375e37fc9a00101ababababababababababababababababababababababababababababababababfc000030000a696d6167652f6a7065670570686f6e65",
         ),
+        (
+            OpKind::TurnStart,
+            1,
+            OpBody::TurnStart(TurnStart {
+                id: turn(),
+                moment_id: id(),
+                seat: "pippa".into(),
+                mode: TurnMode::Practical,
+                request_id: Some("outbox-1:turn".into()),
+                device: "phone".into(),
+            }),
+            "fee16af1d8303e61cd86c375e37fc9a001fedf6af1d8303e61cd86c375e37fc9a00105706970706100010d6f7574626f782d313a7475726e0570686f6e65",
+        ),
+        (
+            OpKind::TurnFinish,
+            1,
+            OpBody::TurnFinish(TurnFinish {
+                id: turn(),
+                answer: "No entry.".into(),
+                adapter: "local".into(),
+                source: "ocr".into(),
+                elapsed_ms: 812,
+            }),
+            "fee16af1d8303e61cd86c375e37fc9a001094e6f20656e7472792e056c6f63616c036f6372fb2c03",
+        ),
+        (
+            OpKind::TurnFail,
+            1,
+            OpBody::TurnFail(TurnFail {
+                id: turn(),
+                error: "timeout".into(),
+                elapsed_ms: 60_000,
+            }),
+            "fee16af1d8303e61cd86c375e37fc9a0010774696d656f7574fb60ea",
+        ),
+        (
+            OpKind::MarkKeep,
+            1,
+            OpBody::MarkKeep(MarkKeep {
+                id: "keep:zákaz vstupu".into(),
+                phrase: "zákaz vstupu".into(),
+                moment_id: Some(id()),
+                device: "phone".into(),
+            }),
+            "126b6565703a7ac3a16b617a207673747570750d7ac3a16b617a2076737475707501fedf6af1d8303e61cd86c375e37fc9a0010570686f6e65",
+        ),
+        (
+            OpKind::MarkDrop,
+            1,
+            OpBody::MarkDrop(MarkDrop {
+                id: "keep:zákaz vstupu".into(),
+                device: "phone".into(),
+            }),
+            "126b6565703a7ac3a16b617a207673747570750570686f6e65",
+        ),
+        (
+            OpKind::JobStart,
+            1,
+            OpBody::JobStart(JobStart {
+                job_id: "job-1".into(),
+                moment_id: id(),
+                seats: vec!["pippa".into(), "llava".into()],
+                device: "phone".into(),
+            }),
+            "056a6f622d31fedf6af1d8303e61cd86c375e37fc9a00102057069707061056c6c6176610570686f6e65",
+        ),
+        (
+            OpKind::RecallStart,
+            1,
+            OpBody::RecallStart(RecallStart {
+                id: "recall-1".into(),
+                moment_id: id(),
+                turn_id: turn(),
+                marks: vec!["keep:zákaz vstupu".into()],
+                device: "phone".into(),
+            }),
+            "08726563616c6c2d31fedf6af1d8303e61cd86c375e37fc9a001fee16af1d8303e61cd86c375e37fc9a00101126b6565703a7ac3a16b617a207673747570750570686f6e65",
+        ),
+        (
+            OpKind::MessagePost,
+            1,
+            OpBody::MessagePost(MessagePost {
+                id: Id::parse("01M34QZRVNRE3CTR9Y63CF2TQ2").unwrap(),
+                thread_id: id(),
+                body: "Was heißt das?".into(),
+                device: "phone".into(),
+            }),
+            "fee26af1d8303e61cd86c375e37fc9a001fedf6af1d8303e61cd86c375e37fc9a0010f57617320686569c39f74206461733f0570686f6e65",
+        ),
     ]
+}
+
+#[test]
+fn every_kind_has_a_vector() {
+    let covered: Vec<OpKind> = vectors().iter().map(|v| v.0).collect();
+    for kind in OpKind::ALL {
+        assert!(
+            covered.contains(&kind),
+            "{} has no pinned vector",
+            kind.name()
+        );
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The file seam: every file access of the crate goes through [`Fs`] and
-//! [`LogFile`], so tests can inject faults ([`FaultyFs`]) and a later
-//! in-memory power-loss file system can stand in for the disk.
+//! [`LogFile`], so tests can inject faults ([`FaultyFs`]) and an in-memory
+//! power-loss file system ([`MemFs`](crate::MemFs)) can stand in for the
+//! disk.
 
 use std::fs::{File, OpenOptions};
 use std::io;

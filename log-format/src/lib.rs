@@ -13,6 +13,9 @@
 //!   the record frame and the seal, each offset built from the one before.
 //! - [`fs`]: the file seam. All file access goes through [`Fs`] / [`LogFile`];
 //!   [`OsFs`] is the real one (std + memmap2), [`FaultyFs`] injects faults.
+//! - [`memfs`]: [`MemFs`], an in-memory [`Fs`] that keeps written bytes and
+//!   directory entries apart from durable ones and simulates power cuts
+//!   ([`CutMode`]), for crash tests and fuzzing.
 //! - `segment`: the one routine that decodes a segment, shared by recovery and
 //!   the reader, so both apply exactly the same rules.
 //! - `recovery`: what [`Log::open`] does before the first append (torn tails,
@@ -30,19 +33,23 @@
 
 pub mod format;
 pub mod fs;
+pub mod memfs;
 
+mod damage;
 mod error;
 mod reader;
 mod recovery;
 mod segment;
 mod writer;
 
+pub use damage::{damage_report, damage_report_with, DamageReport, SalvagedRecord};
 pub use error::{LogError, OpenError};
 pub use format::{
     ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES,
     FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN,
 };
 pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
+pub use memfs::{CutMode, MemFs};
 pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo};
 pub use recovery::{RecoveryReport, TornTail};
 pub use writer::{system_now_ms, GroupCommitAppender, Head, Log, LogConfig};

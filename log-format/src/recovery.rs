@@ -64,25 +64,57 @@ pub(crate) struct Recovered {
     pub active: Option<ActiveSegment>,
 }
 
-/// Writes `bytes` to a new file `name` in `dir` and makes it durable (file
-/// and directory fsync): the copy of what recovery cuts off, so that no byte
-/// is dropped without a trace. Files not ending in `.seg` are not segments.
-fn quarantine(fs: &Arc<dyn Fs>, dir: &Path, name: &str, bytes: &[u8]) -> Result<(), LogError> {
-    let path = dir.join(name);
-    let mut file = match fs.create_new(&path) {
-        Ok(file) => file,
-        // An earlier recovery of the same tail already kept it.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(LogError::io("create_new", &path, e)),
-    };
-    file.write_all_at(0, bytes)
-        .map_err(|e| LogError::io("write", &path, e))?;
-    file.sync_all()
-        .map_err(|e| LogError::io("sync_all", &path, e))?;
-    fs.sync_dir(dir)
-        .map_err(|e| LogError::io("sync_dir", dir, e))?;
-    tracing::warn!(file = %path.display(), bytes = bytes.len(), "kept a copy of the cut bytes");
-    Ok(())
+/// Most names [`quarantine`] tries (`name`, `name.1`, ...) before giving up.
+const QUARANTINE_NAMES_MAX: usize = 1000;
+
+/// Keeps `bytes` in a durable file in `dir` (file and directory fsynced): the
+/// copy of what recovery cuts off, so that no byte is dropped without a
+/// trace. Returns the file's name: `name` or, when a file of that name holds
+/// other bytes (the copy of an earlier tail cut at the same offset, or a
+/// copy an earlier recovery started but a crash interrupted), the first of
+/// `name.1`, `name.2`, ... that is free or already holds exactly `bytes`.
+/// A copy that already exists is fsynced again (a crash may have come
+/// between its write and its fsync). Files not ending in `.seg` are not
+/// segments.
+fn quarantine(fs: &Arc<dyn Fs>, dir: &Path, name: &str, bytes: &[u8]) -> Result<String, LogError> {
+    for attempt in 0..QUARANTINE_NAMES_MAX {
+        let candidate = match attempt {
+            0 => name.to_owned(),
+            n => format!("{name}.{n}"),
+        };
+        let path = dir.join(&candidate);
+        let mut file = match fs.create_new(&path) {
+            Ok(mut file) => {
+                file.write_all_at(0, bytes)
+                    .map_err(|e| LogError::io("write", &path, e))?;
+                tracing::warn!(file = %path.display(), bytes = bytes.len(), "kept a copy of the cut bytes");
+                file
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let existing = fs.map(&path).map_err(|e| LogError::io("map", &path, e))?;
+                if (*existing).as_ref() != bytes {
+                    continue;
+                }
+                drop(existing);
+                fs.open_rw(&path)
+                    .map_err(|e| LogError::io("open_rw", &path, e))?
+            }
+            Err(e) => return Err(LogError::io("create_new", &path, e)),
+        };
+        file.sync_all()
+            .map_err(|e| LogError::io("sync_all", &path, e))?;
+        fs.sync_dir(dir)
+            .map_err(|e| LogError::io("sync_dir", dir, e))?;
+        return Ok(candidate);
+    }
+    Err(LogError::io(
+        "create_new",
+        dir.join(name),
+        std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{QUARANTINE_NAMES_MAX} quarantine files of this name hold other bytes"),
+        ),
+    ))
 }
 
 /// Runs recovery on `dir` (see FORMAT.md, "Recovery").
@@ -95,11 +127,25 @@ pub(crate) fn recover<E>(
     let listing = match fs.list(dir) {
         Ok(listing) => listing,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Every directory this creates is made durable in its parent,
+            // top down: a fresh data directory must survive power loss too.
+            let mut missing = vec![dir];
+            let mut at = dir;
+            loop {
+                let parent = parent_dir(at);
+                if parent == at || fs.list(parent).is_ok() {
+                    break;
+                }
+                missing.push(parent);
+                at = parent;
+            }
             fs.create_dir_all(dir)
                 .map_err(|e| LogError::io("create_dir_all", dir, e))?;
-            let parent = parent_dir(dir);
-            fs.sync_dir(parent)
-                .map_err(|e| LogError::io("sync_dir", parent, e))?;
+            for created in missing.iter().rev() {
+                let parent = parent_dir(created);
+                fs.sync_dir(parent)
+                    .map_err(|e| LogError::io("sync_dir", parent, e))?;
+            }
             Vec::new()
         }
         Err(e) => return Err(LogError::io("list", dir, e).into()),
@@ -192,8 +238,7 @@ pub(crate) fn recover<E>(
                     let kept = match &cut_bytes {
                         Some(cut) => {
                             let name = format!("{}.torn-{:012}", file.name, torn.offset);
-                            quarantine(fs, dir, &name, cut)?;
-                            Some(name)
+                            Some(quarantine(fs, dir, &name, cut)?)
                         }
                         None => None,
                     };

@@ -44,6 +44,14 @@ pub enum AuditCmd {
         #[command(flatten)]
         common: Common,
     },
+    /// The first corruption of the log: the damaged seq range and, where the
+    /// damaged records still decode, their entity and request ids (so the
+    /// clients holding those captures can send them again). Exit 1 when the
+    /// log is damaged, 0 when it is whole.
+    Damage {
+        #[command(flatten)]
+        common: Common,
+    },
     /// Every media.put has its blob with the right size and SHA-256; blobs
     /// that no op names (a crash between blob and op) are listed as orphans.
     /// Exit 1 on any missing or damaged blob (orphans alone exit 0).
@@ -68,6 +76,7 @@ pub fn run(cmd: AuditCmd) -> Outcome {
         AuditCmd::Request { rid, common } => request(&common, &rid),
         AuditCmd::Chain { common } => chain(&common),
         AuditCmd::Duplicates { common } => duplicates(&common),
+        AuditCmd::Damage { common } => damage(&common),
         AuditCmd::Media {
             common,
             remove_orphans,
@@ -209,4 +218,40 @@ fn duplicates(common: &Common) -> Outcome {
     } else {
         exit::DAMAGE
     })
+}
+
+fn damage(common: &Common) -> Outcome {
+    let dir = spark_engine::config::log_dir(&common.data);
+    if !dir.is_dir() {
+        return Err(Failure::unreadable(format!("no log at {}", dir.display())));
+    }
+    let report = spark_log_format::damage_report(&dir, spark_log_format::DEFAULT_MAX_RECORD_BYTES)
+        .map_err(|e| Failure::unreadable(e.to_string()))?;
+    let Some(report) = report else {
+        if common.json {
+            println!("{}", json!({"damaged": false}));
+        } else {
+            println!("no damage: every checksum, seq, header, seal and the chain verify");
+        }
+        return Ok(exit::OK);
+    };
+    if common.json {
+        let (first, last) = report
+            .damaged_seqs()
+            .map_or((None, None), |(f, l)| (Some(f), l));
+        let doc = json!({
+            "damaged": true,
+            "error": report.error,
+            "segment": report.segment,
+            "offset": report.offset,
+            "last_good_seq": report.last_good_seq,
+            "next_good_seq": report.next_good_seq,
+            "damaged_seqs": {"first": first, "last": last},
+            "records": spark_engine::damage::salvage(&report),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        println!("{}", spark_engine::damage::summary(&report));
+    }
+    Ok(exit::DAMAGE)
 }

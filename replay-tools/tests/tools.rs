@@ -326,3 +326,59 @@ async fn rebuild_at_a_seq_past_the_head_is_refused() {
     assert!(err.contains("past the head"), "{err}");
     assert_eq!(run(&["rebuild", "--at", "5"], dir.path()).0, 0);
 }
+
+#[tokio::test]
+async fn audit_damage_names_the_damaged_seqs_and_what_they_were() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, ids) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    let (code, out, _) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 0, "{out}");
+
+    // Flip a bit in the time field of seq 2 (its payload still decodes),
+    // with whole records after it: mid-log corruption.
+    let segment = data.join("log/00000000000000000001.seg");
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let reader = spark_log_format::LogReader::open(&data.join("log")).unwrap();
+    let mut offset2 = 0;
+    reader
+        .scan(Default::default(), |_, r| {
+            if r.seq == 2 {
+                offset2 = r.offset as usize;
+            }
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    drop(reader);
+    bytes[offset2 + 16] ^= 0x04;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(
+        report["damaged_seqs"],
+        serde_json::json!({"first": 2, "last": 2})
+    );
+    assert_eq!(report["next_good_seq"], 3);
+    assert_eq!(report["records"][0]["entity_id"], ids[1].to_string());
+    assert_eq!(report["records"][0]["request_id"], "r-1");
+    assert_eq!(report["records"][0]["kind"], "moment.create");
+
+    // The server refuses to start, and says the same.
+    let settings = Settings {
+        data_dir: data.clone(),
+        ..Settings::default()
+    };
+    let error = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock))
+        .err()
+        .expect("a damaged log is refused")
+        .to_string();
+    assert!(error.contains("damaged: seq 2"), "{error}");
+    assert!(
+        error.contains("request r-1") && error.contains(&ids[1].to_string()),
+        "{error}"
+    );
+}

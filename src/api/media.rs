@@ -186,6 +186,10 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
         .commit(&received)
         .await
         .map_err(|e| unavailable(format!("the media store cannot write: {e}")))?;
+    // The blob is durable; a crash here leaves an orphan, never an op
+    // without its blob.
+    crate::failpoints::check("media.before_op")
+        .map_err(|e| unavailable(format!("the media store cannot write: {e}")))?;
     let command = Command::PutMedia(PutMedia {
         id,
         moment_id,

@@ -6,9 +6,11 @@
 //! into a problem+json `404`. Bodies are read through [`Request::json`],
 //! which enforces the size limit before parsing.
 
+pub mod events;
 pub mod jobs;
 pub mod log;
 pub mod media;
+pub mod messages;
 pub mod moments;
 pub mod phrases;
 pub mod problem;
@@ -52,6 +54,9 @@ pub struct AppState {
     /// The seat names, in configuration order (practical turns ask the
     /// first; jobs ask each).
     pub seats: Vec<String>,
+    /// Becomes true when the server stops: open event streams end, so the
+    /// graceful shutdown is not held up by them.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The body of a request as a stream of chunks, not yet read.
@@ -160,6 +165,22 @@ impl Request {
     }
 }
 
+/// The page size of a list route: `limit` from the query (a whole number
+/// from 1; larger than `list_limit_max` is clamped, not refused), else the
+/// default.
+pub fn page_limit(limit: Option<&str>, limits: &crate::config::Limits) -> Result<usize, ApiError> {
+    match limit {
+        None => Ok(limits.list_limit_default),
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n.min(limits.list_limit_max)),
+            _ => Err(ApiError::invalid_request(format!(
+                "limit {text:?} is not a whole number from 1 (values above {} are clamped)",
+                limits.list_limit_max
+            ))),
+        },
+    }
+}
+
 /// A JSON response with `status`.
 pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
     match serde_json::to_vec(value) {
@@ -245,6 +266,14 @@ pub fn routes(
         .and(with_state.clone())
         .and(request())
         .then(|state, req| async move { into_response(jobs::start(state, req).await) });
+    let messages = warp::path!("api" / "messages")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(messages::collection(state, req).await) });
+    let events = warp::path!("api" / "events")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(events::stream(state, req).await) });
     let head = warp::path!("api" / "log" / "head")
         .and(with_state)
         .and(request())
@@ -265,6 +294,10 @@ pub fn routes(
         .or(recall)
         .unify()
         .or(jobs)
+        .unify()
+        .or(messages)
+        .unify()
+        .or(events)
         .unify()
         .or(head)
         .unify()

@@ -143,18 +143,7 @@ fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
         .map(|a| parse_id(a, "after"))
         .transpose()?;
     let limits = &state.settings.limits;
-    let limit = match query.limit {
-        None => limits.list_limit_default,
-        Some(text) => match text.parse::<usize>() {
-            Ok(n) if n > 0 => n.min(limits.list_limit_max),
-            _ => {
-                return Err(ApiError::invalid_request(format!(
-                    "limit {text:?} is not a whole number from 1 (values above {} are clamped)",
-                    limits.list_limit_max
-                )))
-            }
-        },
-    };
+    let limit = super::page_limit(query.limit.as_deref(), limits)?;
     let page = state.engine.read(|mirror| {
         let (moments, more) = mirror.live_page(after, limit);
         let next = if more {

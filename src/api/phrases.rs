@@ -149,17 +149,7 @@ async fn keep(state: &AppState, req: &mut Request) -> Result<Response, ApiError>
 fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
     let query: ListQuery = req.query()?;
     let limits = &state.settings.limits;
-    let limit = match query.limit {
-        None => limits.list_limit_default,
-        Some(text) => match text.parse::<usize>() {
-            Ok(n) if n > 0 => n.min(limits.list_limit_max),
-            _ => {
-                return Err(ApiError::invalid_request(format!(
-                    "limit {text:?} is not a whole number from 1"
-                )))
-            }
-        },
-    };
+    let limit = super::page_limit(query.limit.as_deref(), limits)?;
     let page = state.engine.read(|mirror| {
         use std::ops::Bound;
         let start = match &query.after {

@@ -156,6 +156,21 @@ impl From<EngineError> for ApiError {
         match e {
             EngineError::NotFound(_) | EngineError::Missing(_) => ApiError::not_found(detail),
             EngineError::Invalid(_) => ApiError::invalid_request(detail),
+            EngineError::ClockSkew {
+                server_time_ms,
+                id_time_ms,
+                skew_ms,
+            } => {
+                let mut error = ApiError::new(StatusCode::BAD_REQUEST, "clock_skew", detail);
+                error
+                    .extra
+                    .insert("server_time_ms".into(), Value::from(server_time_ms));
+                error
+                    .extra
+                    .insert("id_time_ms".into(), Value::from(id_time_ms));
+                error.extra.insert("skew_ms".into(), Value::from(skew_ms));
+                error
+            }
             EngineError::Deleted(_) => ApiError::new(StatusCode::GONE, "deleted", detail),
             EngineError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", detail),
             EngineError::PreconditionFailed { current, .. } => {

@@ -120,7 +120,7 @@ impl Journal {
                     continue;
                 }
                 touched.extend(keys);
-                match decide(&mirror, command, &mut mint) {
+                match decide(&mirror, command, ts_ms, &mut mint) {
                     Decision::Answer(answer) => {
                         let _ = reply.send(answer);
                     }
@@ -165,6 +165,7 @@ impl Journal {
         let first_seq = last_seq + 1 - encoded.len() as u64;
         drop(encoded);
         let mut started_turns = Vec::new();
+        let mut notices = Vec::new();
         let mut answers: Vec<(Result<Outcome, EngineError>, Reply)> =
             Vec::with_capacity(writes.len());
         {
@@ -177,6 +178,7 @@ impl Journal {
                     }
                     let op = Op { seq, ts_ms, body };
                     seq += 1;
+                    notices.push(super::ChangeNotice::of(&op));
                     if let Err(e) = mirror.apply(&op) {
                         // The sequencer decided an op the fold refuses: a bug.
                         // The op is durable but its effect is not published;
@@ -197,6 +199,8 @@ impl Journal {
             *self.shared.head.lock() = self.log.head();
         }
         self.shared.committed.send_replace(last_seq);
+        // No subscriber is fine; a slow one lags, the writer never waits.
+        let _ = self.shared.changes.send(Arc::new(notices));
         if !started_turns.is_empty() {
             if let Some(sink) = self.shared.turn_sink.lock().as_ref() {
                 for id in started_turns {

@@ -33,14 +33,14 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ids::Id;
 use crate::mirror::{
-    FoldError, JobView, MarkView, MediaView, Mirror, MomentView, RecallView, TurnView,
+    FoldError, JobView, MarkView, MediaView, MessageView, Mirror, MomentView, RecallView, TurnView,
 };
 use crate::op::{Op, OpDecodeError};
 
 pub use sequencer::{
     job_turn_request_id, mark_id, recall_turn_request_id, Command, CreateMoment, DeleteMoment,
-    DropPhrase, EditMoment, EndTurn, FieldChange, KeepPhrase, PutMedia, StartJob, StartRecall,
-    StartTurn,
+    DropPhrase, EditMoment, EndTurn, FieldChange, KeepPhrase, PostMessage, PutMedia, StartJob,
+    StartRecall, StartTurn,
 };
 
 /// What a write command produced (SPEC section 10 answer shapes).
@@ -111,6 +111,13 @@ pub enum Outcome {
         /// answer by far).
         recall: Box<RecallView>,
     },
+    /// A message: `created` is false when the id was known (same body).
+    MessagePosted {
+        /// True when this command wrote the `message.post`.
+        created: bool,
+        /// The message, with the server's `ts`.
+        message: MessageView,
+    },
     /// A high-quality job: `created` is false when the job id was known.
     JobStarted {
         /// True when this command wrote ops.
@@ -133,6 +140,19 @@ pub enum EngineError {
     /// `404 not_found`. The text names it.
     #[error("{0} does not exist")]
     Missing(String),
+    /// A message id's time is outside the clock window: `400 clock_skew`
+    /// (SPEC section 5).
+    #[error(
+        "the message id's time is {skew_ms} ms from the server clock; the window is 5 minutes"
+    )]
+    ClockSkew {
+        /// The server clock, Unix ms.
+        server_time_ms: u64,
+        /// The time in the id, Unix ms.
+        id_time_ms: u64,
+        /// `id_time_ms - server_time_ms`.
+        skew_ms: i64,
+    },
     /// The request cannot be carried out as it stands: `400 invalid_request`.
     #[error("{0}")]
     Invalid(String),
@@ -172,6 +192,10 @@ pub enum EngineOpenError {
     /// The log is damaged or unreadable (names segment, offset and seq).
     #[error(transparent)]
     Log(#[from] LogError),
+    /// The log is corrupt: the damaged seq range and what the damaged
+    /// records were about, where they still decode (see [`crate::damage`]).
+    #[error("refusing to start on a damaged log: {0}")]
+    Damaged(String),
     /// A record did not replay into the mirror.
     #[error("replay stopped at segment {segment} offset {offset}: {source}")]
     Replay {
@@ -217,6 +241,36 @@ struct Shared {
     /// Where the ids of committed `turn.start` ops go (the brain runner),
     /// once one is attached.
     turn_sink: Mutex<Option<mpsc::UnboundedSender<Id>>>,
+    /// Change notices of every committed batch, for `/api/events`. A
+    /// subscriber that falls behind the buffer loses notices (it is told
+    /// where to resume); the writer never waits for one.
+    changes: tokio::sync::broadcast::Sender<Arc<Vec<ChangeNotice>>>,
+}
+
+/// What one committed op changed, as `/api/events` tells it (SPEC section 4).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChangeNotice {
+    /// The op's seq: the event's id, what `after` and `Last-Event-ID` take.
+    pub seq: u64,
+    /// The op's kind name.
+    pub kind: &'static str,
+    /// Ids of the entities it created or updated.
+    pub upserted: Vec<String>,
+    /// Ids of the entities it removed.
+    pub removed: Vec<String>,
+}
+
+impl ChangeNotice {
+    /// The notice of one op.
+    pub fn of(op: &Op) -> ChangeNotice {
+        let (upserted, removed) = op.body.change();
+        ChangeNotice {
+            seq: op.seq,
+            kind: op.body.kind().name(),
+            upserted,
+            removed,
+        }
+    }
 }
 
 /// A command on its way to the writer thread, with where to answer.
@@ -258,6 +312,15 @@ impl Engine {
             replay_record(&mut mirror, &record).map(|_| ())
         })
         .map_err(|e| match e {
+            OpenError::Log(e @ LogError::Corrupt { .. }) => {
+                match spark_log_format::damage_report(
+                    &settings.log_dir(),
+                    settings.log.max_record_bytes,
+                ) {
+                    Ok(Some(report)) => EngineOpenError::Damaged(crate::damage::summary(&report)),
+                    _ => EngineOpenError::Log(e),
+                }
+            }
             OpenError::Log(e) => EngineOpenError::Log(e),
             OpenError::Visit(source) => EngineOpenError::Replay {
                 segment: segment_of(&settings.log_dir(), at.0),
@@ -266,12 +329,14 @@ impl Engine {
             },
         })?;
         let (committed, _) = tokio::sync::watch::channel(mirror.seq);
+        let (changes, _) = tokio::sync::broadcast::channel(settings.log.change_buffer_batches);
         let shared = Arc::new(Shared {
             mirror: RwLock::new(mirror),
             head: Mutex::new(log.head()),
             poison: Mutex::new(None),
             committed,
             turn_sink: Mutex::new(None),
+            changes,
         });
         let (queue, receiver) = mpsc::channel(settings.log.queue_depth_commands);
         let writer = journal::spawn(
@@ -340,6 +405,11 @@ impl Engine {
         running.into_iter().map(|(_, id)| id).collect()
     }
 
+    /// Change notices from now on, one message per committed batch.
+    pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Arc<Vec<ChangeNotice>>> {
+        self.shared.changes.subscribe()
+    }
+
     /// The log's head as of the last committed batch.
     pub fn head(&self) -> Head {
         self.shared.head.lock().clone()
@@ -385,12 +455,38 @@ fn segment_of(log_dir: &Path, seq: u64) -> String {
         .unwrap_or_else(|| "(unknown)".into())
 }
 
+/// Creates `dir` and its missing parents, and makes each new directory
+/// durable in its parent (fsync of the parent, top down).
+pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = vec![dir.to_path_buf()];
+    let mut at = dir;
+    while let Some(parent) = at
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
+    {
+        missing.push(parent.to_path_buf());
+        at = parent;
+    }
+    std::fs::create_dir_all(dir)?;
+    for created in missing.iter().rev() {
+        let parent = created
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
 fn lock_data_dir(data_dir: &Path) -> Result<File, EngineOpenError> {
     let io_error = |source| EngineOpenError::DataDir {
         path: data_dir.display().to_string(),
         source,
     };
-    std::fs::create_dir_all(data_dir).map_err(io_error)?;
+    create_dir_durably(data_dir).map_err(io_error)?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

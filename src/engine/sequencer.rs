@@ -10,8 +10,9 @@
 use crate::ids::Id;
 use crate::mirror::{Mirror, Moment};
 use crate::op::{
-    Entity, JobStart, MarkDrop, MarkKeep, MediaPut, MediaRole, MomentCreate, MomentDelete,
-    MomentEdit, OpBody, OpKind, RecallStart, Sha256, TurnFail, TurnFinish, TurnMode, TurnStart,
+    Entity, JobStart, MarkDrop, MarkKeep, MediaPut, MediaRole, MessagePost, MomentCreate,
+    MomentDelete, MomentEdit, OpBody, OpKind, RecallStart, Sha256, TurnFail, TurnFinish, TurnMode,
+    TurnStart,
 };
 
 use super::{EngineError, Outcome};
@@ -159,6 +160,22 @@ pub struct StartJob {
     pub device: String,
 }
 
+/// `POST /api/messages`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PostMessage {
+    /// The ULID minted at the send attempt.
+    pub id: Id,
+    /// The thread (a moment id).
+    pub thread_id: Id,
+    /// The text.
+    pub body: String,
+    /// The clock window, in milliseconds: the id's time must be within this
+    /// of the server clock, inclusive (SPEC section 5: 5 minutes).
+    pub window_ms: u64,
+    /// Who sent it.
+    pub device: String,
+}
+
 /// A write request, validated by the API layer, on its way to the sequencer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -182,6 +199,8 @@ pub enum Command {
     StartRecall(StartRecall),
     /// Start a high-quality job.
     StartJob(StartJob),
+    /// Post a message to a thread.
+    PostMessage(PostMessage),
 }
 
 /// The mark id of a normalised phrase.
@@ -231,6 +250,7 @@ impl Command {
                     None => Vec::new(),
                 };
             }
+            Command::PostMessage(c) => return vec![Key::Entity(c.id), Key::Entity(c.thread_id)],
             Command::StartJob(c) => {
                 let mut keys = vec![Key::Request(c.job_id.clone()), Key::Entity(c.moment_id)];
                 keys.extend(
@@ -263,6 +283,7 @@ pub(super) enum Plan {
     Dropped(String),
     Recall(String),
     Job(String),
+    Message(Id),
 }
 
 impl Plan {
@@ -336,6 +357,14 @@ impl Plan {
                         .ok_or_else(|| EngineError::Missing(format!("recall {id}")))?,
                 ),
             },
+            Plan::Message(id) => Outcome::MessagePosted {
+                created: true,
+                message: mirror
+                    .messages
+                    .get(&id)
+                    .map(|m| m.view())
+                    .ok_or_else(|| EngineError::Missing(format!("message {id}")))?,
+            },
             Plan::Job(id) => Outcome::JobStarted {
                 created: true,
                 job: mirror
@@ -359,9 +388,15 @@ pub(super) enum Decision {
     Write(Vec<OpBody>, Plan),
 }
 
-/// Decides one command against the committed mirror. `mint` gives a fresh
-/// ULID for creates without an id.
-pub(super) fn decide(mirror: &Mirror, command: Command, mint: &mut dyn FnMut() -> Id) -> Decision {
+/// Decides one command against the committed mirror. `now_ms` is the
+/// server clock (the batch's time); `mint` gives a fresh ULID for creates
+/// without an id.
+pub(super) fn decide(
+    mirror: &Mirror,
+    command: Command,
+    now_ms: u64,
+    mint: &mut dyn FnMut() -> Id,
+) -> Decision {
     match command {
         Command::CreateMoment(c) => decide_create(mirror, c, mint),
         Command::EditMoment(c) => decide_edit(mirror, c),
@@ -373,6 +408,7 @@ pub(super) fn decide(mirror: &Mirror, command: Command, mint: &mut dyn FnMut() -
         Command::DropPhrase(c) => decide_drop(mirror, c),
         Command::StartRecall(c) => decide_recall(mirror, c, mint),
         Command::StartJob(c) => decide_job(mirror, c, mint),
+        Command::PostMessage(c) => decide_message(mirror, c, now_ms),
     }
 }
 
@@ -926,4 +962,47 @@ fn decide_job(mirror: &Mirror, c: StartJob, mint: &mut dyn FnMut() -> Id) -> Dec
         };
     }
     Decision::Write(ops, Plan::Job(c.job_id))
+}
+
+fn decide_message(mirror: &Mirror, c: PostMessage, now_ms: u64) -> Decision {
+    // A known id is answered with the stored message whatever the clock
+    // says now: the receiver ignores what it already has (ADR-036).
+    if let Some(known) = mirror.messages.get(&c.id) {
+        if known.body != c.body || known.thread_id != c.thread_id {
+            return refuse(EngineError::Conflict(format!(
+                "message {} was posted with another body or thread",
+                c.id
+            )));
+        }
+        return answer(Outcome::MessagePosted {
+            created: false,
+            message: known.view(),
+        });
+    }
+    let id_time_ms = c.id.time_ms();
+    let skew_ms = i128::from(id_time_ms) - i128::from(now_ms);
+    if skew_ms.unsigned_abs() > u128::from(c.window_ms) {
+        return refuse(EngineError::ClockSkew {
+            server_time_ms: now_ms,
+            id_time_ms,
+            // The difference of two u64 fits an i128; clamp to i64 for the wire.
+            skew_ms: i64::try_from(skew_ms).unwrap_or(if skew_ms > 0 {
+                i64::MAX
+            } else {
+                i64::MIN
+            }),
+        });
+    }
+    if let Err(e) = live(mirror, c.thread_id) {
+        return refuse(e);
+    }
+    Decision::Write(
+        vec![OpBody::MessagePost(MessagePost {
+            id: c.id,
+            thread_id: c.thread_id,
+            body: c.body,
+            device: c.device,
+        })],
+        Plan::Message(c.id),
+    )
 }

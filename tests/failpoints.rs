@@ -1,0 +1,224 @@
+//! Failpoints (feature `failpoints`): an fsync, write, rename or roll that
+//! fails stops the write path without acknowledging anything, and a restart
+//! recovers with every acknowledged write.
+//!
+//! `cargo test --features failpoints --test failpoints`
+
+mod common;
+
+use common::{log_records, settings, ulid, TestServer};
+use serde_json::json;
+use spark_engine::failpoints::{arm, disarm_all, Action};
+
+/// The failpoints are process-wide: one test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn start(dir: &std::path::Path, segment_size_bytes: Option<u64>) -> TestServer {
+    let mut s = settings(dir);
+    if let Some(size) = segment_size_bytes {
+        s.log.segment_size_bytes = size;
+    }
+    let fs = std::sync::Arc::new(spark_engine::failpoints::FailpointFs(std::sync::Arc::new(
+        spark_log_format::OsFs,
+    )));
+    let running = spark_engine::server::start_with(
+        s,
+        fs,
+        std::sync::Arc::new(spark_engine::clock::SystemClock),
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}", running.addr);
+    TestServer {
+        running,
+        base,
+        client: reqwest::Client::new(),
+    }
+}
+
+async fn create(
+    server: &TestServer,
+) -> (u16, serde_json::Value, reqwest::header::HeaderMap, String) {
+    let id = ulid();
+    let (s, v, h) = server
+        .call(
+            "POST",
+            "/api/moments",
+            Some(json!({"id": id, "client_request_id": format!("r-{id}")})),
+            &[],
+        )
+        .await;
+    (s, v, h, id)
+}
+
+async fn check_poisoned_then_recovers(name: &str, action: Action) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None).await;
+    let mut acked = Vec::new();
+    for _ in 0..5 {
+        let (s, _, _, id) = create(&server).await;
+        assert_eq!(s, 201);
+        acked.push(id);
+    }
+    arm(name, action, Some(1));
+    let (s, v, h, _) = create(&server).await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (503, json!("unavailable")),
+        "{name}: {v}"
+    );
+    assert!(
+        h.contains_key("retry-after"),
+        "{name}: 503 carries Retry-After"
+    );
+    // The failpoint fired once; the write path stays stopped all the same:
+    // an fsync is never retried and then acknowledged.
+    let (s, _, _, _) = create(&server).await;
+    assert_eq!(s, 503, "{name}: writes stay refused until restart");
+    // Reads still work.
+    let (s, _) = server.get(&format!("/api/moments/{}", acked[0])).await;
+    assert_eq!(s, 200);
+    server.stop().await;
+    disarm_all();
+
+    let server = start(dir.path(), None).await;
+    for id in &acked {
+        let (s, _) = server.get(&format!("/api/moments/{id}")).await;
+        assert_eq!(s, 200, "{name}: acknowledged {id} lost");
+    }
+    let (s, _, _, _) = create(&server).await;
+    assert_eq!(s, 201, "{name}: writes work again after restart");
+    server.stop().await;
+    let records = log_records(dir.path());
+    assert!(records
+        .iter()
+        .enumerate()
+        .all(|(i, (seq, _))| *seq == i as u64 + 1));
+}
+
+#[tokio::test]
+async fn an_fsync_error_poisons_the_write_path_until_restart() {
+    let _serial = SERIAL.lock().await;
+    check_poisoned_then_recovers("log.fsync", Action::Eio).await;
+}
+
+#[tokio::test]
+async fn enospc_is_503_with_retry_after_and_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    check_poisoned_then_recovers("log.write", Action::Enospc).await;
+}
+
+#[tokio::test]
+async fn a_short_write_stops_the_writer_and_restart_cuts_it_back() {
+    let _serial = SERIAL.lock().await;
+    check_poisoned_then_recovers("log.write", Action::Short).await;
+}
+
+#[tokio::test]
+async fn a_failed_roll_at_each_step_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    for name in ["log.create", "log.sync_all", "log.dir_fsync"] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = start(dir.path(), Some(4096)).await;
+        let mut acked = Vec::new();
+        // Fill the first segment close to its size.
+        for _ in 0..30 {
+            let (s, _, _, id) = create(&server).await;
+            assert_eq!(s, 201);
+            acked.push(id);
+        }
+        arm(name, Action::Eio, Some(1));
+        // Some write soon needs a roll; it fails, and the path stops.
+        let mut refused = false;
+        for _ in 0..40 {
+            let (s, _, _, id) = create(&server).await;
+            if s == 503 {
+                refused = true;
+                break;
+            }
+            assert_eq!(s, 201);
+            acked.push(id);
+        }
+        assert!(refused, "{name}: the roll failed");
+        server.stop().await;
+        disarm_all();
+        let server = start(dir.path(), Some(4096)).await;
+        for id in &acked {
+            let (s, _) = server.get(&format!("/api/moments/{id}")).await;
+            assert_eq!(s, 200, "{name}: acknowledged {id} lost");
+        }
+        let (s, _, _, _) = create(&server).await;
+        assert_eq!(s, 201, "{name}: writes go on after restart");
+        server.stop().await;
+        let records = log_records(dir.path());
+        assert!(
+            records
+                .iter()
+                .enumerate()
+                .all(|(i, (seq, _))| *seq == i as u64 + 1),
+            "{name}: gapless"
+        );
+    }
+}
+
+#[tokio::test]
+async fn media_failures_never_leave_an_op_without_its_blob() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), None).await;
+    let (_, _, _, moment) = create(&server).await;
+    let put = |media: String, bytes: Vec<u8>| {
+        let server = &server;
+        let moment = moment.clone();
+        async move {
+            server
+                .client
+                .put(server.url(&format!("/api/media/{media}")))
+                .header("X-Moment-Id", moment)
+                .header("X-Media-Role", "copy")
+                .body(bytes)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    for name in [
+        "media.write",
+        "media.fsync",
+        "media.rename",
+        "media.dir_fsync",
+        "media.before_op",
+    ] {
+        arm(name, Action::Eio, Some(1));
+        let status = put(ulid(), vec![7u8; 5000]).await;
+        assert_eq!(status, 503, "{name}");
+    }
+    // No op was written for any of them.
+    let puts = log_records(dir.path())
+        .iter()
+        .filter(|(_, k)| *k == 4)
+        .count();
+    assert_eq!(puts, 0);
+    // The blob of the upload that failed between blob and op is an orphan;
+    // the same upload again succeeds.
+    let media = ulid();
+    arm("media.before_op", Action::Eio, Some(1));
+    assert_eq!(put(media.clone(), vec![9u8; 3000]).await, 503);
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("media/blobs"))
+            .unwrap()
+            .count(),
+        2
+    );
+    assert_eq!(put(media, vec![9u8; 3000]).await, 201);
+    server.stop().await;
+    disarm_all();
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("media/tmp"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
