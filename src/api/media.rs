@@ -22,7 +22,7 @@ use crate::media::{hex_digest, parse_hex_digest, ReceiveError, Sha256Digest};
 use crate::mirror::MediaView;
 use crate::op::MediaRole;
 
-use super::{json_response, ApiError, AppState, Request};
+use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
 
 /// Longest `Content-Type` kept with a blob, in bytes.
 const CONTENT_TYPE_MAX_BYTES: usize = 255;
@@ -197,7 +197,7 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
         sha256: received.sha256,
         size_bytes: received.size_bytes,
         content_type,
-        device: req.device.clone(),
+        device: ANONYMOUS_DEVICE.into(),
     });
     match state.engine.submit(command).await? {
         Outcome::MediaPut { created, media } => {
