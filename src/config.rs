@@ -24,6 +24,30 @@ pub struct Settings {
     pub log: LogSettings,
     /// The brains: seats, concurrency, timeouts.
     pub brains: BrainSettings,
+    /// Who may call the API (SPEC section 9).
+    pub access: AccessSettings,
+}
+
+/// Access (SPEC section 9): bearer tokens, each naming a device, stored as
+/// SHA-256 hashes. With no token, only a loopback listener may start, and
+/// no request needs one; with any token, every route but `/healthz` and
+/// `/readyz` needs a valid one (`401 unauthorized` otherwise).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessSettings {
+    /// The tokens (`spark-engine token add DEVICE` makes one).
+    pub tokens: Vec<TokenEntry>,
+}
+
+/// One bearer token: the device it names, and the SHA-256 of the token
+/// (64 lower-case hex characters); the token itself is never stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    /// The device the token names; recorded on every op it causes.
+    pub device: String,
+    /// SHA-256 of the token, hex.
+    pub sha256: String,
 }
 
 /// The brains (SPEC section 4, DESIGN.md "Brains").
@@ -109,6 +133,7 @@ impl Default for Settings {
             limits: Limits::default(),
             log: LogSettings::default(),
             brains: BrainSettings::default(),
+            access: AccessSettings::default(),
         }
     }
 }
@@ -182,6 +207,74 @@ impl Settings {
         Ok(settings)
     }
 
+    /// Applies environment overrides: every scalar setting can be set by
+    /// `SPARK_<SECTION>_<KEY>` in upper case (`SPARK_LIMITS_JSON_BODY_LIMIT_BYTES`,
+    /// `SPARK_LOG_SEGMENT_SIZE_BYTES`, `SPARK_LISTEN`, `SPARK_DATA_DIR`, ...),
+    /// parsed as the setting's type. Lists (seats, tokens) come from the file
+    /// only. Errors name the variable.
+    pub fn apply_env(
+        &mut self,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<(), SettingsError> {
+        let vars: std::collections::HashMap<String, String> = vars.collect();
+        let mut tree = toml::Value::try_from(&*self).map_err(|e| SettingsError::Invalid {
+            key: "environment",
+            message: e.to_string(),
+        })?;
+        fn walk(
+            value: &mut toml::Value,
+            prefix: &str,
+            vars: &std::collections::HashMap<String, String>,
+        ) -> Result<(), SettingsError> {
+            let Some(table) = value.as_table_mut() else {
+                return Ok(());
+            };
+            for (key, leaf) in table.iter_mut() {
+                let name = format!("{prefix}_{}", key.to_ascii_uppercase());
+                if leaf.is_table() {
+                    walk(leaf, &name, vars)?;
+                    continue;
+                }
+                let Some(text) = vars.get(&name) else {
+                    continue;
+                };
+                let bad = |what: &str| SettingsError::Parse {
+                    path: PathBuf::from(format!("${name}")),
+                    message: format!("{text:?} is not {what}"),
+                };
+                *leaf = match leaf {
+                    toml::Value::Integer(_) => {
+                        toml::Value::Integer(text.parse().map_err(|_| bad("a whole number"))?)
+                    }
+                    toml::Value::Boolean(_) => {
+                        toml::Value::Boolean(text.parse().map_err(|_| bad("true or false"))?)
+                    }
+                    toml::Value::String(_) => toml::Value::String(text.clone()),
+                    _ => continue,
+                };
+            }
+            Ok(())
+        }
+        walk(&mut tree, "SPARK", &vars)?;
+        *self = tree
+            .try_into()
+            .map_err(|e: toml::de::Error| SettingsError::Parse {
+                path: PathBuf::from("environment"),
+                message: e.to_string(),
+            })?;
+        Ok(())
+    }
+
+    /// The settings as TOML, with every token hash replaced by `"<hidden>"`:
+    /// what `spark-engine config print` shows.
+    pub fn to_toml_redacted(&self) -> String {
+        let mut shown = self.clone();
+        for token in &mut shown.access.tokens {
+            token.sha256 = "<hidden>".into();
+        }
+        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot print: {e}"))
+    }
+
     /// Checks bounds that the types cannot express.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let invalid = |key, message: &str| {
@@ -228,6 +321,23 @@ impl Settings {
         }
         if self.brains.recall_phrases_max == 0 {
             return invalid("brains.recall_phrases_max", "must be above 0");
+        }
+        for token in &self.access.tokens {
+            let device_ok = !token.device.is_empty()
+                && token.device.len() <= 64
+                && token.device.bytes().all(|b| (0x21..=0x7E).contains(&b));
+            if !device_ok {
+                return invalid(
+                    "access.tokens.device",
+                    "a device is 1 to 64 printable ASCII characters without spaces",
+                );
+            }
+            if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return invalid(
+                    "access.tokens.sha256",
+                    "must be 64 hex characters (a SHA-256)",
+                );
+            }
         }
         if u64::from(self.log.max_record_bytes) < self.limits.json_body_limit_bytes + 1024 {
             return invalid(
@@ -284,6 +394,46 @@ mod tests {
         let seats: Settings = toml::from_str(&blocks[1]).unwrap();
         assert_eq!(seats.brains.seats.len(), 2);
         seats.validate().unwrap();
+    }
+
+    #[test]
+    fn environment_overrides_every_scalar_setting() {
+        let mut s = Settings::default();
+        let vars = [
+            ("SPARK_LIMITS_JSON_BODY_LIMIT_BYTES", "1234"),
+            ("SPARK_LOG_SEGMENT_SIZE_BYTES", "8192"),
+            ("SPARK_LISTEN", "127.0.0.1:9999"),
+            ("SPARK_BRAINS_TIMEOUT_MS", "500"),
+            ("UNRELATED", "x"),
+        ];
+        s.apply_env(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .unwrap();
+        assert_eq!(s.limits.json_body_limit_bytes, 1234);
+        assert_eq!(s.log.segment_size_bytes, 8192);
+        assert_eq!(s.listen.port(), 9999);
+        assert_eq!(s.brains.timeout_ms, 500);
+        let bad = s.apply_env(std::iter::once((
+            "SPARK_LOG_SEGMENT_SIZE_BYTES".into(),
+            "big".into(),
+        )));
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("SPARK_LOG_SEGMENT_SIZE_BYTES"));
+    }
+
+    #[test]
+    fn printed_settings_hide_token_hashes() {
+        let mut s = Settings::default();
+        s.access.tokens.push(TokenEntry {
+            device: "phone".into(),
+            sha256: "ab".repeat(32),
+        });
+        let text = s.to_toml_redacted();
+        assert!(
+            text.contains("<hidden>") && !text.contains(&"ab".repeat(32)),
+            "{text}"
+        );
     }
 
     #[test]

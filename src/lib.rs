@@ -36,6 +36,7 @@ pub mod engine;
 pub mod failpoints;
 pub mod ids;
 pub mod media;
+pub mod metrics;
 pub mod mirror;
 pub mod op;
 pub mod server;

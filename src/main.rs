@@ -16,6 +16,9 @@ use spark_engine::server;
 #[derive(Parser, Debug)]
 #[command(name = "spark-engine", version, about, long_about = None)]
 struct Cli {
+    /// Log lines on stderr: `text` for people, `json` for machines.
+    #[arg(long, global = true, env = "SPARK_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Option<Cmd>,
     #[command(flatten)]
@@ -35,6 +38,33 @@ enum Cmd {
     SendMessage(client_cli::SendMessageArgs),
     /// List the outbox: entries, their state and parked reasons; messages.
     Outbox(client_cli::OutboxArgs),
+    /// The effective configuration.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+    /// Access tokens (SPEC section 9).
+    #[command(subcommand)]
+    Token(TokenCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCmd {
+    /// Print the effective configuration (defaults, then the file, then the
+    /// environment, then flags) as TOML, token hashes hidden.
+    Print(ServeArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Make a new random token for DEVICE, add its SHA-256 to the settings
+    /// file (created if missing), and print the token once: it is not stored
+    /// anywhere, so keep it. Restart the server to use it.
+    Add {
+        /// The device the token names (recorded on every op it causes).
+        device: String,
+        /// The TOML settings file to add it to.
+        #[arg(long, env = "SPARK_CONFIG")]
+        config: PathBuf,
+    },
 }
 
 /// Where to listen and what to serve. Flags override environment variables,
@@ -54,16 +84,23 @@ struct ServeArgs {
 
 fn main() -> ExitCode {
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SPARK_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SPARK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    if cli.log_format == "json" {
+        logs.json().init();
+    } else {
+        logs.with_ansi(std::io::stderr().is_terminal()).init();
+    }
     let result = match cli.command {
+        Some(Cmd::Config(ConfigCmd::Print(args))) => settings_from(&args).map(|s| {
+            print!("{}", s.to_toml_redacted());
+            ExitCode::SUCCESS
+        }),
+        Some(Cmd::Token(TokenCmd::Add { device, config })) => token_add(&device, &config),
         Some(Cmd::Serve(args)) => serve(args).map(|()| ExitCode::SUCCESS),
         None => serve(cli.serve).map(|()| ExitCode::SUCCESS),
         Some(Cmd::Capture(args)) => client_cli::capture(args),
@@ -81,17 +118,73 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
+/// The effective settings: defaults, the file, the environment, the flags.
+fn settings_from(args: &ServeArgs) -> anyhow::Result<Settings> {
     let mut settings = match &args.config {
         Some(path) => Settings::from_file(path)?,
         None => Settings::default(),
     };
+    settings.apply_env(std::env::vars())?;
     if let Some(listen) = args.listen {
         settings.listen = listen;
     }
-    if let Some(data) = args.data {
-        settings.data_dir = data;
+    if let Some(data) = &args.data {
+        settings.data_dir = data.clone();
     }
+    settings.validate()?;
+    Ok(settings)
+}
+
+/// `spark-engine token add DEVICE --config FILE`.
+fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let existing = match std::fs::read_to_string(config) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => anyhow::bail!("cannot read {}: {e}", config.display()),
+    };
+    let token = format!("spk_{}", hex::encode(rand::random::<[u8; 32]>()));
+    let sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()));
+    let mut text = existing;
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&format!(
+        "\n[[access.tokens]]\ndevice = {}\nsha256 = \"{sha256}\"\n",
+        toml::Value::String(device.to_owned())
+    ));
+    // The result must still be valid settings, device rules included.
+    let parsed: Settings = toml::from_str(&text)?;
+    parsed.validate()?;
+    // Durably: a temporary file, fsync, rename, directory fsync.
+    let dir = config
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let temp = dir.join(format!(
+        ".{}.tmp",
+        config
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("spark")
+    ));
+    {
+        let mut file = std::fs::File::create(&temp)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temp, config)?;
+    std::fs::File::open(dir)?.sync_all()?;
+    println!("{token}");
+    eprintln!(
+        "added a token for device {device:?} to {} (only its SHA-256 is stored; this is the only time the token is shown; restart the server to use it)",
+        config.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let settings = settings_from(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -36,6 +36,10 @@ pub enum StartError {
     /// The settings are invalid.
     #[error(transparent)]
     Settings(#[from] crate::config::SettingsError),
+    /// A listener on a non-loopback address with no token configured
+    /// (SPEC section 9).
+    #[error("refusing to listen on {0} with no access token configured: add one with `spark-engine token add DEVICE --config FILE`, or listen on a loopback address")]
+    OpenToTheNetwork(SocketAddr),
 }
 
 /// A server that is listening. Dropping it without [`RunningServer::shutdown`]
@@ -120,6 +124,9 @@ pub async fn start_with_brains(
     brains: Vec<(String, Arc<dyn Brain>)>,
 ) -> Result<RunningServer, StartError> {
     settings.validate()?;
+    if !settings.listen.ip().is_loopback() && settings.access.tokens.is_empty() {
+        return Err(StartError::OpenToTheNetwork(settings.listen));
+    }
     let settings = Arc::new(settings);
     let opening = Arc::clone(&settings);
     let engine = tokio::task::spawn_blocking(move || Engine::open(&opening, fs, clock))

@@ -153,6 +153,11 @@ impl Runner {
             },
         };
         let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let outcome_label = if outcome.is_ok() { "done" } else { "failed" };
+        crate::metrics::get()
+            .brain_calls
+            .get_or_create(&crate::metrics::label("outcome", outcome_label))
+            .inc();
         let command = Command::EndTurn(EndTurn {
             turn_id,
             outcome,

@@ -75,9 +75,17 @@ async fn check_poisoned_then_recovers(name: &str, action: Action) {
     // an fsync is never retried and then acknowledged.
     let (s, _, _, _) = create(&server).await;
     assert_eq!(s, 503, "{name}: writes stay refused until restart");
-    // Reads still work.
+    // Reads still work; readiness says writes do not.
     let (s, _) = server.get(&format!("/api/moments/{}", acked[0])).await;
     assert_eq!(s, 200);
+    let (s, v) = server.get("/readyz").await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (503, json!("unavailable")),
+        "{name}: not ready once poisoned"
+    );
+    let (s, _) = server.get("/healthz").await;
+    assert_eq!(s, 200, "{name}: still alive");
     server.stop().await;
     disarm_all();
 

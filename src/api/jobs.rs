@@ -13,7 +13,7 @@ use crate::engine::{Command, Outcome, StartJob};
 use crate::ids::{check_request_id, Id};
 use crate::mirror::JobView;
 
-use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
+use super::{json_response, ApiError, AppState, Request};
 
 /// Longest job id, in bytes: `<job id>:<index>` stays within 80.
 pub const JOB_ID_MAX_BYTES: usize = 64;
@@ -48,7 +48,7 @@ pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, A
         job_id: body.job_id,
         moment_id,
         seats: state.seats.clone(),
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::JobStarted { created, job } => {

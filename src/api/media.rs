@@ -22,7 +22,7 @@ use crate::media::{hex_digest, parse_hex_digest, ReceiveError, Sha256Digest};
 use crate::mirror::MediaView;
 use crate::op::MediaRole;
 
-use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
+use super::{json_response, ApiError, AppState, Request};
 
 /// Longest `Content-Type` kept with a blob, in bytes.
 const CONTENT_TYPE_MAX_BYTES: usize = 255;
@@ -197,7 +197,7 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
         sha256: received.sha256,
         size_bytes: received.size_bytes,
         content_type,
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::MediaPut { created, media } => {

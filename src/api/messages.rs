@@ -16,7 +16,7 @@ use crate::engine::{Command, Outcome, PostMessage};
 use crate::ids::Id;
 use crate::mirror::MessageView;
 
-use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
+use super::{json_response, ApiError, AppState, Request};
 
 /// The clock window of SPEC section 5 (seed ADR-036), in milliseconds.
 pub const MESSAGE_CLOCK_WINDOW_MS: u64 = 5 * 60 * 1000;
@@ -81,7 +81,7 @@ async fn post(state: &AppState, req: &mut Request) -> Result<Response, ApiError>
         thread_id,
         body: body.body,
         window_ms: MESSAGE_CLOCK_WINDOW_MS,
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         // New or known, the answer is 202 with the stored message.

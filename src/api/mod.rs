@@ -7,6 +7,7 @@
 //! which enforces the size limit before parsing.
 
 pub mod events;
+pub mod health;
 pub mod jobs;
 pub mod log;
 pub mod media;
@@ -72,6 +73,10 @@ pub struct Request {
     pub query: String,
     /// The unread body.
     pub body: BodyStream,
+    /// The device the bearer token names (SPEC section 9), or
+    /// [`ANONYMOUS_DEVICE`] when no token is configured; set by
+    /// [`authorize`] before any handler runs.
+    pub device: String,
 }
 
 impl Request {
@@ -213,6 +218,7 @@ fn request() -> impl Filter<Extract = (Request,), Error = warp::Rejection> + Clo
             headers,
             query,
             body: box_body(body),
+            device: ANONYMOUS_DEVICE.to_owned(),
         })
 }
 
@@ -224,6 +230,56 @@ where
     Box::pin(body.map_ok(|mut chunk| chunk.copy_to_bytes(chunk.remaining())))
 }
 
+/// Checks the bearer token (SPEC section 9) and records its device on the
+/// request. With no token configured every request passes as
+/// [`ANONYMOUS_DEVICE`]; otherwise a missing or unknown token is
+/// `401 unauthorized`. The presented token is hashed with SHA-256 and
+/// compared with every stored hash in constant time.
+pub fn authorize(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
+    let tokens = &state.settings.access.tokens;
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let unauthorized =
+        |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why.to_owned());
+    let presented = req
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .ok_or_else(|| unauthorized("send Authorization: Bearer <token>"))?;
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(presented.as_bytes()));
+    let mut device = None;
+    for token in tokens {
+        // Constant time per comparison, and every entry is compared.
+        let equal = subtle::ConstantTimeEq::ct_eq(
+            digest.as_bytes(),
+            token.sha256.to_ascii_lowercase().as_bytes(),
+        );
+        if bool::from(equal) {
+            device = Some(token.device.clone());
+        }
+    }
+    req.device = device.ok_or_else(|| unauthorized("the token is not valid"))?;
+    Ok(())
+}
+
+/// Runs `handler` after [`authorize`], turning errors into problem+json.
+async fn guarded<F, Fut>(state: Arc<AppState>, mut req: Request, handler: F) -> Response
+where
+    F: FnOnce(Arc<AppState>, Request) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, ApiError>>,
+{
+    match authorize(&state, &mut req) {
+        Ok(()) => into_response(handler(state, req).await),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Every route, with rejections turned into problem+json.
 pub fn routes(
     state: Arc<AppState>,
@@ -233,51 +289,64 @@ pub fn routes(
     let moments = warp::path!("api" / "moments")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| async move { into_response(moments::collection(state, req).await) });
+        .then(|state, req| guarded(state, req, moments::collection));
     let moment = warp::path!("api" / "moments" / String)
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| async move { into_response(moments::item(state, id, req).await) });
+        .then(|id, state, req| guarded(state, req, move |s, r| moments::item(s, id, r)));
     let media = warp::path!("api" / "media" / String)
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| async move { into_response(media::item(state, id, req).await) });
+        .then(|id, state, req| guarded(state, req, move |s, r| media::item(s, id, r)));
     let start_turn = warp::path!("api" / "moments" / String / "turns")
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| async move { into_response(turns::start(state, id, req).await) });
+        .then(|id, state, req| guarded(state, req, move |s, r| turns::start(s, id, r)));
     let turn = warp::path!("api" / "turns" / String)
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| async move { into_response(turns::get(state, id, req).await) });
+        .then(|id, state, req| guarded(state, req, move |s, r| turns::get(s, id, r)));
     let phrases = warp::path!("api" / "phrases")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| async move { into_response(phrases::collection(state, req).await) });
+        .then(|state, req| guarded(state, req, phrases::collection));
     let phrase = warp::path!("api" / "phrases" / String)
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| async move { into_response(phrases::item(state, id, req).await) });
+        .then(|id, state, req| guarded(state, req, move |s, r| phrases::item(s, id, r)));
     let recall = warp::path!("api" / "recall")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| async move { into_response(recall::start(state, req).await) });
+        .then(|state, req| guarded(state, req, recall::start));
     let jobs = warp::path!("api" / "jobs")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| async move { into_response(jobs::start(state, req).await) });
+        .then(|state, req| guarded(state, req, jobs::start));
     let messages = warp::path!("api" / "messages")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| async move { into_response(messages::collection(state, req).await) });
+        .then(|state, req| guarded(state, req, messages::collection));
     let events = warp::path!("api" / "events")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| async move { into_response(events::stream(state, req).await) });
+        .then(|state, req| guarded(state, req, events::stream));
+    // Liveness and readiness answer without a token (SPEC section 9).
+    let metrics = warp::path!("metrics")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| guarded(state, req, health::metrics));
+    let healthz = warp::path!("healthz")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(health::healthz(state, req).await) });
+    let readyz = warp::path!("readyz")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(health::readyz(state, req).await) });
     let head = warp::path!("api" / "log" / "head")
         .and(with_state)
         .and(request())
-        .then(|state, req| async move { into_response(log::head(state, req).await) });
+        .then(|state, req| guarded(state, req, log::head));
     moments
         .or(moment)
         .unify()
@@ -299,11 +368,25 @@ pub fn routes(
         .unify()
         .or(events)
         .unify()
+        .or(metrics)
+        .unify()
+        .or(healthz)
+        .unify()
+        .or(readyz)
+        .unify()
         .or(head)
         .unify()
         .recover(recover)
         .unify()
         .with(warp::log::custom(|info| {
+            crate::metrics::get()
+                .request_seconds
+                .get_or_create(&vec![
+                    ("route".to_owned(), crate::metrics::route_of(info.path())),
+                    ("method".to_owned(), info.method().to_string()),
+                    ("status".to_owned(), info.status().as_u16().to_string()),
+                ])
+                .observe(info.elapsed().as_secs_f64());
             tracing::debug!(
                 method = %info.method(),
                 path = info.path(),

@@ -10,7 +10,7 @@ use crate::engine::{Command, CreateMoment, DeleteMoment, EditMoment, FieldChange
 use crate::ids::Id;
 use crate::mirror::MomentView;
 
-use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
+use super::{json_response, ApiError, AppState, Request};
 
 /// Body of `POST /api/moments`. Unknown members are refused.
 #[derive(Debug, Deserialize)]
@@ -179,7 +179,7 @@ async fn create(state: &AppState, req: &mut Request) -> Result<Response, ApiErro
         caption: body.caption,
         lang: body.lang,
         captured_at_ms,
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::MomentCreated { created, moment } => {
@@ -231,7 +231,7 @@ async fn edit(state: &AppState, id: Id, req: &mut Request) -> Result<Response, A
         text: body.text,
         caption: body.caption,
         lang: body.lang,
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::MomentEdited { changed, moment } => {
@@ -261,7 +261,7 @@ async fn delete(state: &AppState, id: Id, req: &mut Request) -> Result<Response,
         id,
         request_id,
         if_match: if_match(req)?,
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::MomentDeleted { deleted, moment } => Ok(json_response(

@@ -16,7 +16,7 @@ use crate::engine::{Command, DropPhrase, KeepPhrase, Outcome};
 use crate::ids::Id;
 use crate::mirror::MarkView;
 
-use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
+use super::{json_response, ApiError, AppState, Request};
 
 /// Longest normalised phrase, in characters (SPEC section 4).
 pub const PHRASE_MAX_CHARS: usize = 200;
@@ -97,7 +97,7 @@ pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Resp
     let canonical = normalise_phrase(phrase).map_err(ApiError::invalid_request)?;
     let command = Command::DropPhrase(DropPhrase {
         mark_id: crate::engine::mark_id(&canonical),
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::PhraseDropped { dropped, mark } => Ok(json_response(
@@ -125,7 +125,7 @@ async fn keep(state: &AppState, req: &mut Request) -> Result<Response, ApiError>
     let command = Command::KeepPhrase(KeepPhrase {
         phrase,
         moment_id,
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::PhraseKept { created, mark } => {

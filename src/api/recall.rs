@@ -15,7 +15,7 @@ use crate::engine::{Command, Outcome, StartRecall};
 use crate::ids::check_request_id;
 use crate::mirror::RecallView;
 
-use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
+use super::{json_response, ApiError, AppState, Request};
 
 /// Longest recall id, in bytes: `<recall id>:turn` stays within 80.
 pub const RECALL_ID_MAX_BYTES: usize = 70;
@@ -53,7 +53,7 @@ pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, A
         recall_id: body.id,
         seat,
         phrases_max: state.settings.brains.recall_phrases_max,
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::RecallStarted { created, recall } => {

@@ -11,7 +11,7 @@ use crate::engine::{Command, Outcome, StartTurn};
 use crate::ids::Id;
 use crate::mirror::TurnView;
 
-use super::{json_response, ApiError, AppState, Request, ANONYMOUS_DEVICE};
+use super::{json_response, ApiError, AppState, Request};
 
 /// Body of `POST /api/moments/{id}/turns`.
 #[derive(Debug, Default, Deserialize)]
@@ -78,7 +78,7 @@ pub async fn start(
         moment_id,
         request_id,
         seat,
-        device: ANONYMOUS_DEVICE.into(),
+        device: req.device.clone(),
     });
     match state.engine.submit(command).await? {
         Outcome::TurnStarted { created, turn } => {

@@ -152,7 +152,14 @@ impl Journal {
                 payload,
             })
             .collect();
-        let last_seq = match self.log.append_batch(&records) {
+        let started = std::time::Instant::now();
+        let appended = self.log.append_batch(&records);
+        let metrics = crate::metrics::get();
+        metrics
+            .fsync_seconds
+            .observe(started.elapsed().as_secs_f64());
+        metrics.batch_ops.observe(records.len() as f64);
+        let last_seq = match appended {
             Ok(seq) => seq,
             Err(e) => {
                 tracing::error!(error = %e, "append failed; the write path is stopped until restart");
@@ -179,6 +186,10 @@ impl Journal {
                     let op = Op { seq, ts_ms, body };
                     seq += 1;
                     notices.push(super::ChangeNotice::of(&op));
+                    metrics
+                        .ops_appended
+                        .get_or_create(&crate::metrics::label("kind", op.body.kind().name()))
+                        .inc();
                     if let Err(e) = mirror.apply(&op) {
                         // The sequencer decided an op the fold refuses: a bug.
                         // The op is durable but its effect is not published;

@@ -307,6 +307,7 @@ impl Engine {
         let lock = lock_data_dir(&settings.data_dir)?;
         let mut mirror = Mirror::new();
         let mut at = (0, 0);
+        let replay_started = std::time::Instant::now();
         let (log, recovery) = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
             at = (record.seq, record.offset);
             replay_record(&mut mirror, &record).map(|_| ())
@@ -328,6 +329,9 @@ impl Engine {
                 source,
             },
         })?;
+        crate::metrics::get()
+            .replay_seconds
+            .set(replay_started.elapsed().as_secs_f64());
         let (committed, _) = tokio::sync::watch::channel(mirror.seq);
         let (changes, _) = tokio::sync::broadcast::channel(settings.log.change_buffer_batches);
         let shared = Arc::new(Shared {

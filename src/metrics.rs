@@ -1,0 +1,200 @@
+//! Metrics in the Prometheus text format, served at `/metrics`: ops appended
+//! by kind, group-commit batch sizes, the latency of a batch's write and
+//! fdatasync, request latency by route and status, the replay at startup,
+//! mirror sizes, and brain calls by outcome.
+//!
+//! One process-wide registry ([`get`]), because one engine process owns one
+//! data directory; tests that run several servers in one process share it.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::mirror::Mirror;
+
+/// Label pairs of a family.
+type Labels = Vec<(String, String)>;
+
+/// Every metric the engine keeps.
+pub struct Metrics {
+    registry: Registry,
+    /// Ops appended to the log, by kind.
+    pub ops_appended: Family<Labels, Counter>,
+    /// Ops per group-commit batch.
+    pub batch_ops: Histogram,
+    /// Seconds for one batch's write call and fdatasync.
+    pub fsync_seconds: Histogram,
+    /// Seconds per request, by route template, method and status.
+    pub request_seconds: Family<Labels, Histogram>,
+    /// Seconds the startup replay took.
+    pub replay_seconds: Gauge<f64, AtomicU64>,
+    /// Brain calls, by outcome (`done`, `failed`).
+    pub brain_calls: Family<Labels, Counter>,
+    /// Mirror sizes at the last scrape, by what is counted.
+    pub mirror_entries: Family<Labels, Gauge>,
+}
+
+fn request_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("spark");
+        let ops_appended = Family::<Labels, Counter>::default();
+        registry.register(
+            "ops_appended",
+            "Ops appended to the log, by kind",
+            ops_appended.clone(),
+        );
+        let batch_ops = Histogram::new(exponential_buckets(1.0, 2.0, 12));
+        registry.register("batch_ops", "Ops per group-commit batch", batch_ops.clone());
+        let fsync_seconds = Histogram::new(exponential_buckets(0.000_02, 2.0, 16));
+        registry.register(
+            "batch_write_fsync_seconds",
+            "Seconds for one batch's write call and fdatasync",
+            fsync_seconds.clone(),
+        );
+        let request_seconds = Family::<Labels, Histogram>::new_with_constructor(
+            request_histogram as fn() -> Histogram,
+        );
+        registry.register(
+            "request_seconds",
+            "Seconds per HTTP request, by route, method and status",
+            request_seconds.clone(),
+        );
+        let replay_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "replay_seconds",
+            "Seconds the startup replay took",
+            replay_seconds.clone(),
+        );
+        let brain_calls = Family::<Labels, Counter>::default();
+        registry.register(
+            "brain_calls",
+            "Brain calls, by outcome",
+            brain_calls.clone(),
+        );
+        let mirror_entries = Family::<Labels, Gauge>::default();
+        registry.register(
+            "mirror_entries",
+            "Entries in the mirror, by what is counted",
+            mirror_entries.clone(),
+        );
+        Metrics {
+            registry,
+            ops_appended,
+            batch_ops,
+            fsync_seconds,
+            request_seconds,
+            replay_seconds,
+            brain_calls,
+            mirror_entries,
+        }
+    }
+
+    /// Sets the mirror gauges from `mirror`.
+    pub fn observe_mirror(&self, mirror: &Mirror) {
+        let counts = [
+            ("moments_live", mirror.live_moments),
+            ("moments_deleted", mirror.deleted_moments()),
+            ("requests", mirror.requests.len()),
+            ("media", mirror.media.len()),
+            ("turns", mirror.turns.len()),
+            ("marks", mirror.marks.len()),
+            ("messages", mirror.messages.len()),
+            ("jobs", mirror.jobs.len()),
+            ("recalls", mirror.recalls.len()),
+        ];
+        for (what, n) in counts {
+            self.mirror_entries
+                .get_or_create(&vec![("what".to_owned(), what.to_owned())])
+                // Cast: entry counts are far below i64::MAX.
+                .set(n as i64);
+        }
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        if encode(&mut text, &self.registry).is_err() {
+            text.push_str("# metrics could not be encoded\n");
+        }
+        text
+    }
+}
+
+/// The process-wide metrics.
+pub fn get() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+/// A label set of one pair.
+pub fn label(key: &str, value: &str) -> Labels {
+    vec![(key.to_owned(), value.to_owned())]
+}
+
+/// The route template of a request path, for the request metrics: ULIDs and
+/// mark ids become `{id}`, so the label set stays small. Unknown paths are
+/// `other`.
+pub fn route_of(path: &str) -> String {
+    const KNOWN: &[&str] = &[
+        "/api/moments",
+        "/api/moments/{id}",
+        "/api/moments/{id}/turns",
+        "/api/media/{id}",
+        "/api/turns/{id}",
+        "/api/phrases",
+        "/api/phrases/{id}",
+        "/api/recall",
+        "/api/jobs",
+        "/api/messages",
+        "/api/events",
+        "/api/log/head",
+        "/api/openapi.json",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+    ];
+    let mut parts: Vec<&str> = path.split('/').collect();
+    for index in 0..parts.len() {
+        let after = index.checked_sub(1).and_then(|i| parts.get(i)).copied();
+        let is_id = parts[index].len() == crate::ids::ULID_LEN
+            && crate::ids::Id::parse(parts[index]).is_ok();
+        if is_id || (after == Some("phrases") && !parts[index].is_empty()) {
+            parts[index] = "{id}";
+        }
+    }
+    let template = parts.join("/");
+    if KNOWN.contains(&template.as_str()) {
+        template
+    } else {
+        "other".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_fold_ids() {
+        assert_eq!(
+            route_of("/api/moments/01M34QZRVNRE3CTR9Y63CF2TPZ/turns"),
+            "/api/moments/{id}/turns"
+        );
+        assert_eq!(
+            route_of("/api/phrases/keep:bitte%20nicht"),
+            "/api/phrases/{id}"
+        );
+        assert_eq!(route_of("/api/moments"), "/api/moments");
+        assert_eq!(route_of("/nope/x"), "other");
+    }
+}

@@ -1,0 +1,220 @@
+//! Access (SPEC section 9) and operations: bearer tokens naming devices,
+//! health and readiness, `token add`, `config print`, environment
+//! overrides, JSON logs, and the refusal to serve the network without a token.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use common::{settings, ulid, TestServer};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use spark_engine::config::TokenEntry;
+use spark_engine::op::Op;
+use spark_log_format::{LogReader, ScanOptions};
+
+const TOKEN: &str = "spk_test_token_for_phone_1";
+
+fn with_token(dir: &std::path::Path) -> spark_engine::Settings {
+    let mut s = settings(dir);
+    s.access.tokens.push(TokenEntry {
+        device: "phone-1".into(),
+        sha256: hex::encode(Sha256::digest(TOKEN.as_bytes())),
+    });
+    s
+}
+
+#[tokio::test]
+async fn every_route_but_health_needs_a_valid_token_and_ops_record_its_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(with_token(dir.path())).await;
+    let id = ulid();
+    let body = json!({"id": id, "client_request_id": "r1"});
+    for headers in [
+        vec![],
+        vec![("Authorization", "Bearer wrong")],
+        vec![("Authorization", "Basic abc")],
+    ] {
+        let (s, v, h) = server
+            .call("POST", "/api/moments", Some(body.clone()), &headers)
+            .await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (401, json!("unauthorized")),
+            "{headers:?}"
+        );
+        assert_eq!(h["content-type"], "application/problem+json");
+    }
+    for path in [
+        "/api/moments",
+        "/api/log/head",
+        "/api/phrases",
+        "/api/events",
+    ] {
+        let (s, _, _) = server.call("GET", path, None, &[]).await;
+        assert_eq!(s, 401, "{path}");
+    }
+    for path in ["/healthz", "/readyz"] {
+        let (s, v, _) = server.call("GET", path, None, &[]).await;
+        assert_eq!(s, 200, "{path}: {v}");
+    }
+    let auth = format!("Bearer {TOKEN}");
+    let (s, _, _) = server
+        .call(
+            "POST",
+            "/api/moments",
+            Some(body),
+            &[("Authorization", &auth)],
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (s, _, _) = server
+        .call(
+            "GET",
+            &format!("/api/moments/{id}"),
+            None,
+            &[("Authorization", &auth)],
+        )
+        .await;
+    assert_eq!(s, 200);
+    server.stop().await;
+    let reader = LogReader::open(&dir.path().join("log")).unwrap();
+    let mut devices = Vec::new();
+    reader
+        .scan(ScanOptions::default(), |_, r| {
+            devices.push(Op::decode(&r).unwrap().body.device().to_owned());
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(
+        devices,
+        vec!["phone-1"],
+        "nothing written for refused requests; the op names the device"
+    );
+}
+
+#[tokio::test]
+async fn listening_beyond_loopback_needs_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut open = settings(dir.path());
+    open.listen = "0.0.0.0:0".parse().unwrap();
+    let error = spark_engine::server::start(open)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("no access token"), "{error}");
+    let mut guarded = with_token(dir.path());
+    guarded.listen = "0.0.0.0:0".parse().unwrap();
+    let running = spark_engine::server::start_with(
+        guarded,
+        Arc::new(spark_log_format::OsFs),
+        Arc::new(spark_engine::clock::SystemClock),
+    )
+    .await
+    .expect("starts with a token");
+    running.shutdown().await;
+}
+
+fn engine(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn token_add_config_print_and_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("spark.toml");
+    std::fs::write(&config, "[limits]\njson_body_limit_bytes = 1000\n").unwrap();
+    let (code, token, err) = engine(
+        &[
+            "token",
+            "add",
+            "phone-2",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let token = token.trim();
+    assert!(token.starts_with("spk_") && token.len() > 40);
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(!text.contains(token), "the token itself is never stored");
+    assert!(text.contains(&hex::encode(Sha256::digest(token.as_bytes()))));
+    assert!(
+        text.contains("json_body_limit_bytes = 1000"),
+        "the file keeps its settings"
+    );
+
+    let (code, printed, err) = engine(
+        &["config", "print", "--config", config.to_str().unwrap()],
+        &[("SPARK_LOG_GROUP_COMMIT_MAX_OPS", "7")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        printed.contains("json_body_limit_bytes = 1000"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("group_commit_max_ops = 7"),
+        "environment overrides: {printed}"
+    );
+    assert!(
+        printed.contains("device = \"phone-2\"") && printed.contains("<hidden>"),
+        "{printed}"
+    );
+    assert!(!printed.contains(&hex::encode(Sha256::digest(token.as_bytes()))));
+
+    std::fs::write(&config, "[limits]\njson_body_limit = 5\n").unwrap();
+    let (code, _, err) = engine(
+        &["config", "print", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("json_body_limit"),
+        "unknown keys are named: {err}"
+    );
+}
+
+#[test]
+fn json_logs_for_machines() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
+        .args(["--log-format", "json", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.contains("listening on http://127.0.0.1:"), "{line}");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let logs = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = logs.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(v.get("level").is_some(), "{l}");
+    }
+}
