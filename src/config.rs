@@ -102,6 +102,23 @@ pub struct Limits {
     pub list_limit_default: usize,
     /// Largest page size; larger `limit` values are clamped. Default 1,000.
     pub list_limit_max: usize,
+    /// Most open client connections; the listener stops accepting while
+    /// this many are open and resumes as they close (further clients wait
+    /// in the kernel's backlog). Default 1,024.
+    pub connections_max: usize,
+    /// Longest wait for a request's head (line and headers), in
+    /// milliseconds, on a new connection and between requests on a
+    /// kept-alive one; past it the connection is closed. Default 10,000.
+    pub header_read_timeout_ms: u64,
+    /// Longest time from a request's head to the head of its answer, in
+    /// milliseconds, body upload included (so a 32 MiB original needs
+    /// about 0.9 Mbit/s at the default). Past it the answer is `408
+    /// request_timeout` if the body was still arriving, else `503 timeout`;
+    /// a write already handed to the engine still commits, and a retry
+    /// with the same identity gets it. Streams (`/api/events`) are timed
+    /// to their head only. Must exceed `brains.turn_wait_max_s`.
+    /// Default 300,000 (5 minutes).
+    pub request_timeout_ms: u64,
 }
 
 /// The log: segment roll and group commit.
@@ -146,6 +163,9 @@ impl Default for Limits {
             message_body_limit_chars: 4000,
             list_limit_default: 100,
             list_limit_max: 1000,
+            connections_max: 1024,
+            header_read_timeout_ms: 10_000,
+            request_timeout_ms: 300_000,
         }
     }
 }
@@ -291,6 +311,18 @@ impl Settings {
         }
         if self.limits.list_limit_max == 0 || self.limits.list_limit_default == 0 {
             return invalid("limits.list_limit_*", "must be above 0");
+        }
+        if self.limits.connections_max == 0 {
+            return invalid("limits.connections_max", "must be above 0");
+        }
+        if self.limits.header_read_timeout_ms == 0 {
+            return invalid("limits.header_read_timeout_ms", "must be above 0");
+        }
+        if self.limits.request_timeout_ms <= self.brains.turn_wait_max_s.saturating_mul(1000) {
+            return invalid(
+                "limits.request_timeout_ms",
+                "must be above brains.turn_wait_max_s (a long poll must end before it)",
+            );
         }
         if self.log.segment_size_bytes < 4096 {
             return invalid("log.segment_size_bytes", "must be at least 4096");

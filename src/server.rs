@@ -179,12 +179,11 @@ pub async fn start_with_brains(
         shutdown,
     });
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = warp::serve(routes(state))
-        .incoming(listener)
-        .graceful(async move {
-            let _ = stopped.await;
-        });
-    let task = tokio::spawn(server.run());
+    let limits = state.settings.limits.clone();
+    let service = hyper_util::service::TowerToHyperService::new(warp::service(routes(state)));
+    let task = tokio::spawn(serve(listener, service, limits, async move {
+        let _ = stopped.await;
+    }));
     Ok(RunningServer {
         addr,
         engine,
@@ -216,4 +215,73 @@ pub async fn shutdown_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// The accept loop: at most `limits.connections_max` connections open at
+/// once (the listener pauses while that many are, so further clients wait
+/// in the kernel's backlog), `limits.header_read_timeout_ms` for each
+/// request head, and a graceful stop: once `stop` resolves no connection
+/// is accepted, and the call returns when the open ones have finished
+/// their requests in flight.
+async fn serve<S>(
+    listener: tokio::net::TcpListener,
+    service: S,
+    limits: crate::config::Limits,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) where
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = warp::reply::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections_max));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let header_read_timeout = Duration::from_millis(limits.header_read_timeout_ms);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            () = &mut stop => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, then go on.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = service.clone();
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_read_timeout);
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }

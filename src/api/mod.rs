@@ -21,7 +21,9 @@ pub mod turns;
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt, TryStreamExt};
@@ -275,9 +277,55 @@ where
     F: FnOnce(Arc<AppState>, Request) -> Fut,
     Fut: std::future::Future<Output = Result<Response, ApiError>>,
 {
-    match authorize(&state, &mut req) {
-        Ok(()) => into_response(handler(state, req).await),
-        Err(e) => e.into_response(),
+    if let Err(e) = authorize(&state, &mut req) {
+        return e.into_response();
+    }
+    let limit = Duration::from_millis(state.settings.limits.request_timeout_ms);
+    // Whether the body has been read to its end, to tell a slow client
+    // (408) from a slow answer (503) when the time runs out.
+    let has_body = req.headers.contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0");
+    let body_done = Arc::new(AtomicBool::new(!has_body));
+    let flag = Arc::clone(&body_done);
+    let body = std::mem::replace(&mut req.body, Box::pin(futures_util::stream::empty()));
+    req.body = Box::pin(body.chain(futures_util::stream::poll_fn(move |_| {
+        flag.store(true, Ordering::Release);
+        std::task::Poll::Ready(None)
+    })));
+    match tokio::time::timeout(limit, handler(state, req)).await {
+        Ok(result) => into_response(result),
+        Err(_) => timed_out(limit, body_done.load(Ordering::Acquire)).into_response(),
+    }
+}
+
+/// The answer when `limits.request_timeout_ms` runs out: `408
+/// request_timeout` while the body was still arriving, else `503 timeout`
+/// (the client's retry rules, SPEC section 6, wait and retry either way).
+fn timed_out(limit: Duration, body_done: bool) -> ApiError {
+    if body_done {
+        let mut error = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            format!(
+                "no answer within {} ms; a write already accepted still commits, retry with the same ids",
+                limit.as_millis()
+            ),
+        );
+        error.retry_after_s = Some(1);
+        error
+    } else {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request was not received within {} ms",
+                limit.as_millis()
+            ),
+        )
     }
 }
 

@@ -1,0 +1,175 @@
+//! Connection hygiene (issue 8): the connection limit, the request-head
+//! timeout and the request timeout, against a live server over raw TCP so
+//! that a client can be made as slow or as greedy as a bad one is.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{log_records, settings, ulid, TestServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads one HTTP/1.1 answer (head and a `Content-Length` body) and returns
+/// its status and body text; `None` when the connection closes first.
+async fn read_answer(stream: &mut TcpStream) -> Option<(u16, String)> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).to_string();
+            let status: u16 = head.split(' ').nth(1)?.parse().ok()?;
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            while buffer.len() < end + 4 + length {
+                let n = stream.read(&mut chunk).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+            }
+            let body = String::from_utf8_lossy(&buffer[end + 4..end + 4 + length]).to_string();
+            return Some((status, body));
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn get_head(stream: &mut TcpStream) -> Option<(u16, String)> {
+    stream
+        .write_all(b"GET /api/log/head HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .ok()?;
+    read_answer(stream).await
+}
+
+#[tokio::test]
+async fn the_listener_pauses_at_the_connection_limit_and_resumes_when_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.connections_max = 2;
+    let server = TestServer::start_with(s).await;
+    let addr = server.running.addr;
+
+    let mut first = TcpStream::connect(addr).await.unwrap();
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(get_head(&mut first).await.unwrap().0, 200);
+    assert_eq!(get_head(&mut second).await.unwrap().0, 200);
+
+    // The third connects (the kernel's backlog takes it) but is not served
+    // while two are open.
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    let waiting = tokio::time::timeout(Duration::from_millis(700), get_head(&mut third)).await;
+    assert!(
+        waiting.is_err(),
+        "a third connection was served over the limit of 2"
+    );
+
+    // One closes: the third is accepted and its request (already sent) is
+    // answered.
+    drop(first);
+    let answer = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut third))
+        .await
+        .expect("served once a slot frees");
+    assert_eq!(answer.unwrap().0, 200);
+    // The kept-alive second connection still works.
+    assert_eq!(get_head(&mut second).await.unwrap().0, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_head_that_never_ends_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.header_read_timeout_ms = 300;
+    let server = TestServer::start_with(s).await;
+
+    let mut slow = TcpStream::connect(server.running.addr).await.unwrap();
+    slow.write_all(b"GET /api/log/head HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // The server closes it (perhaps after a 408); it does not wait forever.
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection was held open");
+    assert!(started.elapsed() >= Duration::from_millis(200));
+
+    // A prompt client on another connection is served as usual.
+    let mut prompt = TcpStream::connect(server.running.addr).await.unwrap();
+    assert_eq!(get_head(&mut prompt).await.unwrap().0, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_gets_408_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.request_timeout_ms = 400;
+    s.brains.turn_wait_max_s = 0;
+    let server = TestServer::start_with(s).await;
+    let before = log_records(dir.path()).len();
+
+    let body = format!(r#"{{"id":"{}","client_request_id":"stall-1"}}"#, ulid());
+    let mut stream = TcpStream::connect(server.running.addr).await.unwrap();
+    let head = format!(
+        "POST /api/moments HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // Half the body, then nothing.
+    stream
+        .write_all(&body.as_bytes()[..body.len() / 2])
+        .await
+        .unwrap();
+    let (status, text) = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut stream))
+        .await
+        .expect("answered within the timeout")
+        .expect("an answer, not a bare close");
+    assert_eq!(status, 408, "{text}");
+    let problem: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(problem["code"], "request_timeout");
+    assert_eq!(
+        log_records(dir.path()).len(),
+        before,
+        "a stalled body wrote"
+    );
+
+    // The same create sent whole is answered 201 on a new connection.
+    let (status, _) = server
+        .post(
+            "/api/moments",
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 201);
+    server.stop().await;
+}
+
+#[test]
+fn the_request_timeout_must_outlast_the_longest_long_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.brains.turn_wait_max_s = 60;
+    s.limits.request_timeout_ms = 60_000;
+    let error = s.validate().unwrap_err().to_string();
+    assert!(error.contains("limits.request_timeout_ms"), "{error}");
+    s.limits.request_timeout_ms = 61_000;
+    s.validate().unwrap();
+    s.limits.connections_max = 0;
+    assert!(s
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("connections_max"));
+}
