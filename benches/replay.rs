@@ -17,6 +17,10 @@ use spark_engine::op::{MomentCreate, OpBody};
 use spark_engine::{Engine, Id};
 use spark_log_format::{Log, LogConfig, LogReader, OsFs, RecordIn, ScanOptions};
 
+/// The same allocator as the server (mimalloc; see `src/main.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn ops_wanted() -> u64 {
     std::env::var("SPARK_BENCH_REPLAY_OPS")
         .ok()

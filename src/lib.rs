@@ -40,6 +40,7 @@ pub mod metrics;
 pub mod mirror;
 pub mod op;
 pub mod server;
+pub mod synth;
 pub mod time;
 pub mod turns;
 

@@ -9,6 +9,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+/// The mirror's hash maps: hashbrown's std map with foldhash, a fast hash
+/// seeded at random per map (so request ids chosen by clients cannot be
+/// picked to collide). SipHash, std's default, was the largest item in the
+/// replay profile (issue 7).
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 use serde::Serialize;
 
 use crate::ids::Id;
@@ -243,21 +249,21 @@ pub struct Mirror {
     /// paged list walks it directly).
     pub moments: BTreeMap<Id, Moment>,
     /// The request index: request id -> what its first op produced.
-    pub requests: HashMap<String, RequestRow>,
+    pub requests: FastMap<Box<str>, RequestRow>,
     /// Every stored blob, by media id.
-    pub media: HashMap<Id, Media>,
+    pub media: FastMap<Id, Media>,
     /// Every turn, by turn id.
-    pub turns: HashMap<Id, Turn>,
+    pub turns: FastMap<Id, Turn>,
     /// Every mark ever kept, active or dropped, by mark id.
     pub marks: BTreeMap<String, Mark>,
     /// Every job, by job id.
-    pub jobs: HashMap<String, Job>,
+    pub jobs: FastMap<String, Job>,
     /// Every quick-recall session, by recall id.
-    pub recalls: HashMap<String, Recall>,
+    pub recalls: FastMap<String, Recall>,
     /// Every message, by id.
-    pub messages: HashMap<Id, Message>,
+    pub messages: FastMap<Id, Message>,
     /// The message ids of each thread, in id order.
-    pub threads: HashMap<Id, std::collections::BTreeSet<Id>>,
+    pub threads: FastMap<Id, std::collections::BTreeSet<Id>>,
     /// Number of moments that are not deleted.
     pub live_moments: usize,
 }
@@ -270,33 +276,49 @@ impl Mirror {
 
     /// THE fold: applies one op. Ops must come in seq order, each exactly
     /// once. On error the mirror is unchanged.
-    pub fn apply(&mut self, op: &Op) -> Result<(), FoldError> {
+    ///
+    /// Takes the op by value: its strings move into the mirror, so startup
+    /// replay allocates each of them once (at decode) and never copies.
+    pub fn apply(&mut self, op: Op) -> Result<(), FoldError> {
         if op.seq != self.seq + 1 {
             return Err(FoldError::OutOfOrder {
                 mirror_seq: self.seq,
                 found: op.seq,
             });
         }
-        match &op.body {
+        let Op {
+            seq,
+            ts_ms,
+            mut body,
+        } = op;
+        let at = At {
+            seq,
+            kind: body.kind(),
+        };
+        // The request index row, decided before the payload moves.
+        let request_id = body.take_request_id();
+        let request_row = request_id.as_ref().map(|_| RequestRow {
+            seq,
+            kind: at.kind,
+            entity: body.entity(),
+        });
+        match body {
             OpBody::MomentCreate(p) => {
                 if self.moments.contains_key(&p.id) {
-                    return Err(FoldError::AlreadyExists {
-                        seq: op.seq,
-                        id: p.id,
-                    });
+                    return Err(FoldError::AlreadyExists { seq, id: p.id });
                 }
                 self.moments.insert(
                     p.id,
                     Moment {
                         id: p.id,
-                        text: p.text.clone(),
-                        caption: p.caption.clone(),
-                        lang: p.lang.clone(),
+                        text: p.text,
+                        caption: p.caption,
+                        lang: p.lang,
                         captured_at_ms: p.captured_at_ms,
-                        created_at_ms: op.ts_ms,
+                        created_at_ms: ts_ms,
                         version: 1,
                         deleted: false,
-                        last_seq: op.seq,
+                        last_seq: seq,
                         media: Vec::new(),
                         turns: Vec::new(),
                     },
@@ -304,36 +326,32 @@ impl Mirror {
                 self.live_moments += 1;
             }
             OpBody::MomentEdit(p) => {
-                let moment = live_moment(&mut self.moments, op, p.id)?;
-                if let Some(text) = &p.text {
-                    moment.text = text.clone();
+                let moment = live_moment(&mut self.moments, at, p.id)?;
+                if let Some(text) = p.text {
+                    moment.text = text;
                 }
-                if let Some(caption) = &p.caption {
-                    moment.caption = caption.clone();
+                if let Some(caption) = p.caption {
+                    moment.caption = caption;
                 }
-                if let Some(lang) = &p.lang {
-                    moment.lang = lang.clone();
+                if let Some(lang) = p.lang {
+                    moment.lang = lang;
                 }
                 moment.version += 1;
-                moment.last_seq = op.seq;
+                moment.last_seq = seq;
             }
             OpBody::MomentDelete(p) => {
-                let moment = live_moment(&mut self.moments, op, p.id)?;
+                let moment = live_moment(&mut self.moments, at, p.id)?;
                 moment.deleted = true;
                 moment.version += 1;
-                moment.last_seq = op.seq;
+                moment.last_seq = seq;
                 self.live_moments -= 1;
             }
             OpBody::MediaPut(p) => {
-                let conflict = |why: String| FoldError::MediaConflict {
-                    seq: op.seq,
-                    id: p.id,
-                    why,
-                };
+                let conflict = |why: String| FoldError::MediaConflict { seq, id: p.id, why };
                 if self.media.contains_key(&p.id) {
                     return Err(conflict("the media id exists".into()));
                 }
-                let moment = live_moment(&mut self.moments, op, p.moment_id)?;
+                let moment = live_moment(&mut self.moments, at, p.moment_id)?;
                 if let Some(other) = moment
                     .media
                     .iter()
@@ -346,7 +364,7 @@ impl Mirror {
                 }
                 moment.media.push(p.id);
                 moment.version += 1;
-                moment.last_seq = op.seq;
+                moment.last_seq = seq;
                 self.media.insert(
                     p.id,
                     Media {
@@ -355,100 +373,89 @@ impl Mirror {
                         role: p.role,
                         sha256: p.sha256,
                         size_bytes: p.size_bytes,
-                        content_type: p.content_type.clone(),
-                        seq: op.seq,
+                        content_type: p.content_type,
+                        seq,
                     },
                 );
             }
             OpBody::TurnStart(p) => {
-                let refused = |why| refuse(op, Entity::Id(p.id), why);
                 if self.turns.contains_key(&p.id) {
-                    return Err(refused("the turn id exists"));
+                    return Err(refuse(at, Entity::Id(p.id), "the turn id exists"));
                 }
-                let moment = live_moment(&mut self.moments, op, p.moment_id)?;
+                let moment = live_moment(&mut self.moments, at, p.moment_id)?;
                 moment.turns.push(p.id);
                 moment.version += 1;
-                moment.last_seq = op.seq;
+                moment.last_seq = seq;
                 self.turns.insert(
                     p.id,
                     Turn {
                         id: p.id,
                         moment_id: p.moment_id,
-                        seat: p.seat.clone(),
+                        seat: p.seat,
                         mode: p.mode,
-                        request_id: p.request_id.clone(),
+                        request_id: p.request_id,
                         status: TurnStatus::Running,
-                        seq: op.seq,
+                        seq,
                     },
                 );
             }
             OpBody::TurnFinish(p) => {
-                let turn = running_turn(&mut self.turns, op, p.id)?;
+                let turn = running_turn(&mut self.turns, at, p.id)?;
                 turn.status = TurnStatus::Done {
-                    answer: p.answer.clone(),
-                    adapter: p.adapter.clone(),
-                    source: p.source.clone(),
+                    answer: p.answer,
+                    adapter: p.adapter,
+                    source: p.source,
                     elapsed_ms: p.elapsed_ms,
                 };
             }
             OpBody::TurnFail(p) => {
-                let turn = running_turn(&mut self.turns, op, p.id)?;
+                let turn = running_turn(&mut self.turns, at, p.id)?;
                 turn.status = TurnStatus::Failed {
-                    error: p.error.clone(),
+                    error: p.error,
                     elapsed_ms: p.elapsed_ms,
                 };
             }
             OpBody::MarkKeep(p) => {
                 if self.marks.get(&p.id).is_some_and(|m| m.active) {
-                    return Err(refuse(op, Entity::Name(p.id.clone()), "the mark is active"));
+                    return Err(refuse(at, Entity::Name(p.id), "the mark is active"));
                 }
                 self.marks.insert(
                     p.id.clone(),
                     Mark {
-                        id: p.id.clone(),
-                        phrase: p.phrase.clone(),
+                        id: p.id,
+                        phrase: p.phrase,
                         active: true,
                         moment_id: p.moment_id,
-                        kept_seq: op.seq,
+                        kept_seq: seq,
                     },
                 );
             }
             OpBody::MarkDrop(p) => match self.marks.get_mut(&p.id) {
                 Some(mark) if mark.active => mark.active = false,
-                _ => {
-                    return Err(refuse(
-                        op,
-                        Entity::Name(p.id.clone()),
-                        "the mark is not active",
-                    ))
-                }
+                _ => return Err(refuse(at, Entity::Name(p.id), "the mark is not active")),
             },
             OpBody::JobStart(p) => {
                 if self.jobs.contains_key(&p.job_id) {
-                    return Err(refuse(
-                        op,
-                        Entity::Name(p.job_id.clone()),
-                        "the job id exists",
-                    ));
+                    return Err(refuse(at, Entity::Name(p.job_id), "the job id exists"));
                 }
-                live_moment(&mut self.moments, op, p.moment_id)?;
+                live_moment(&mut self.moments, at, p.moment_id)?;
                 self.jobs.insert(
                     p.job_id.clone(),
                     Job {
-                        job_id: p.job_id.clone(),
+                        job_id: p.job_id,
                         moment_id: p.moment_id,
-                        seats: p.seats.clone(),
-                        seq: op.seq,
+                        seats: p.seats,
+                        seq,
                     },
                 );
             }
             OpBody::MessagePost(p) => {
                 if self.messages.contains_key(&p.id) {
-                    return Err(refuse(op, Entity::Id(p.id), "the message id exists"));
+                    return Err(refuse(at, Entity::Id(p.id), "the message id exists"));
                 }
                 if self.moment(p.thread_id).is_none() {
                     return Err(refuse(
-                        op,
+                        at,
                         Entity::Id(p.id),
                         "the thread's moment does not exist",
                     ));
@@ -459,44 +466,36 @@ impl Mirror {
                     Message {
                         id: p.id,
                         thread_id: p.thread_id,
-                        body: p.body.clone(),
-                        ts_ms: op.ts_ms,
-                        seq: op.seq,
+                        body: p.body,
+                        ts_ms,
+                        seq,
                     },
                 );
             }
             OpBody::RecallStart(p) => {
                 if self.recalls.contains_key(&p.id) {
-                    return Err(refuse(
-                        op,
-                        Entity::Name(p.id.clone()),
-                        "the recall id exists",
-                    ));
+                    return Err(refuse(at, Entity::Name(p.id), "the recall id exists"));
                 }
                 self.recalls.insert(
                     p.id.clone(),
                     Recall {
-                        id: p.id.clone(),
+                        id: p.id,
                         moment_id: p.moment_id,
                         turn_id: p.turn_id,
-                        marks: p.marks.clone(),
-                        seq: op.seq,
+                        marks: p.marks,
+                        seq,
                     },
                 );
             }
         }
-        if let Some(request_id) = op.body.request_id() {
+        if let (Some(request_id), Some(row)) = (request_id, request_row) {
             // First producer wins forever (INSERT OR IGNORE).
             self.requests
-                .entry(request_id.to_owned())
-                .or_insert(RequestRow {
-                    seq: op.seq,
-                    kind: op.body.kind(),
-                    entity: op.body.entity(),
-                });
+                .entry(request_id.into_boxed_str())
+                .or_insert(row);
         }
-        self.seq = op.seq;
-        self.ts_ms = op.ts_ms;
+        self.seq = seq;
+        self.ts_ms = ts_ms;
         Ok(())
     }
 
@@ -546,7 +545,7 @@ impl Mirror {
         for moment in self.moments.values() {
             feed(moment);
         }
-        let mut requests: Vec<(&String, &RequestRow)> = self.requests.iter().collect();
+        let mut requests: Vec<(&Box<str>, &RequestRow)> = self.requests.iter().collect();
         requests.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (request_id, row) in requests {
             feed(&(request_id, row.seq, row.kind.code(), row.entity.to_string()));
@@ -574,7 +573,7 @@ impl Mirror {
 }
 
 /// The values of a map in key order.
-fn sorted<K: Ord, V>(map: &HashMap<K, V>) -> Vec<&V> {
+fn sorted<K: Ord, V>(map: &FastMap<K, V>) -> Vec<&V> {
     let mut entries: Vec<(&K, &V)> = map.iter().collect();
     entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
     entries.into_iter().map(|(_, v)| v).collect()
@@ -595,35 +594,42 @@ mod erased {
     }
 }
 
-fn refuse(op: &Op, entity: Entity, why: &'static str) -> FoldError {
+/// Where the fold is: the op's seq and kind, for its errors.
+#[derive(Clone, Copy)]
+struct At {
+    seq: u64,
+    kind: OpKind,
+}
+
+fn refuse(at: At, entity: Entity, why: &'static str) -> FoldError {
     FoldError::Refused {
-        seq: op.seq,
-        kind: op.body.kind().name(),
+        seq: at.seq,
+        kind: at.kind.name(),
         entity: entity.to_string(),
         why,
     }
 }
 
 fn running_turn<'a>(
-    turns: &'a mut HashMap<Id, Turn>,
-    op: &Op,
+    turns: &'a mut FastMap<Id, Turn>,
+    at: At,
     id: Id,
 ) -> Result<&'a mut Turn, FoldError> {
     match turns.get_mut(&id) {
         Some(turn) if turn.status == TurnStatus::Running => Ok(turn),
-        Some(_) => Err(refuse(op, Entity::Id(id), "the turn already ended")),
-        None => Err(refuse(op, Entity::Id(id), "no such turn")),
+        Some(_) => Err(refuse(at, Entity::Id(id), "the turn already ended")),
+        None => Err(refuse(at, Entity::Id(id), "no such turn")),
     }
 }
 
 fn live_moment<'a>(
     moments: &'a mut BTreeMap<Id, Moment>,
-    op: &Op,
+    at: At,
     id: Id,
 ) -> Result<&'a mut Moment, FoldError> {
     let not_live = |state| FoldError::NotLive {
-        seq: op.seq,
-        kind: op.body.kind().name(),
+        seq: at.seq,
+        kind: at.kind.name(),
         id,
         state,
     };

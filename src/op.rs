@@ -481,6 +481,27 @@ impl OpBody {
         }
     }
 
+    /// Takes the request id out of the payload (leaving `None` where the
+    /// payload holds an `Option`), for the fold, which keeps it in the
+    /// request index without copying it. A job's request id is its
+    /// `job_id`, which stays in place: that one is copied.
+    pub fn take_request_id(&mut self) -> Option<String> {
+        match self {
+            OpBody::MomentCreate(p) => p.request_id.take(),
+            OpBody::MomentEdit(p) => p.request_id.take(),
+            OpBody::MomentDelete(p) => p.request_id.take(),
+            OpBody::TurnStart(p) => p.request_id.clone(),
+            OpBody::JobStart(p) => Some(p.job_id.clone()),
+            OpBody::MediaPut(_)
+            | OpBody::TurnFinish(_)
+            | OpBody::TurnFail(_)
+            | OpBody::MarkKeep(_)
+            | OpBody::MarkDrop(_)
+            | OpBody::RecallStart(_)
+            | OpBody::MessagePost(_) => None,
+        }
+    }
+
     /// The device that caused the op.
     pub fn device(&self) -> &str {
         match self {

@@ -177,7 +177,7 @@ fn check(data: &std::path::Path, ledger: &Ledger) -> u64 {
             let moment = mirror
                 .moment(spark_engine::Id::parse(id).unwrap())
                 .unwrap_or_else(|| panic!("acknowledged create of {id} lost"));
-            let row = &mirror.requests[rid];
+            let row = &mirror.requests[rid.as_str()];
             assert_eq!(
                 row.entity.to_string(),
                 *id,

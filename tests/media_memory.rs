@@ -85,8 +85,12 @@ fn a_30_mib_upload_and_download_keep_memory_bounded() {
          {after_download_kib} KiB after downloading it"
     );
     // Holding the upload would add 30 MiB; streaming adds buffers only.
+    // The bound is 20 MiB: the server runs on mimalloc (issue 7), whose
+    // per-thread heaps (tokio workers and the blocking pool that writes the
+    // blob) each touch their own pages, about 12.5 MiB of peak here against
+    // 1.2 MiB with glibc's malloc.
     assert!(
-        after_download_kib - before_kib < 12 * 1024,
+        after_download_kib - before_kib < 20 * 1024,
         "peak RSS grew by {} KiB",
         after_download_kib - before_kib
     );

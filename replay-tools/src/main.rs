@@ -1,12 +1,14 @@
 //! `spark-replay`: verify, dump, rebuild, audit and count a Spark data
 //! directory offline (SPEC section 7).
 //!
-//! Every subcommand is read-only, takes `--data DIR` (default
-//! `./spark-data`) and works beside a running server: it takes no lock and
-//! reads up to the last whole record. Ops are decoded and folded with the
+//! Every subcommand but `generate` is read-only, takes `--data DIR`
+//! (default `./spark-data`) and works beside a running server: it takes no
+//! lock and reads up to the last whole record. `generate` writes a
+//! synthetic log into a new data directory, for measurements. Ops are decoded and folded with the
 //! engine's own code ([`spark_engine::engine::replay_record`]), never a copy.
 
 mod audit;
+mod generate;
 mod media;
 mod progress;
 mod scan;
@@ -15,6 +17,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+
+/// The same allocator as the server (mimalloc; see `src/main.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Exit codes, as `--help` lists them.
 pub mod exit {
@@ -102,6 +108,18 @@ enum Cmd {
     /// duplicate content.
     #[command(subcommand, after_help = EXIT_CODES)]
     Audit(audit::AuditCmd),
+    /// Write a synthetic log of moment creates (about 200 bytes each) into a
+    /// new data directory, for measuring replay and startup (README
+    /// "Performance"). Refuses a directory that already holds a log. The
+    /// only subcommand that writes.
+    #[command(after_help = EXIT_CODES)]
+    Generate {
+        #[command(flatten)]
+        common: Common,
+        /// How many ops to write.
+        #[arg(long, default_value_t = 10_000_000)]
+        ops: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -114,6 +132,7 @@ fn main() -> ExitCode {
         }
         Cmd::Stats { common } => scan::stats(&common),
         Cmd::Audit(cmd) => audit::run(cmd),
+        Cmd::Generate { common, ops } => generate::run(&common, ops),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -96,7 +96,7 @@ fn decode(segment: &SegmentInfo, record: &RecordRef<'_>) -> Result<Op, Failure> 
     })
 }
 
-fn fold(mirror: &mut Mirror, segment: &SegmentInfo, record: &RecordRef<'_>) -> Result<Op, Failure> {
+fn fold(mirror: &mut Mirror, segment: &SegmentInfo, record: &RecordRef<'_>) -> Result<(), Failure> {
     replay_record(mirror, record).map_err(|e| {
         Failure::damage(format!(
             "segment {} at offset {}: {e}",
@@ -350,7 +350,7 @@ pub fn rebuild(common: &Common, at: Option<&str>, export: Option<&Path>) -> Outc
             .into_iter()
             .map(|(rid, row)| {
                 (
-                    rid.clone(),
+                    rid.to_string(),
                     json!({"seq": row.seq, "kind": row.kind.name(), "entity_id": row.entity.to_string()}),
                 )
             })

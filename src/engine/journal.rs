@@ -190,7 +190,7 @@ impl Journal {
                         .ops_appended
                         .get_or_create(&crate::metrics::label("kind", op.body.kind().name()))
                         .inc();
-                    if let Err(e) = mirror.apply(&op) {
+                    if let Err(e) = mirror.apply(op) {
                         // The sequencer decided an op the fold refuses: a bug.
                         // The op is durable but its effect is not published;
                         // restart replays it and reports the same refusal.

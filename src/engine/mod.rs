@@ -222,10 +222,9 @@ pub enum ReplayError {
 
 /// Decodes one record and applies it with the one fold: what startup replay
 /// and the offline tools do for every record.
-pub fn replay_record(mirror: &mut Mirror, record: &RecordRef<'_>) -> Result<Op, ReplayError> {
-    let op = Op::decode(record)?;
-    mirror.apply(&op)?;
-    Ok(op)
+pub fn replay_record(mirror: &mut Mirror, record: &RecordRef<'_>) -> Result<(), ReplayError> {
+    mirror.apply(Op::decode(record)?)?;
+    Ok(())
 }
 
 /// State shared between the writer thread and the readers.
@@ -310,7 +309,7 @@ impl Engine {
         let replay_started = std::time::Instant::now();
         let (log, recovery) = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
             at = (record.seq, record.offset);
-            replay_record(&mut mirror, &record).map(|_| ())
+            replay_record(&mut mirror, &record)
         })
         .map_err(|e| match e {
             OpenError::Log(e @ LogError::Corrupt { .. }) => {

@@ -810,7 +810,7 @@ fn decide_recall(mirror: &Mirror, c: StartRecall, mint: &mut dyn FnMut() -> Id) 
         Some(id) => id,
         None => loop {
             let id = mint().to_string();
-            if !mirror.recalls.contains_key(&id) && !mirror.requests.contains_key(&id) {
+            if !mirror.recalls.contains_key(&id) && !mirror.requests.contains_key(id.as_str()) {
                 break id;
             }
         },
@@ -824,7 +824,7 @@ fn decide_recall(mirror: &Mirror, c: StartRecall, mint: &mut dyn FnMut() -> Id) 
             if let Err(e) = known_request(mirror, Some(&recall_id), OpKind::RecallStart, None) {
                 return refuse(e);
             }
-            if mirror.requests.contains_key(&turn_request) {
+            if mirror.requests.contains_key(turn_request.as_str()) {
                 return refuse(EngineError::Conflict(format!(
                     "request id {turn_request:?} is already used"
                 )));
