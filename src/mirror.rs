@@ -247,7 +247,10 @@ pub struct Mirror {
     pub ts_ms: u64,
     /// Every moment ever created, tombstones included, in id order (so the
     /// paged list walks it directly).
-    pub moments: BTreeMap<Id, Moment>,
+    /// Boxed: appends in id order leave B-tree nodes about half full, and a
+    /// pointer per slot wastes far less than a whole moment per slot
+    /// (issue 7: about 160 bytes less per moment).
+    pub moments: BTreeMap<Id, Box<Moment>>,
     /// The request index: request id -> what its first op produced.
     pub requests: FastMap<Box<str>, RequestRow>,
     /// Every stored blob, by media id.
@@ -309,7 +312,7 @@ impl Mirror {
                 }
                 self.moments.insert(
                     p.id,
-                    Moment {
+                    Box::new(Moment {
                         id: p.id,
                         text: p.text,
                         caption: p.caption,
@@ -321,7 +324,7 @@ impl Mirror {
                         last_seq: seq,
                         media: Vec::new(),
                         turns: Vec::new(),
-                    },
+                    }),
                 );
                 self.live_moments += 1;
             }
@@ -501,7 +504,7 @@ impl Mirror {
 
     /// A moment by id, tombstones included.
     pub fn moment(&self, id: Id) -> Option<&Moment> {
-        self.moments.get(&id)
+        self.moments.get(&id).map(|m| &**m)
     }
 
     /// Up to `limit` live moments with ids above `after`, in id order, and
@@ -515,7 +518,7 @@ impl Mirror {
         let mut live = self
             .moments
             .range((start, Bound::Unbounded))
-            .map(|(_, m)| m)
+            .map(|(_, m)| &**m)
             .filter(|m| !m.deleted);
         let page: Vec<&Moment> = live.by_ref().take(limit).collect();
         let more = live.next().is_some();
@@ -623,7 +626,7 @@ fn running_turn<'a>(
 }
 
 fn live_moment<'a>(
-    moments: &'a mut BTreeMap<Id, Moment>,
+    moments: &'a mut BTreeMap<Id, Box<Moment>>,
     at: At,
     id: Id,
 ) -> Result<&'a mut Moment, FoldError> {
