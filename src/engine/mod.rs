@@ -304,30 +304,8 @@ impl Engine {
         clock: Arc<dyn Clock>,
     ) -> Result<Engine, EngineOpenError> {
         let lock = lock_data_dir(&settings.data_dir)?;
-        let mut mirror = Mirror::new();
-        let mut at = (0, 0);
         let replay_started = std::time::Instant::now();
-        let (log, recovery) = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
-            at = (record.seq, record.offset);
-            replay_record(&mut mirror, &record)
-        })
-        .map_err(|e| match e {
-            OpenError::Log(e @ LogError::Corrupt { .. }) => {
-                match spark_log_format::damage_report(
-                    &settings.log_dir(),
-                    settings.log.max_record_bytes,
-                ) {
-                    Ok(Some(report)) => EngineOpenError::Damaged(crate::damage::summary(&report)),
-                    _ => EngineOpenError::Log(e),
-                }
-            }
-            OpenError::Log(e) => EngineOpenError::Log(e),
-            OpenError::Visit(source) => EngineOpenError::Replay {
-                segment: segment_of(&settings.log_dir(), at.0),
-                offset: at.1,
-                source,
-            },
-        })?;
+        let (log, recovery, mirror) = replay_log(settings, fs)?;
         crate::metrics::get()
             .replay_seconds
             .set(replay_started.elapsed().as_secs_f64());
@@ -443,6 +421,106 @@ impl Engine {
 
 /// The name of the segment file that holds `seq`: the one with the largest
 /// first seq not above it (segment files are named by their first seq).
+/// Ops handed from the recovery thread to the fold thread at a time.
+const REPLAY_BATCH_OPS: usize = 4096;
+
+/// Batches in flight between the two threads (bounds the memory of ops
+/// decoded but not yet folded).
+const REPLAY_BATCHES_IN_FLIGHT: usize = 8;
+
+/// Why the recovery thread stopped visiting records.
+enum ReplayStop {
+    /// A record did not decode (at the visitor's position).
+    Decode(ReplayError),
+    /// The fold thread stopped (its error says where).
+    FoldStopped,
+}
+
+/// Startup replay on two threads (issue 7): this thread runs recovery
+/// (read, CRC, chain) and decodes each record into an op; a second thread
+/// applies the ops with the one fold, in seq order, batch by batch. The
+/// result is the same as folding inline: the first error in seq order wins
+/// (a fold error is always at a seq before anything recovery found later).
+/// One difference: recovery may finish its repairs of the last segment (cut
+/// a torn tail, keeping a copy) before a fold refusal earlier in the log is
+/// seen; those repairs are what any later start would do first.
+fn replay_log(
+    settings: &Settings,
+    fs: Arc<dyn Fs>,
+) -> Result<(Log, RecoveryReport, Mirror), EngineOpenError> {
+    let (batches, received) =
+        std::sync::mpsc::sync_channel::<Vec<(Op, u64)>>(REPLAY_BATCHES_IN_FLIGHT);
+    let fold = std::thread::Builder::new()
+        .name("spark-replay-fold".into())
+        .spawn(move || {
+            let mut mirror = Mirror::new();
+            for batch in received {
+                for (op, offset) in batch {
+                    let seq = op.seq;
+                    if let Err(e) = mirror.apply(op) {
+                        return Err((seq, offset, ReplayError::Fold(e)));
+                    }
+                }
+            }
+            Ok(mirror)
+        })
+        .map_err(|source| EngineOpenError::DataDir {
+            path: settings.data_dir.display().to_string(),
+            source,
+        })?;
+    let mut at = (0, 0);
+    let mut batch = Vec::with_capacity(REPLAY_BATCH_OPS);
+    let opened = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
+        at = (record.seq, record.offset);
+        let op = Op::decode(&record).map_err(|e| ReplayStop::Decode(e.into()))?;
+        batch.push((op, record.offset));
+        if batch.len() == REPLAY_BATCH_OPS {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(REPLAY_BATCH_OPS));
+            batches.send(full).map_err(|_| ReplayStop::FoldStopped)?;
+        }
+        Ok(())
+    });
+    if opened.is_ok() && !batch.is_empty() {
+        // A send fails only when the fold thread stopped: its error follows.
+        let _ = batches.send(batch);
+    }
+    drop(batches);
+    let folded = fold.join().map_err(|_| EngineOpenError::DataDir {
+        path: settings.data_dir.display().to_string(),
+        source: std::io::Error::other("the replay fold thread panicked"),
+    })?;
+    let replay_error = |seq: u64, offset: u64, source: ReplayError| EngineOpenError::Replay {
+        segment: segment_of(&settings.log_dir(), seq),
+        offset,
+        source,
+    };
+    // The fold's error is the earliest in seq order: report it first.
+    let mirror = match folded {
+        Ok(mirror) => mirror,
+        Err((seq, offset, source)) => return Err(replay_error(seq, offset, source)),
+    };
+    let (log, recovery) = opened.map_err(|e| match e {
+        OpenError::Log(e @ LogError::Corrupt { .. }) => {
+            match spark_log_format::damage_report(
+                &settings.log_dir(),
+                settings.log.max_record_bytes,
+            ) {
+                Ok(Some(report)) => EngineOpenError::Damaged(crate::damage::summary(&report)),
+                _ => EngineOpenError::Log(e),
+            }
+        }
+        OpenError::Log(e) => EngineOpenError::Log(e),
+        OpenError::Visit(ReplayStop::Decode(source)) => replay_error(at.0, at.1, source),
+        // The fold thread stopped without an error: cannot happen (it
+        // stops only on an error or when the sender is dropped).
+        OpenError::Visit(ReplayStop::FoldStopped) => EngineOpenError::DataDir {
+            path: settings.data_dir.display().to_string(),
+            source: std::io::Error::other("the replay fold thread stopped early"),
+        },
+    })?;
+    Ok((log, recovery, mirror))
+}
+
 fn segment_of(log_dir: &Path, seq: u64) -> String {
     std::fs::read_dir(log_dir)
         .into_iter()
