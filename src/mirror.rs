@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 use serde::Serialize;
+use thin_vec::ThinVec;
 
 use crate::ids::Id;
 use crate::op::{Entity, MediaRole, Op, OpBody, OpKind, Sha256, TurnMode};
@@ -42,9 +43,11 @@ pub struct Moment {
     /// Seq of the last op applied to this moment.
     pub last_seq: u64,
     /// Ids of the moment's media, in upload order (at most one per role).
-    pub media: Vec<Id>,
-    /// Ids of the moment's turns, in start order.
-    pub turns: Vec<Id>,
+    /// A `ThinVec` (one pointer, no allocation while empty): most moments
+    /// in a big mirror hold few, and every byte here is paid per moment.
+    pub media: ThinVec<Id>,
+    /// Ids of the moment's turns, in start order (a `ThinVec`, as `media`).
+    pub turns: ThinVec<Id>,
 }
 
 /// One stored blob as the mirror holds it (from its `media.put`).
@@ -322,8 +325,8 @@ impl Mirror {
                         version: 1,
                         deleted: false,
                         last_seq: seq,
-                        media: Vec::new(),
-                        turns: Vec::new(),
+                        media: ThinVec::new(),
+                        turns: ThinVec::new(),
                     }),
                 );
                 self.live_moments += 1;
@@ -705,7 +708,7 @@ impl Mirror {
                 .filter_map(|id| self.media.get(id))
                 .map(|m| self.media_view(m))
                 .collect(),
-            turns: moment.turns.clone(),
+            turns: moment.turns.to_vec(),
         }
     }
 
