@@ -511,9 +511,9 @@ fn check_if_match(moment: &Moment, if_match: Option<u32>) -> Result<(), EngineEr
 }
 
 /// The change of one field: `None` when the edit leaves it as it is.
-fn field_change(current: &Option<String>, wanted: FieldChange) -> FieldChange {
+fn field_change(current: &Option<Box<str>>, wanted: FieldChange) -> FieldChange {
     match wanted {
-        Some(value) if value != *current => Some(value),
+        Some(value) if value.as_deref() != current.as_deref() => Some(value),
         _ => None,
     }
 }
