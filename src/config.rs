@@ -35,7 +35,10 @@ pub struct Settings {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessSettings {
-    /// The tokens (`spark-engine token add DEVICE` makes one).
+    /// The tokens (`spark-engine token add DEVICE` makes one). Left out
+    /// of `config print` when empty, so that its output stays a file that
+    /// `token add` can append `[[access.tokens]]` to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tokens: Vec<TokenEntry>,
 }
 
@@ -311,6 +314,15 @@ impl Settings {
         }
         if self.limits.list_limit_max == 0 || self.limits.list_limit_default == 0 {
             return invalid("limits.list_limit_*", "must be above 0");
+        }
+        if self.limits.list_limit_default > self.limits.list_limit_max {
+            return invalid(
+                "limits.list_limit_default",
+                "must not be above limits.list_limit_max",
+            );
+        }
+        if self.limits.message_body_limit_chars == 0 {
+            return invalid("limits.message_body_limit_chars", "must be above 0");
         }
         if self.limits.connections_max == 0 {
             return invalid("limits.connections_max", "must be above 0");

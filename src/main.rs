@@ -88,6 +88,19 @@ struct ServeArgs {
     config: Option<PathBuf>,
 }
 
+impl ServeArgs {
+    /// These arguments, each missing one taken from `outer` (the same
+    /// flags given before the subcommand: `spark-engine --data D serve`
+    /// means what `spark-engine serve --data D` does).
+    fn or(self, outer: ServeArgs) -> ServeArgs {
+        ServeArgs {
+            listen: self.listen.or(outer.listen),
+            data: self.data.or(outer.data),
+            config: self.config.or(outer.config),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     use std::io::IsTerminal;
     // Let mimalloc ask for transparent huge pages (madvise): the mirror of
@@ -110,12 +123,12 @@ fn main() -> ExitCode {
         logs.with_ansi(std::io::stderr().is_terminal()).init();
     }
     let result = match cli.command {
-        Some(Cmd::Config(ConfigCmd::Print(args))) => settings_from(&args).map(|s| {
+        Some(Cmd::Config(ConfigCmd::Print(args))) => settings_from(&args.or(cli.serve)).map(|s| {
             print!("{}", s.to_toml_redacted());
             ExitCode::SUCCESS
         }),
         Some(Cmd::Token(TokenCmd::Add { device, config })) => token_add(&device, &config),
-        Some(Cmd::Serve(args)) => serve(args).map(|()| ExitCode::SUCCESS),
+        Some(Cmd::Serve(args)) => serve(args.or(cli.serve)).map(|()| ExitCode::SUCCESS),
         None => serve(cli.serve).map(|()| ExitCode::SUCCESS),
         Some(Cmd::Capture(args)) => client_cli::capture(args),
         Some(Cmd::Drain(args)) => client_cli::drain(args),
@@ -184,6 +197,15 @@ fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode>
     ));
     {
         let mut file = std::fs::File::create(&temp)?;
+        // The new file keeps the old one's permissions (0600 when new).
+        let permissions = match std::fs::metadata(config) {
+            Ok(meta) => meta.permissions(),
+            Err(_) => {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::Permissions::from_mode(0o600)
+            }
+        };
+        file.set_permissions(permissions)?;
         file.write_all(text.as_bytes())?;
         file.sync_all()?;
     }

@@ -40,12 +40,32 @@ pub enum ReceiveError {
 /// A received upload: durable in a temporary file, not yet in place.
 #[derive(Debug)]
 pub struct Received {
-    /// The temporary file.
+    /// The temporary file (removed when the `Received` is dropped, unless
+    /// [`MediaStore::commit`] renamed it to its content address first).
     pub temp_path: PathBuf,
     /// SHA-256 of the bytes.
     pub sha256: Sha256Digest,
     /// Number of bytes.
     pub size_bytes: u64,
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        // After a commit the file is gone (renamed): NotFound is expected.
+        let _ = std::fs::remove_file(&self.temp_path);
+    }
+}
+
+/// Removes a temporary upload file when dropped: also when the request's
+/// future is dropped mid-upload (the request timeout, a closed connection).
+struct TempGuard(Option<PathBuf>);
+
+impl Drop for TempGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// The blob directory of one data directory.
@@ -126,6 +146,7 @@ impl MediaStore {
         let temp_path = self
             .tmp
             .join(format!("upload-{nanos:x}-{:016x}", rand::random::<u64>()));
+        let mut guard = TempGuard(Some(temp_path.clone()));
         let result = async {
             let mut file = tokio::fs::OpenOptions::new()
                 .write(true)
@@ -150,17 +171,14 @@ impl MediaStore {
             Ok((hasher.finalize().into(), size_bytes))
         }
         .await;
-        match result {
-            Ok((sha256, size_bytes)) => Ok(Received {
-                temp_path,
-                sha256,
-                size_bytes,
-            }),
-            Err(e) => {
-                let _ = tokio::fs::remove_file(&temp_path).await;
-                Err(e)
-            }
-        }
+        // On an error the guard removes the file as it drops.
+        let (sha256, size_bytes) = result?;
+        guard.0 = None;
+        Ok(Received {
+            temp_path,
+            sha256,
+            size_bytes,
+        })
     }
 
     /// Moves a received upload to its content address (replacing a blob of

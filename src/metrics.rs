@@ -180,9 +180,31 @@ pub fn route_of(path: &str) -> String {
     }
 }
 
+/// The method label of the request metrics: the standard methods by name,
+/// anything else `other`, so that made-up methods cannot add series.
+pub fn method_of(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn made_up_methods_share_one_label() {
+        assert_eq!(method_of("GET"), "GET");
+        assert_eq!(method_of("FOO1"), "other");
+        assert_eq!(method_of("FOO2"), "other");
+    }
 
     #[test]
     fn routes_fold_ids() {

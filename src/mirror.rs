@@ -617,11 +617,11 @@ fn refuse(at: At, entity: Entity, why: &'static str) -> FoldError {
     }
 }
 
-fn running_turn<'a>(
-    turns: &'a mut FastMap<Id, Turn>,
+fn running_turn(
+    turns: &mut FastMap<Id, Turn>,
     at: At,
     id: Id,
-) -> Result<&'a mut Turn, FoldError> {
+) -> Result<&mut Turn, FoldError> {
     match turns.get_mut(&id) {
         Some(turn) if turn.status == TurnStatus::Running => Ok(turn),
         Some(_) => Err(refuse(at, Entity::Id(id), "the turn already ended")),
@@ -629,11 +629,11 @@ fn running_turn<'a>(
     }
 }
 
-fn live_moment<'a>(
-    moments: &'a mut BTreeMap<Id, Box<Moment>>,
+fn live_moment(
+    moments: &mut BTreeMap<Id, Box<Moment>>,
     at: At,
     id: Id,
-) -> Result<&'a mut Moment, FoldError> {
+) -> Result<&mut Moment, FoldError> {
     let not_live = |state| FoldError::NotLive {
         seq: at.seq,
         kind: at.kind.name(),

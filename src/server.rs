@@ -239,7 +239,7 @@ async fn serve<S>(
         + 'static,
     S::Future: Send + 'static,
 {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::rt::{TokioIo, TokioTimer};
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections_max));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let header_read_timeout = Duration::from_millis(limits.header_read_timeout_ms);
@@ -266,14 +266,17 @@ async fn serve<S>(
         };
         let _ = stream.set_nodelay(true);
         let service = service.clone();
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        // HTTP/1.1 only: the API is served to phones and behind TLS
+        // proxies that speak HTTP/1.1 to it. (hyper's HTTP/1-or-2 sniffing
+        // read had no timeout, so silent sockets held their slots forever,
+        // and cleartext HTTP/2 had no idle timeout.) The head timer runs
+        // from the connection's start and between requests, so a socket
+        // that sends nothing is closed too.
+        let mut builder = hyper::server::conn::http1::Builder::new();
         builder
-            .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(header_read_timeout);
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {

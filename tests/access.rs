@@ -218,3 +218,60 @@ fn json_logs_for_machines() {
         assert!(v.get("level").is_some(), "{l}");
     }
 }
+
+#[test]
+fn printed_config_takes_a_token_and_flags_work_before_the_subcommand() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("printed.toml");
+    // A newcomer saves `config print` as the settings file...
+    let (code, printed, err) = engine(&["config", "print"], &[]);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(&config, printed).unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // ...and adds a token to it.
+    let (code, _, err) = engine(
+        &[
+            "token",
+            "add",
+            "phone-9",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "token add kept the file's permissions");
+
+    // Flags before the subcommand mean the same as after it.
+    let (code, printed, err) = engine(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:9",
+            "config",
+            "print",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(printed.contains("127.0.0.1:9"), "{printed}");
+    assert!(printed.contains("phone-9"), "{printed}");
+}
+
+#[tokio::test]
+async fn a_401_names_the_bearer_scheme_which_is_case_insensitive() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(with_token(dir.path())).await;
+    let (s, _, h) = server.call("GET", "/api/moments", None, &[]).await;
+    assert_eq!(s, 401);
+    assert_eq!(h["www-authenticate"], "Bearer");
+    let upper = format!("BEARER {TOKEN}");
+    let (s, _, _) = server
+        .call("GET", "/api/moments", None, &[("Authorization", &upper)])
+        .await;
+    assert_eq!(s, 200);
+    server.stop().await;
+}

@@ -173,3 +173,75 @@ fn the_request_timeout_must_outlast_the_longest_long_poll() {
         .to_string()
         .contains("connections_max"));
 }
+
+#[tokio::test]
+async fn silent_sockets_are_closed_and_do_not_hold_the_connection_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.connections_max = 2;
+    s.limits.header_read_timeout_ms = 300;
+    let server = TestServer::start_with(s).await;
+    let addr = server.running.addr;
+
+    // Two sockets that never send a byte, and one that opens with the
+    // HTTP/2 preface (cleartext HTTP/2 is not served).
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut preface = TcpStream::connect(addr).await.unwrap();
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    for stream in [&mut silent, &mut preface] {
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+        assert!(
+            closed.is_ok(),
+            "a socket was held open past the head timeout"
+        );
+        assert!(
+            !String::from_utf8_lossy(&rest).contains("HTTP/2"),
+            "answered in HTTP/2"
+        );
+    }
+    // Their slots are free again: a prompt client is served.
+    let mut prompt = TcpStream::connect(addr).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), get_head(&mut prompt))
+        .await
+        .expect("served once the silent sockets are closed");
+    assert_eq!(answer.unwrap().0, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stalled_upload_cut_by_the_timeout_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.request_timeout_ms = 400;
+    s.brains.turn_wait_max_s = 0;
+    let server = TestServer::start_with(s).await;
+    let moment = ulid();
+    let (status, _) = server
+        .post("/api/moments", serde_json::json!({ "id": moment }))
+        .await;
+    assert_eq!(status, 201);
+
+    let mut stream = TcpStream::connect(server.running.addr).await.unwrap();
+    let head = format!(
+        "PUT /api/media/{} HTTP/1.1\r\nhost: x\r\nx-moment-id: {moment}\r\nx-media-role: original\r\ncontent-type: image/jpeg\r\ncontent-length: 3000\r\n\r\n",
+        ulid()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&[7u8; 1000]).await.unwrap();
+    let (status, _) = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut stream))
+        .await
+        .expect("answered within the timeout")
+        .expect("an answer");
+    assert_eq!(status, 408);
+    let tmp = dir.path().join("media").join("tmp");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in media/tmp: {left:?}");
+    server.stop().await;
+}

@@ -35,7 +35,8 @@ pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
 }
 
 /// `GET /metrics`: every metric of [`crate::metrics`], mirror sizes as of
-/// now, in the Prometheus text format.
+/// now, in the OpenMetrics 1.0 text format (what `prometheus-client`
+/// writes: `_total` samples, `# EOF`), which Prometheus scrapes.
 pub async fn metrics(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET {
         return Err(ApiError::method_not_allowed("GET"));
@@ -45,7 +46,9 @@ pub async fn metrics(state: Arc<AppState>, req: Request) -> Result<Response, Api
     let mut response = Response::new(metrics.render().into());
     response.headers_mut().insert(
         warp::http::header::CONTENT_TYPE,
-        warp::http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        warp::http::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
     );
     Ok(response)
 }

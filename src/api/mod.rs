@@ -250,8 +250,9 @@ pub fn authorize(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
+            // The scheme is case-insensitive (RFC 9110 section 11.1).
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
         })
         .map(str::trim)
         .ok_or_else(|| unauthorized("send Authorization: Bearer <token>"))?;
@@ -278,7 +279,12 @@ where
     Fut: std::future::Future<Output = Result<Response, ApiError>>,
 {
     if let Err(e) = authorize(&state, &mut req) {
-        return e.into_response();
+        let mut response = e.into_response();
+        // RFC 9110 section 11.6.1: a 401 names the scheme to use.
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
     }
     let limit = Duration::from_millis(state.settings.limits.request_timeout_ms);
     // Whether the body has been read to its end, to tell a slow client
@@ -459,7 +465,10 @@ pub fn routes(
                 .request_seconds
                 .get_or_create(&vec![
                     ("route".to_owned(), crate::metrics::route_of(info.path())),
-                    ("method".to_owned(), info.method().to_string()),
+                    (
+                        "method".to_owned(),
+                        crate::metrics::method_of(info.method().as_str()).to_owned(),
+                    ),
                     ("status".to_owned(), info.status().as_u16().to_string()),
                 ])
                 .observe(info.elapsed().as_secs_f64());

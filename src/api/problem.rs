@@ -89,8 +89,10 @@ impl ApiError {
             "clock_skew" => "Clock skew",
             "precondition_failed" => "Precondition failed",
             "unauthorized" => "Unauthorized",
+            "request_timeout" => "Request timeout",
+            "timeout" => "Timeout",
             "unavailable" => "Unavailable",
-            _ => "Error",
+            _ => self.status.canonical_reason().unwrap_or("Error"),
         }
     }
 
