@@ -286,68 +286,85 @@ pub fn routes(
 ) -> impl Filter<Extract = (impl warp::Reply,), Error = Infallible> + Clone + Send + Sync + 'static
 {
     let with_state = warp::any().map(move || Arc::clone(&state));
+    // Every route is boxed: a chain of this many `or`s of unboxed filters
+    // overflows rustc's type recursion limit in release builds (E0275).
     let moments = warp::path!("api" / "moments")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| guarded(state, req, moments::collection));
+        .then(|state, req| guarded(state, req, moments::collection))
+        .boxed();
     let moment = warp::path!("api" / "moments" / String)
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| moments::item(s, id, r)));
+        .then(|id, state, req| guarded(state, req, move |s, r| moments::item(s, id, r)))
+        .boxed();
     let media = warp::path!("api" / "media" / String)
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| media::item(s, id, r)));
+        .then(|id, state, req| guarded(state, req, move |s, r| media::item(s, id, r)))
+        .boxed();
     let start_turn = warp::path!("api" / "moments" / String / "turns")
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| turns::start(s, id, r)));
+        .then(|id, state, req| guarded(state, req, move |s, r| turns::start(s, id, r)))
+        .boxed();
     let turn = warp::path!("api" / "turns" / String)
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| turns::get(s, id, r)));
+        .then(|id, state, req| guarded(state, req, move |s, r| turns::get(s, id, r)))
+        .boxed();
     let phrases = warp::path!("api" / "phrases")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| guarded(state, req, phrases::collection));
+        .then(|state, req| guarded(state, req, phrases::collection))
+        .boxed();
     let phrase = warp::path!("api" / "phrases" / String)
         .and(with_state.clone())
         .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| phrases::item(s, id, r)));
+        .then(|id, state, req| guarded(state, req, move |s, r| phrases::item(s, id, r)))
+        .boxed();
     let recall = warp::path!("api" / "recall")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| guarded(state, req, recall::start));
+        .then(|state, req| guarded(state, req, recall::start))
+        .boxed();
     let jobs = warp::path!("api" / "jobs")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| guarded(state, req, jobs::start));
+        .then(|state, req| guarded(state, req, jobs::start))
+        .boxed();
     let messages = warp::path!("api" / "messages")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| guarded(state, req, messages::collection));
+        .then(|state, req| guarded(state, req, messages::collection))
+        .boxed();
     let events = warp::path!("api" / "events")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| guarded(state, req, events::stream));
+        .then(|state, req| guarded(state, req, events::stream))
+        .boxed();
     // Liveness and readiness answer without a token (SPEC section 9).
     let metrics = warp::path!("metrics")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| guarded(state, req, health::metrics));
+        .then(|state, req| guarded(state, req, health::metrics))
+        .boxed();
     let healthz = warp::path!("healthz")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| async move { into_response(health::healthz(state, req).await) });
+        .then(|state, req| async move { into_response(health::healthz(state, req).await) })
+        .boxed();
     let readyz = warp::path!("readyz")
         .and(with_state.clone())
         .and(request())
-        .then(|state, req| async move { into_response(health::readyz(state, req).await) });
+        .then(|state, req| async move { into_response(health::readyz(state, req).await) })
+        .boxed();
     let head = warp::path!("api" / "log" / "head")
         .and(with_state)
         .and(request())
-        .then(|state, req| guarded(state, req, log::head));
-    moments
+        .then(|state, req| guarded(state, req, log::head))
+        .boxed();
+    let api = moments
         .or(moment)
         .unify()
         .or(media)
@@ -364,8 +381,8 @@ pub fn routes(
         .unify()
         .or(jobs)
         .unify()
-        .or(messages)
-        .unify()
+        .boxed();
+    let rest = messages
         .or(events)
         .unify()
         .or(metrics)
@@ -375,6 +392,9 @@ pub fn routes(
         .or(readyz)
         .unify()
         .or(head)
+        .unify()
+        .boxed();
+    api.or(rest)
         .unify()
         .recover(recover)
         .unify()
