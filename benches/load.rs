@@ -383,6 +383,32 @@ fn check_answer(retry: bool, id: &str, status: u16, answer: &[u8]) -> Result<(),
     Ok(())
 }
 
+/// Group-commit figures from the server's `/metrics`: (batches, ops in
+/// them, seconds in write + fdatasync).
+async fn batch_metrics(addr: SocketAddr) -> Option<(f64, f64, f64)> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get("/metrics")
+        .header(HOST, addr.to_string())
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let response = sender.send_request(request).await.ok()?;
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    let value = |name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    Some((
+        value("spark_batch_ops_count")?,
+        value("spark_batch_ops_sum")?,
+        value("spark_batch_write_fsync_seconds_sum")?,
+    ))
+}
+
 fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
     let data = opts.tempdir();
     let server = Server::start(&opts.bin, data.path());
@@ -392,6 +418,7 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
         .expect("runtime");
     let own_cpu_before = proc_cpu_seconds("/proc/self/stat");
     let mut server_cpu_before = None;
+    let mut batches = None;
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(opts.warmup);
     let end = measure_from + Duration::from_secs_f64(opts.seconds);
@@ -409,9 +436,14 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
             .collect();
         tokio::time::sleep_until(measure_from.into()).await;
         server_cpu_before = server.cpu_seconds();
+        let before = batch_metrics(server.addr).await;
         let mut results = Vec::new();
         for task in tasks {
             results.push(task.await.expect("connection task"));
+        }
+        let after = batch_metrics(server.addr).await;
+        if let (Some(a), Some(b)) = (before, after) {
+            batches = Some((b.0 - a.0, b.1 - a.1, b.2 - a.2));
         }
         results
     });
@@ -442,6 +474,14 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
     }
     if let Some(cpu) = own_cpu {
         note.push_str(&format!(", generator cpu {:.0}%", cpu * 100.0));
+    }
+    if let Some((count, ops, seconds)) = batches.filter(|b| b.0 > 0.0) {
+        note.push_str(&format!(
+            ", {:.0} batches/s of {:.1} ops, write+fdatasync {:.0} us",
+            count / opts.seconds,
+            ops / count,
+            seconds / count * 1e6
+        ));
     }
     if total.errors > 0 {
         note.push_str(&format!(
