@@ -471,6 +471,12 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
     let mut note = String::new();
     if let Some(cpu) = server_cpu {
         note.push_str(&format!("server cpu {:.0}%", cpu * 100.0));
+        if total.creates > 0 {
+            // CPU per create holds up better than creates/s when other
+            // work shares the cores.
+            let per = cpu * opts.seconds / (total.creates + total.retries) as f64;
+            note.push_str(&format!(" ({:.0} us/create)", per * 1e6));
+        }
     }
     if let Some(cpu) = own_cpu {
         note.push_str(&format!(", generator cpu {:.0}%", cpu * 100.0));
