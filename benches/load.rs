@@ -672,6 +672,12 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!("server: {}", opts.bin.display());
+    // Other work on the cores or the disk moves every row, SQLite's most
+    // (one thread, one fsync at a time): say how busy the machine was.
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        let load: Vec<&str> = load.split_whitespace().take(3).collect();
+        println!("load average at start: {}", load.join(" "));
+    }
     let mut rows = Vec::new();
     let mut engine: Vec<(usize, Row)> = Vec::new();
     for &n in &opts.connections {
