@@ -226,11 +226,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let running = server::start(settings).await?;
+        // Catch SIGTERM and SIGINT before saying we are ready: one polled
+        // step installs the handlers, so a signal sent as soon as the line
+        // is read is a clean stop rather than the default action (death by
+        // signal, the race a restart test caught under load).
+        let mut shutdown = Box::pin(server::shutdown_signal());
+        let signalled = futures_util::FutureExt::now_or_never(&mut shutdown).is_some();
         // The one line scripts wait for: the address, once ready.
         println!("spark-engine listening on http://{}", running.addr);
         use std::io::Write;
         std::io::stdout().flush()?;
-        server::shutdown_signal().await;
+        if !signalled {
+            shutdown.await;
+        }
         tracing::info!("shutting down: finishing requests and the batch in flight");
         running.shutdown().await;
         Ok(())

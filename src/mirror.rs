@@ -617,11 +617,7 @@ fn refuse(at: At, entity: Entity, why: &'static str) -> FoldError {
     }
 }
 
-fn running_turn(
-    turns: &mut FastMap<Id, Turn>,
-    at: At,
-    id: Id,
-) -> Result<&mut Turn, FoldError> {
+fn running_turn(turns: &mut FastMap<Id, Turn>, at: At, id: Id) -> Result<&mut Turn, FoldError> {
     match turns.get_mut(&id) {
         Some(turn) if turn.status == TurnStatus::Running => Ok(turn),
         Some(_) => Err(refuse(at, Entity::Id(id), "the turn already ended")),

@@ -266,11 +266,15 @@ pub(crate) fn recover<E>(
                         quarantine: kept,
                     });
                 }
+                // After a cut the file ends at the last whole record; else
+                // it keeps any zero fill after it (pre-allocated space).
+                let allocated = segment.torn.map_or(file_len, |torn| torn.offset);
                 active = Some(ActiveSegment {
                     name: file.name.clone(),
                     path: file.path.clone(),
                     file: handle,
                     len: segment.end,
+                    allocated,
                     records: segment.records,
                     hasher,
                 });

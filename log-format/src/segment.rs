@@ -358,6 +358,13 @@ pub(crate) fn decode_segment<'a>(
                 return Err(LogError::corrupt(name, offset, last_seq, reason));
             }
             (Role::Last, None) => {}
+            // Nothing but zeros from here to the end of the file: the end of
+            // the log, not a torn tail. The writer's zero fill ahead
+            // (pre-allocation) leaves exactly this, and so does a size made
+            // durable before the data it was extended for; neither holds a
+            // byte of data.
+            (Role::Last, Some(_)) if bytes.get(offset..).unwrap_or(&[]).iter().all(|&b| b == 0) => {
+            }
             (Role::Last, Some(damage)) => {
                 if let RecordDecode::Record { record, .. } = decode_record(bytes, offset, u32::MAX)
                 {

@@ -89,7 +89,7 @@ fn cut_at_every_offset_inside_the_last_record() {
 }
 
 #[test]
-fn garbage_and_zero_runs_at_the_tail_are_truncated() {
+fn garbage_at_the_tail_is_truncated() {
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut noise = |n: usize| -> Vec<u8> {
         (0..n)
@@ -103,16 +103,15 @@ fn garbage_and_zero_runs_at_the_tail_are_truncated() {
     };
     let mut partial_frame = 50u32.to_le_bytes().to_vec();
     partial_frame.extend_from_slice(&[0xAB; 20]);
+    let mut zeros_then_garbage = vec![0; 100];
+    zeros_then_garbage.extend_from_slice(&noise(3));
     let tails: Vec<(&str, Vec<u8>)> = vec![
-        ("1 zero", vec![0]),
-        ("7 zeros", vec![0; 7]),
-        ("8 zeros", vec![0; 8]),
-        ("4096 zeros", vec![0; 4096]),
         ("3 bytes of garbage", noise(3)),
         ("100 bytes of garbage", noise(100)),
         ("64 KiB of garbage", noise(64 << 10)),
         ("a frame start without its body", partial_frame),
         ("len 0xFFFFFFFF", vec![0xFF; 40]),
+        ("zeros, then garbage", zeros_then_garbage),
     ];
     for single_segment in [true, false] {
         let n = if single_segment { 3 } else { 12 };
@@ -157,6 +156,73 @@ fn garbage_and_zero_runs_at_the_tail_are_truncated() {
             let (scan, seen) = scan_collect(copy.path()).unwrap();
             assert_eq!(seen.len() as u64, n + 1, "{what}");
             assert!(scan.torn_tail.is_none(), "{what}");
+        }
+    }
+}
+
+/// Zeros after the last record (the writer's zero fill ahead, or a size
+/// made durable before its data) are the end of the log: nothing is
+/// reported or cut, the reader and recovery agree, and the next append
+/// overwrites the zeros from the old end on.
+#[test]
+fn zeros_at_the_tail_are_the_end_of_the_log() {
+    let tails: Vec<(&str, Vec<u8>)> = vec![
+        ("1 zero", vec![0]),
+        ("7 zeros", vec![0; 7]),
+        ("8 zeros", vec![0; 8]),
+        ("4096 zeros", vec![0; 4096]),
+    ];
+    for single_segment in [true, false] {
+        let n = if single_segment { 3 } else { 12 };
+        let (dir, records, heads) = build(n);
+        let before = LogReader::open(dir.path()).unwrap().segments().to_vec();
+        assert_eq!(before.len() == 1, single_segment);
+        let last = before.last().unwrap().clone();
+        for (what, tail) in &tails {
+            let copy = copy_dir(dir.path());
+            let path = copy.path().join(&last.name);
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes.extend_from_slice(tail);
+            std::fs::write(&path, &bytes).unwrap();
+            let file_len = bytes.len() as u64;
+
+            let (scan, scanned) = scan_collect(copy.path()).unwrap();
+            assert!(scan.torn_tail.is_none(), "{what}");
+            assert_eq!(scanned, records, "{what}");
+            assert_eq!(scan.head, *heads.last().unwrap(), "{what}");
+            let reader = LogReader::open(copy.path()).unwrap();
+            assert_eq!(reader.segments().last().unwrap().bytes, last.bytes);
+
+            let (mut log, report, seen) = open_collect(copy.path(), config(300), os()).unwrap();
+            assert_eq!(seen, records, "{what}");
+            assert_eq!(log.head(), *heads.last().unwrap(), "{what}");
+            assert!(report.truncated.is_none(), "{what}");
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), file_len, "{what}");
+
+            let next = sample(n + 1);
+            assert_eq!(log.append_batch(&[next.as_in()]).unwrap(), n + 1);
+            let head = log.head();
+            drop(log);
+            let (scan, seen) = scan_collect(copy.path()).unwrap();
+            assert_eq!(seen.len() as u64, n + 1, "{what}");
+            assert_eq!(seen[..n as usize], records[..], "{what}");
+            assert_eq!(seen[n as usize], next, "{what}");
+            assert!(scan.torn_tail.is_none(), "{what}");
+            assert_eq!(scan.head, head, "{what}");
+            // The record went where the zeros began, in the same segment
+            // unless it had to roll.
+            let after = LogReader::open(copy.path()).unwrap().segments().to_vec();
+            if after.len() == before.len() {
+                let grown = after.last().unwrap().bytes;
+                assert_eq!(
+                    grown,
+                    last.bytes + (RECORD_HEADER_LEN + next.payload.len()) as u64,
+                    "{what}"
+                );
+            }
+            let (_, report, seen) = open_collect(copy.path(), config(300), os()).unwrap();
+            assert!(report.truncated.is_none(), "{what}");
+            assert_eq!(seen.len() as u64, n + 1, "{what}");
         }
     }
 }

@@ -268,18 +268,25 @@ async fn verify_tells_a_torn_tail_from_a_damaged_last_record() {
     drop(engine);
     let segment = data.join("log/00000000000000000001.seg");
     let whole = std::fs::read(&segment).unwrap();
+    // Where the last record ends: the engine's zero fill ahead follows it.
+    let end = spark_log_format::LogReader::open(&data.join("log"))
+        .unwrap()
+        .segments()[0]
+        .bytes as usize;
+    assert!(whole[end..].iter().all(|&b| b == 0));
 
     // A record cut short: a torn write. A note, exit 0.
-    std::fs::write(&segment, &whole[..whole.len() - 5]).unwrap();
+    std::fs::write(&segment, &whole[..end - 5]).unwrap();
     let (code, out, err) = run(&["verify"], &data);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("ok: 4 records"), "{out}");
     assert!(out.contains("note:"), "{out}");
 
     // The last record whole but with a flipped payload byte: maybe a damaged
-    // acknowledged record. A fault, exit 1, naming the place.
+    // acknowledged record. A fault, exit 1, naming the place (the zero fill
+    // after it kept).
     let mut flipped = whole.clone();
-    let last = flipped.len() - 3;
+    let last = end - 3;
     flipped[last] ^= 0x01;
     std::fs::write(&segment, &flipped).unwrap();
     let (code, out, err) = run(&["verify"], &data);

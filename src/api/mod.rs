@@ -118,8 +118,20 @@ impl Request {
         limit_bytes: u64,
     ) -> Result<Option<T>, ApiError> {
         let bytes = self.bytes(limit_bytes).await?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(None);
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        match first {
+            None => return Ok(None),
+            // The common case, an object that fits, in one parse straight
+            // into `T`. Anything that does not parse that way takes the
+            // two-step path below, which decides the answer (so a refusal
+            // reads the same; duplicate members, say, are refused by the
+            // direct parse and accepted there, last one winning).
+            Some(b'{') => {
+                if let Ok(parsed) = serde_json::from_slice::<T>(&bytes) {
+                    return Ok(Some(parsed));
+                }
+            }
+            Some(_) => {}
         }
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::invalid_request(format!("the body is not JSON: {e}")))?;

@@ -173,6 +173,18 @@ impl Journal {
         drop(encoded);
         let mut started_turns = Vec::new();
         let mut notices = Vec::new();
+        // Ops by kind, counted into the metrics once per kind after the
+        // mirror's write lock is released (a labelled counter costs a few
+        // allocations and a hash lookup).
+        let mut appended: Vec<(&'static str, u64)> = Vec::new();
+        let count_appended = |appended: &[(&'static str, u64)]| {
+            for (kind, n) in appended {
+                metrics
+                    .ops_appended
+                    .get_or_create(&crate::metrics::label("kind", kind))
+                    .inc_by(*n);
+            }
+        };
         let mut answers: Vec<(Result<Outcome, EngineError>, Reply)> =
             Vec::with_capacity(writes.len());
         {
@@ -186,15 +198,17 @@ impl Journal {
                     let op = Op { seq, ts_ms, body };
                     seq += 1;
                     notices.push(super::ChangeNotice::of(&op));
-                    metrics
-                        .ops_appended
-                        .get_or_create(&crate::metrics::label("kind", op.body.kind().name()))
-                        .inc();
+                    let kind = op.body.kind().name();
+                    match appended.iter_mut().find(|(k, _)| *k == kind) {
+                        Some((_, n)) => *n += 1,
+                        None => appended.push((kind, 1)),
+                    }
                     if let Err(e) = mirror.apply(op) {
                         // The sequencer decided an op the fold refuses: a bug.
                         // The op is durable but its effect is not published;
                         // restart replays it and reports the same refusal.
                         drop(mirror);
+                        count_appended(&appended);
                         let reason = format!("the fold refused a committed op: {e}");
                         tracing::error!(%reason);
                         *self.shared.poison.lock() = Some(reason.clone());
@@ -209,6 +223,7 @@ impl Journal {
             }
             *self.shared.head.lock() = self.log.head();
         }
+        count_appended(&appended);
         self.shared.committed.send_replace(last_seq);
         // No subscriber is fine; a slow one lags, the writer never waits.
         let _ = self.shared.changes.send(Arc::new(notices));
