@@ -212,6 +212,14 @@ pub enum SettingsError {
         /// What the parser said, naming the key.
         message: String,
     },
+    /// An environment override does not parse, or names no setting.
+    #[error("environment variable {name}: {message}")]
+    Env {
+        /// The variable, e.g. `SPARK_LIMITS_CONNECTIONS_MAX`.
+        name: String,
+        /// Why.
+        message: String,
+    },
     /// A value is out of its bounds.
     #[error("setting {key}: {message}")]
     Invalid {
@@ -224,6 +232,8 @@ pub enum SettingsError {
 
 impl Settings {
     /// Reads a TOML settings file; missing keys take their defaults.
+    /// Unknown keys are an error naming them; bounds are checked by
+    /// [`Settings::validate`] once environment and flags are applied.
     pub fn from_file(path: &Path) -> Result<Settings, SettingsError> {
         let text = std::fs::read_to_string(path).map_err(|source| SettingsError::Read {
             path: path.to_owned(),
@@ -233,7 +243,6 @@ impl Settings {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        settings.validate()?;
         Ok(settings)
     }
 
@@ -268,8 +277,8 @@ impl Settings {
                 let Some(text) = vars.get(&name) else {
                     continue;
                 };
-                let bad = |what: &str| SettingsError::Parse {
-                    path: PathBuf::from(format!("${name}")),
+                let bad = |what: &str| SettingsError::Env {
+                    name: name.clone(),
                     message: format!("{text:?} is not {what}"),
                 };
                 *leaf = match leaf {
@@ -285,11 +294,44 @@ impl Settings {
             }
             Ok(())
         }
+        // A variable in a settings section that names no setting is a typo:
+        // refuse it, as an unknown key in the file is refused.
+        let mut known = std::collections::HashSet::new();
+        fn names(value: &toml::Value, prefix: &str, out: &mut std::collections::HashSet<String>) {
+            if let Some(table) = value.as_table() {
+                for (key, leaf) in table {
+                    let name = format!("{prefix}_{}", key.to_ascii_uppercase());
+                    names(leaf, &name, out);
+                    out.insert(name);
+                }
+            }
+        }
+        names(&tree, "SPARK", &mut known);
+        const SECTIONS: &[&str] = &[
+            "SPARK_LIMITS_",
+            "SPARK_LOG_",
+            "SPARK_BRAINS_",
+            "SPARK_ACCESS_",
+        ];
+        // Not settings: the log filter and `--log-format`'s variable.
+        const OTHERS: &[&str] = &["SPARK_LOG_FORMAT"];
+        let mut unknown: Vec<&String> = vars
+            .keys()
+            .filter(|name| SECTIONS.iter().any(|s| name.starts_with(s)))
+            .filter(|name| !known.contains(name.as_str()) && !OTHERS.contains(&name.as_str()))
+            .collect();
+        unknown.sort();
+        if let Some(name) = unknown.first() {
+            return Err(SettingsError::Env {
+                name: (*name).clone(),
+                message: "no such setting (see `spark-engine config print`)".to_owned(),
+            });
+        }
         walk(&mut tree, "SPARK", &vars)?;
         *self = tree
             .try_into()
-            .map_err(|e: toml::de::Error| SettingsError::Parse {
-                path: PathBuf::from("environment"),
+            .map_err(|e: toml::de::Error| SettingsError::Env {
+                name: "SPARK_*".to_owned(),
                 message: e.to_string(),
             })?;
         Ok(())

@@ -275,3 +275,39 @@ async fn a_401_names_the_bearer_scheme_which_is_case_insensitive() {
     assert_eq!(s, 200);
     server.stop().await;
 }
+
+#[test]
+fn environment_typos_are_refused_and_bounds_are_checked_after_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = engine(
+        &["config", "print"],
+        &[("SPARK_LIMITS_CONECTIONS_MAX", "5")],
+    );
+    assert_eq!(code, 1, "a typo in a settings variable is refused");
+    assert!(
+        err.contains("environment variable SPARK_LIMITS_CONECTIONS_MAX"),
+        "{err}"
+    );
+    let (code, _, err) = engine(
+        &["config", "print"],
+        &[("SPARK_LIMITS_CONNECTIONS_MAX", "many")],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("SPARK_LIMITS_CONNECTIONS_MAX"), "{err}");
+
+    // A file that is valid only with its override applied is accepted.
+    let config = dir.path().join("spark.toml");
+    std::fs::write(&config, "[limits]\nlist_limit_default = 2000\n").unwrap();
+    let (code, _, err) = engine(
+        &["config", "print", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 1, "default above the max alone: {err}");
+    assert!(err.contains("list_limit_default"), "{err}");
+    let (code, printed, err) = engine(
+        &["config", "print", "--config", config.to_str().unwrap()],
+        &[("SPARK_LIMITS_LIST_LIMIT_MAX", "5000")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(printed.contains("list_limit_max = 5000"), "{printed}");
+}
