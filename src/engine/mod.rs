@@ -480,8 +480,11 @@ fn replay_log(
         }
         Ok(())
     });
-    if opened.is_ok() && !batch.is_empty() {
-        // A send fails only when the fold thread stopped: its error follows.
+    if !batch.is_empty() {
+        // Also after an error: these records come before it, and folding
+        // them first keeps "the first refusal in seq order" (inline
+        // replay would have folded them). A send fails only when the fold
+        // thread stopped: its error follows.
         let _ = batches.send(batch);
     }
     drop(batches);
