@@ -117,7 +117,8 @@ fn main() -> ExitCode {
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);
-    if cli.log_format == "json" {
+    let json_logs = cli.log_format == "json";
+    if json_logs {
         logs.json().init();
     } else {
         logs.with_ansi(std::io::stderr().is_terminal()).init();
@@ -138,8 +139,14 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            // Each error's message already names its cause.
-            eprintln!("spark-engine: {e}");
+            // Each error's message already names its cause. With JSON logs
+            // the fatal error is a JSON log line too, for the machine that
+            // reads them.
+            if json_logs {
+                tracing::error!(error = %e, "spark-engine stopped");
+            } else {
+                eprintln!("spark-engine: {e}");
+            }
             ExitCode::FAILURE
         }
     }

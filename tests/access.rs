@@ -311,3 +311,29 @@ fn environment_typos_are_refused_and_bounds_are_checked_after_overrides() {
     assert_eq!(code, 0, "{err}");
     assert!(printed.contains("list_limit_max = 5000"), "{printed}");
 }
+
+#[test]
+fn with_json_logs_a_fatal_error_is_a_json_line_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (code, _, err) = engine(
+        &[
+            "--log-format",
+            "json",
+            "--listen",
+            "0.0.0.0:0",
+            "--data",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.to_string().contains("token")),
+        "{err}"
+    );
+}

@@ -189,6 +189,17 @@ impl ServerProcess {
     }
 }
 
+impl Drop for ServerProcess {
+    /// A test that panics before `kill` or `terminate` leaves no server
+    /// running (kill -9; a no-op once the child was waited for).
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// The digest, seq and request count of the mirror replayed from `data`
 /// with the engine's own open (the server must be stopped).
 pub fn replayed_state(data: &Path) -> (String, u64, usize) {
