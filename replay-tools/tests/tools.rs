@@ -389,3 +389,28 @@ async fn audit_damage_names_the_damaged_seqs_and_what_they_were() {
         "{error}"
     );
 }
+
+#[test]
+fn generate_writes_a_verifiable_log_and_never_extends_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (code, out, err) = run(&["generate", "--ops", "2500", "--json"], &data);
+    assert_eq!(code, 0, "{err}");
+    let report = json(&out);
+    assert_eq!(report["ops"], 2500);
+    assert!(report["payload_bytes"].as_u64().unwrap() > 2500 * 100);
+    let (code, _, err) = run(&["verify"], &data);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run(&["rebuild", "--json"], &data);
+    assert_eq!(code, 0, "{err}");
+    let rebuilt = json(&out);
+    assert_eq!(rebuilt["seq"], 2500);
+    assert_eq!(rebuilt["moments"]["live"], 2500);
+    assert_eq!(rebuilt["requests"], 2500);
+    // A second run refuses the directory, which now holds a log.
+    let (code, _, err) = run(&["generate", "--ops", "10"], &data);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("not empty"), "{err}");
+    let (_, out, _) = run(&["rebuild", "--json"], &data);
+    assert_eq!(json(&out)["seq"], 2500);
+}
