@@ -137,7 +137,16 @@ pub struct LogSettings {
     /// a batch that would end past the zero-filled part writes zeros up to
     /// the next multiple of this in the same write, so most fdatasyncs find
     /// the file's size and blocks unchanged (a growing file costs more per
-    /// sync). 0 turns it off. Default 1 MiB.
+    /// sync). 0 turns it off. Default 0 (off).
+    ///
+    /// Off by default because it changes what a power cut can leave: a
+    /// batch written in place over zeros may persist any subset of its
+    /// pages before its fdatasync returns, so a cut can leave a zero hole
+    /// with valid (never acknowledged) records after it, which recovery
+    /// cannot tell from damage and refuses until repaired by hand. No
+    /// acknowledged write is lost either way; availability after a power
+    /// cut is. It raised 64-connection throughput by about 14% here
+    /// (README "Performance").
     pub preallocate_bytes: u64,
     /// Most ops written with one write call and one fdatasync (the
     /// group-commit batch). Default 1,024. A lone op is never held back.
@@ -184,7 +193,7 @@ impl Default for LogSettings {
         LogSettings {
             segment_size_bytes: 64 * 1024 * 1024,
             max_record_bytes: spark_log_format::DEFAULT_MAX_RECORD_BYTES,
-            preallocate_bytes: 1024 * 1024,
+            preallocate_bytes: 0,
             group_commit_max_ops: 1024,
             queue_depth_commands: 8192,
             change_buffer_batches: 1024,
