@@ -13,9 +13,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use spark_engine::clock::SystemClock;
 use spark_engine::config::Settings;
-use spark_engine::op::{MomentCreate, OpBody};
-use spark_engine::{Engine, Id};
-use spark_log_format::{Log, LogConfig, LogReader, OsFs, RecordIn, ScanOptions};
+use spark_engine::Engine;
+use spark_log_format::{LogConfig, LogReader, OsFs, ScanOptions};
 
 /// The same allocator as the server (mimalloc; see `src/main.rs`).
 #[global_allocator]
@@ -28,50 +27,13 @@ fn ops_wanted() -> u64 {
         .unwrap_or(1_000_000)
 }
 
-/// Writes `count` moment creates into `<data>/log`, 1,000 per batch; returns
-/// the bytes of the log.
+/// Writes `count` synthetic moment creates into `<data>/log` (the same
+/// generator as `spark-replay generate`); returns the bytes of the log.
 fn generate(data: &Path, count: u64) -> u64 {
-    let (mut log, _) = Log::open(
-        &data.join("log"),
-        LogConfig::default(),
-        Arc::new(OsFs),
-        |_| Ok::<(), ()>(()),
-    )
-    .unwrap_or_else(|_| panic!("log opens"));
-    let base_ms = 1_767_225_600_000u64;
-    let mut written = 0;
-    while written < count {
-        let n = (count - written).min(1000);
-        let encoded: Vec<_> = (0..n)
-            .map(|i| {
-                let k = written + i;
-                OpBody::MomentCreate(MomentCreate {
-                    id: Id::from_parts(base_ms + k, u128::from(k) * 7919),
-                    request_id: Some(format!("outbox-{k:012}-c2d98960")),
-                    device: "phone-1".into(),
-                    text: Some(format!("Stationnement interdit sauf livraisons {k}")),
-                    caption: Some("near the station, left of the bakery".into()),
-                    lang: Some("fr".into()),
-                    captured_at_ms: Some((base_ms + k) as i64),
-                })
-                .encode()
-                .unwrap()
-            })
-            .collect();
-        let batch: Vec<RecordIn<'_>> = encoded
-            .iter()
-            .enumerate()
-            .map(|(i, (kind, version, payload))| RecordIn {
-                ts_ms: base_ms + written + i as u64,
-                kind: *kind,
-                kind_version: *version,
-                payload,
-            })
-            .collect();
-        log.append_batch(&batch).unwrap();
-        written += n;
-    }
-    std::fs::read_dir(data.join("log"))
+    let log = data.join("log");
+    spark_engine::synth::generate(&log, count, LogConfig::default(), |_| {})
+        .expect("the synthetic log is written");
+    std::fs::read_dir(&log)
         .unwrap()
         .map(|e| e.unwrap().metadata().unwrap().len())
         .sum()

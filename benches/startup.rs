@@ -10,10 +10,8 @@
 //! made by `spark-replay generate --data DIR --ops N`. Figures are with the
 //! files in the page cache (they were just written or read).
 
-use std::io::{BufRead, BufReader};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +19,9 @@ use spark_engine::clock::SystemClock;
 use spark_engine::config::{log_dir, Settings};
 use spark_engine::Engine;
 use spark_log_format::{LogConfig, LogReader, OsFs, ScanOptions};
+
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 /// The same allocator as the server (mimalloc; see `src/main.rs`).
 #[global_allocator]
@@ -38,29 +39,15 @@ fn rss_bytes(pid: &str) -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
-/// Starts the real server on `data`, waits for its "listening" line, and
-/// returns the time that took and the server's RSS then. Stops it after.
+/// Starts the real server on `data` (the tests' [`common::ServerProcess`]:
+/// it returns once the server printed its "listening" line), and returns
+/// the time that took and the server's RSS then. Stops it after.
 fn server_startup(data: &Path) -> (Duration, u64) {
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
-        .args(["--listen", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spark-engine starts");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("the server prints its address");
+    let server = common::ServerProcess::start(data);
     let elapsed = started.elapsed();
-    assert!(line.contains("listening"), "unexpected first line: {line}");
-    let rss = rss_bytes(&child.id().to_string());
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    let rss = rss_bytes(&server.child.id().to_string());
+    server.terminate();
     (elapsed, rss)
 }
 

@@ -144,7 +144,7 @@ pub fn label(key: &str, value: &str) -> Labels {
 /// The route template of a request path, for the request metrics: ULIDs and
 /// mark ids become `{id}`, so the label set stays small. Unknown paths are
 /// `other`.
-pub fn route_of(path: &str) -> String {
+pub fn route_of(path: &str) -> &'static str {
     const KNOWN: &[&str] = &[
         "/api/moments",
         "/api/moments/{id}",
@@ -163,21 +163,34 @@ pub fn route_of(path: &str) -> String {
         "/healthz",
         "/readyz",
     ];
-    let mut parts: Vec<&str> = path.split('/').collect();
-    for index in 0..parts.len() {
-        let after = index.checked_sub(1).and_then(|i| parts.get(i)).copied();
-        let is_id = parts[index].len() == crate::ids::ULID_LEN
-            && crate::ids::Id::parse(parts[index]).is_ok();
-        if is_id || (after == Some("phrases") && !parts[index].is_empty()) {
-            parts[index] = "{id}";
+    // Compared part by part, without building the template: this runs for
+    // every request.
+    let fits = |template: &str| {
+        let mut parts = path.split('/');
+        let mut previous = "";
+        for want in template.split('/') {
+            let Some(part) = parts.next() else {
+                return false;
+            };
+            let is_id = part.len() == crate::ids::ULID_LEN && crate::ids::Id::parse(part).is_ok();
+            let is_mark = previous == "phrases" && !part.is_empty();
+            let matched = if want == "{id}" {
+                is_id || is_mark
+            } else {
+                part == want && !is_id && !is_mark
+            };
+            if !matched {
+                return false;
+            }
+            previous = part;
         }
-    }
-    let template = parts.join("/");
-    if KNOWN.contains(&template.as_str()) {
-        template
-    } else {
-        "other".to_owned()
-    }
+        parts.next().is_none()
+    };
+    KNOWN
+        .iter()
+        .copied()
+        .find(|template| fits(template))
+        .unwrap_or("other")
 }
 
 /// The method label of the request metrics: the standard methods by name,

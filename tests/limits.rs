@@ -45,6 +45,24 @@ async fn read_answer(stream: &mut TcpStream) -> Option<(u16, String)> {
     }
 }
 
+/// Settings with a 400 ms request timeout (the longest long poll cut to 0
+/// so that the timeout may be that short).
+fn request_timeout_400_ms(dir: &std::path::Path) -> spark_engine::Settings {
+    let mut s = settings(dir);
+    s.limits.request_timeout_ms = 400;
+    s.brains.turn_wait_max_s = 0;
+    s
+}
+
+/// Reads `stream` to its end, failing if the server keeps it open for 10 s;
+/// returns what came before the close.
+async fn closed_by_the_server(stream: &mut TcpStream) -> Vec<u8> {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection was held open");
+    rest
+}
+
 async fn get_head(stream: &mut TcpStream) -> Option<(u16, String)> {
     stream
         .write_all(b"GET /api/log/head HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -100,9 +118,7 @@ async fn a_request_head_that_never_ends_is_cut_off() {
         .unwrap();
     let started = Instant::now();
     // The server closes it (perhaps after a 408); it does not wait forever.
-    let mut rest = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut rest)).await;
-    assert!(read.is_ok(), "the connection was held open");
+    closed_by_the_server(&mut slow).await;
     assert!(started.elapsed() >= Duration::from_millis(200));
 
     // A prompt client on another connection is served as usual.
@@ -114,10 +130,7 @@ async fn a_request_head_that_never_ends_is_cut_off() {
 #[tokio::test]
 async fn a_body_that_stalls_gets_408_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = settings(dir.path());
-    s.limits.request_timeout_ms = 400;
-    s.brains.turn_wait_max_s = 0;
-    let server = TestServer::start_with(s).await;
+    let server = TestServer::start_with(request_timeout_400_ms(dir.path())).await;
     let before = log_records(dir.path()).len();
 
     let body = format!(r#"{{"id":"{}","client_request_id":"stall-1"}}"#, ulid());
@@ -192,13 +205,7 @@ async fn silent_sockets_are_closed_and_do_not_hold_the_connection_limit() {
         .await
         .unwrap();
     for stream in [&mut silent, &mut preface] {
-        let mut rest = Vec::new();
-        let closed =
-            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
-        assert!(
-            closed.is_ok(),
-            "a socket was held open past the head timeout"
-        );
+        let rest = closed_by_the_server(stream).await;
         assert!(
             !String::from_utf8_lossy(&rest).contains("HTTP/2"),
             "answered in HTTP/2"
@@ -216,10 +223,7 @@ async fn silent_sockets_are_closed_and_do_not_hold_the_connection_limit() {
 #[tokio::test]
 async fn a_stalled_upload_cut_by_the_timeout_leaves_no_temporary_file() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = settings(dir.path());
-    s.limits.request_timeout_ms = 400;
-    s.brains.turn_wait_max_s = 0;
-    let server = TestServer::start_with(s).await;
+    let server = TestServer::start_with(request_timeout_400_ms(dir.path())).await;
     let moment = ulid();
     let (status, _) = server
         .post("/api/moments", serde_json::json!({ "id": moment }))

@@ -23,6 +23,16 @@ fn settings(data: &std::path::Path) -> Settings {
     }
 }
 
+/// A data directory holding [`CREATES`] synthetic creates, then `records`.
+fn creates_then(records: &[(u16, u16, Vec<u8>)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    synth::generate(&log_dir(dir.path()), CREATES, LogConfig::default(), |_| {}).unwrap();
+    if !records.is_empty() {
+        append(dir.path(), records);
+    }
+    dir
+}
+
 /// Appends `records` (kind, version, payload) after the synthetic creates.
 fn append(data: &std::path::Path, records: &[(u16, u16, Vec<u8>)]) {
     let (mut log, _) = Log::open(&log_dir(data), LogConfig::default(), Arc::new(OsFs), |_| {
@@ -72,9 +82,7 @@ fn open_error(data: &std::path::Path) -> String {
 
 #[test]
 fn an_op_the_fold_refuses_stops_startup_naming_its_seq() {
-    let dir = tempfile::tempdir().unwrap();
-    synth::generate(&log_dir(dir.path()), CREATES, LogConfig::default(), |_| {}).unwrap();
-    append(dir.path(), &[orphan_edit()]);
+    let dir = creates_then(&[orphan_edit()]);
     let error = open_error(dir.path());
     assert!(error.contains(&format!("seq {}", CREATES + 1)), "{error}");
     assert!(error.contains(".seg offset "), "{error}");
@@ -82,9 +90,7 @@ fn an_op_the_fold_refuses_stops_startup_naming_its_seq() {
 
 #[test]
 fn an_op_that_does_not_decode_stops_startup_naming_its_seq() {
-    let dir = tempfile::tempdir().unwrap();
-    synth::generate(&log_dir(dir.path()), CREATES, LogConfig::default(), |_| {}).unwrap();
-    append(dir.path(), &[garbage_create()]);
+    let dir = creates_then(&[garbage_create()]);
     let error = open_error(dir.path());
     assert!(error.contains(&format!("seq {}", CREATES + 1)), "{error}");
 }
@@ -94,9 +100,7 @@ fn the_first_refusal_in_seq_order_is_reported() {
     // A fold refusal first, then a record that does not decode: the
     // decoding thread meets the second before the fold thread reports the
     // first, but the report names the first.
-    let dir = tempfile::tempdir().unwrap();
-    synth::generate(&log_dir(dir.path()), CREATES, LogConfig::default(), |_| {}).unwrap();
-    append(dir.path(), &[orphan_edit(), garbage_create()]);
+    let dir = creates_then(&[orphan_edit(), garbage_create()]);
     let error = open_error(dir.path());
     assert!(error.contains(&format!("seq {}", CREATES + 1)), "{error}");
     assert!(!error.contains(&format!("seq {}", CREATES + 2)), "{error}");
@@ -104,8 +108,7 @@ fn the_first_refusal_in_seq_order_is_reported() {
 
 #[test]
 fn a_clean_log_of_several_batches_replays_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    synth::generate(&log_dir(dir.path()), CREATES, LogConfig::default(), |_| {}).unwrap();
+    let dir = creates_then(&[]);
     let engine =
         Engine::open(&settings(dir.path()), Arc::new(OsFs), Arc::new(SystemClock)).unwrap();
     assert_eq!(engine.head().seq, CREATES);

@@ -34,6 +34,20 @@ fn batches() -> Vec<Vec<Owned>> {
     out
 }
 
+/// The last segment of the log in `dir`: its path, its valid bytes (as
+/// the reader sees them) and the file's size (fill included).
+fn last_segment(dir: &std::path::Path) -> (std::path::PathBuf, u64, u64) {
+    let last = segment_paths(dir).pop().unwrap();
+    let logical = LogReader::open(dir)
+        .unwrap()
+        .segments()
+        .last()
+        .unwrap()
+        .bytes;
+    let size = std::fs::metadata(&last).unwrap().len();
+    (last, logical, size)
+}
+
 fn write_all(dir: &std::path::Path, cfg: LogConfig) -> Vec<spark_log_format::Head> {
     let (mut log, _, _) = open_collect(dir, cfg, os()).unwrap();
     let mut heads = Vec::new();
@@ -74,14 +88,7 @@ fn files_are_the_plain_log_then_zeros() {
             );
         }
         // The active segment really carries a zero tail when the fill is on.
-        let last = segment_paths(filled.path()).pop().unwrap();
-        let logical = LogReader::open(filled.path())
-            .unwrap()
-            .segments()
-            .last()
-            .unwrap()
-            .bytes;
-        let size = std::fs::metadata(&last).unwrap().len();
+        let (last, logical, size) = last_segment(filled.path());
         assert!(size >= logical, "{what}");
         if segment_size > 1 << 16 {
             assert!(size > logical, "{what}: no zero fill after the last record");
@@ -121,14 +128,7 @@ fn a_torn_write_into_the_fill_is_cut_back() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = prealloc(1 << 20, 4096);
     let heads = write_all(dir.path(), cfg.clone());
-    let last = segment_paths(dir.path()).pop().unwrap();
-    let logical = LogReader::open(dir.path())
-        .unwrap()
-        .segments()
-        .last()
-        .unwrap()
-        .bytes;
-    let size = std::fs::metadata(&last).unwrap().len();
+    let (last, logical, size) = last_segment(dir.path());
     assert!(size > logical + 100);
     // Half a frame where the next record would go, zeros after it.
     let mut partial = 60u32.to_le_bytes().to_vec();

@@ -20,6 +20,21 @@ fn build(n: u64) -> (tempfile::TempDir, Vec<Owned>, Vec<spark_log_format::Head>)
     (dir, records, heads)
 }
 
+/// A copy of the log in `dir` with `tail` appended to segment `name`: the
+/// copy, the segment's path in it and its bytes now.
+fn with_tail(
+    dir: &std::path::Path,
+    name: &str,
+    tail: &[u8],
+) -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
+    let copy = copy_dir(dir);
+    let path = copy.path().join(name);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(tail);
+    std::fs::write(&path, &bytes).unwrap();
+    (copy, path, bytes)
+}
+
 #[test]
 fn cut_at_every_offset_inside_the_last_record() {
     let (dir, records, heads) = build(14);
@@ -120,11 +135,7 @@ fn garbage_at_the_tail_is_truncated() {
         assert_eq!(before.len() == 1, single_segment);
         let last = before.last().unwrap().clone();
         for (what, tail) in &tails {
-            let copy = copy_dir(dir.path());
-            let path = copy.path().join(&last.name);
-            let mut bytes = std::fs::read(&path).unwrap();
-            bytes.extend_from_slice(tail);
-            std::fs::write(&path, &bytes).unwrap();
+            let (copy, path, _) = with_tail(dir.path(), &last.name, tail);
 
             let reader = LogReader::open(copy.path()).unwrap();
             let torn = reader
@@ -179,11 +190,7 @@ fn zeros_at_the_tail_are_the_end_of_the_log() {
         assert_eq!(before.len() == 1, single_segment);
         let last = before.last().unwrap().clone();
         for (what, tail) in &tails {
-            let copy = copy_dir(dir.path());
-            let path = copy.path().join(&last.name);
-            let mut bytes = std::fs::read(&path).unwrap();
-            bytes.extend_from_slice(tail);
-            std::fs::write(&path, &bytes).unwrap();
+            let (copy, path, bytes) = with_tail(dir.path(), &last.name, tail);
             let file_len = bytes.len() as u64;
 
             let (scan, scanned) = scan_collect(copy.path()).unwrap();

@@ -476,7 +476,10 @@ pub fn routes(
             crate::metrics::get()
                 .request_seconds
                 .get_or_create(&vec![
-                    ("route".to_owned(), crate::metrics::route_of(info.path())),
+                    (
+                        "route".to_owned(),
+                        crate::metrics::route_of(info.path()).to_owned(),
+                    ),
                     (
                         "method".to_owned(),
                         crate::metrics::method_of(info.method().as_str()).to_owned(),
