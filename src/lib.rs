@@ -39,6 +39,7 @@ pub mod media;
 pub mod metrics;
 pub mod mirror;
 pub mod op;
+pub mod request_index;
 pub mod server;
 pub mod synth;
 pub mod time;

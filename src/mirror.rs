@@ -19,7 +19,8 @@ use serde::Serialize;
 use thin_vec::ThinVec;
 
 use crate::ids::Id;
-use crate::op::{Entity, MediaRole, Op, OpBody, OpKind, Sha256, TurnMode};
+use crate::op::{Entity, MediaRole, MomentCreate, Op, OpBody, OpKind, Sha256, TurnMode};
+use crate::request_index::{HashedRequestId, RequestHasher, RequestIndex};
 
 /// One moment as the mirror holds it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -256,7 +257,7 @@ pub struct Mirror {
     /// (issue 7: about 160 bytes less per moment).
     pub moments: BTreeMap<Id, Box<Moment>>,
     /// The request index: request id -> what its first op produced.
-    pub requests: FastMap<Box<str>, RequestRow>,
+    pub requests: RequestIndex,
     /// Every stored blob, by media id.
     pub media: FastMap<Id, Media>,
     /// Every turn, by turn id.
@@ -286,50 +287,79 @@ impl Mirror {
     ///
     /// Takes the op by value: its strings move into the mirror, so startup
     /// replay allocates each of them once (at decode) and never copies.
+    /// Same as [`Mirror::apply_prepared`] of [`Preparer::prepare`].
     pub fn apply(&mut self, op: Op) -> Result<(), FoldError> {
+        let prepared = prepare(&self.requests.hasher(), op);
+        self.apply_prepared(prepared)
+    }
+
+    /// A [`Preparer`] for ops this mirror will fold: startup replay prepares
+    /// on the decoding thread and folds on another (issue 7).
+    pub fn preparer(&self) -> Preparer {
+        Preparer {
+            hasher: self.requests.hasher(),
+        }
+    }
+
+    /// THE fold, for an op made ready by [`Preparer::prepare`] (or by
+    /// [`Mirror::apply`]): the only code that changes the mirror's state.
+    /// Ops must come in seq order, each exactly once; on error the mirror
+    /// is unchanged.
+    pub fn apply_prepared(&mut self, op: PreparedOp) -> Result<(), FoldError> {
         if op.seq != self.seq + 1 {
             return Err(FoldError::OutOfOrder {
                 mirror_seq: self.seq,
                 found: op.seq,
             });
         }
-        let Op {
+        let PreparedOp {
             seq,
             ts_ms,
-            mut body,
+            request,
+            body,
         } = op;
+        let body = match body {
+            PreparedBody::Create { id, moment } => {
+                match self.moments.entry(id) {
+                    std::collections::btree_map::Entry::Occupied(_) => {
+                        return Err(FoldError::AlreadyExists { seq, id });
+                    }
+                    std::collections::btree_map::Entry::Vacant(slot) => {
+                        slot.insert(moment);
+                    }
+                }
+                self.live_moments += 1;
+                None
+            }
+            PreparedBody::Other(body) => Some(*body),
+        };
+        if let Some(body) = body {
+            self.apply_body(seq, ts_ms, body)?;
+        }
+        if let Some((request_id, row)) = request {
+            self.requests.insert_first(request_id, row);
+        }
+        self.seq = seq;
+        self.ts_ms = ts_ms;
+        Ok(())
+    }
+
+    /// The state change of one op other than a prepared create.
+    fn apply_body(&mut self, seq: u64, ts_ms: u64, body: OpBody) -> Result<(), FoldError> {
         let at = At {
             seq,
             kind: body.kind(),
         };
-        // The request index row, decided before the payload moves.
-        let request_id = body.take_request_id();
-        let request_row = request_id.as_ref().map(|_| RequestRow {
-            seq,
-            kind: at.kind,
-            entity: body.entity(),
-        });
         match body {
             OpBody::MomentCreate(p) => {
-                if self.moments.contains_key(&p.id) {
-                    return Err(FoldError::AlreadyExists { seq, id: p.id });
+                // Not reached from `prepare` (it boxes creates), kept whole
+                // so that the fold never depends on how it was called.
+                let id = p.id;
+                if self.moments.contains_key(&id) {
+                    return Err(FoldError::AlreadyExists { seq, id });
                 }
-                self.moments.insert(
-                    p.id,
-                    Box::new(Moment {
-                        id: p.id,
-                        text: p.text.map(String::into_boxed_str),
-                        caption: p.caption.map(String::into_boxed_str),
-                        lang: p.lang.map(String::into_boxed_str),
-                        captured_at_ms: p.captured_at_ms,
-                        created_at_ms: ts_ms,
-                        version: 1,
-                        deleted: false,
-                        last_seq: seq,
-                        media: ThinVec::new(),
-                        turns: ThinVec::new(),
-                    }),
-                );
+                self.moments
+                    .insert(id, Box::new(Moment::created(p, seq, ts_ms)));
                 self.live_moments += 1;
             }
             OpBody::MomentEdit(p) => {
@@ -495,14 +525,6 @@ impl Mirror {
                 );
             }
         }
-        if let (Some(request_id), Some(row)) = (request_id, request_row) {
-            // First producer wins forever (INSERT OR IGNORE).
-            self.requests
-                .entry(request_id.into_boxed_str())
-                .or_insert(row);
-        }
-        self.seq = seq;
-        self.ts_ms = ts_ms;
         Ok(())
     }
 
@@ -552,7 +574,7 @@ impl Mirror {
         for moment in self.moments.values() {
             feed(moment);
         }
-        let mut requests: Vec<(&Box<str>, &RequestRow)> = self.requests.iter().collect();
+        let mut requests: Vec<(&str, &RequestRow)> = self.requests.iter().collect();
         requests.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (request_id, row) in requests {
             feed(&(request_id, row.seq, row.kind.code(), row.entity.to_string()));
@@ -576,6 +598,104 @@ impl Mirror {
             feed(item);
         }
         hasher.finalize().to_hex().to_string()
+    }
+}
+
+/// An op made ready for the fold by [`Preparer::prepare`]: a create's
+/// moment already built and boxed, the request id already hashed, the
+/// request index row already decided. Startup replay prepares on the
+/// decoding thread, so the fold thread moves a few pointers per op instead
+/// of a whole payload (issue 7). Preparing reads no state: it cannot fail.
+#[derive(Debug)]
+pub struct PreparedOp {
+    seq: u64,
+    ts_ms: u64,
+    request: Option<(HashedRequestId, RequestRow)>,
+    body: PreparedBody,
+}
+
+impl PreparedOp {
+    /// The op's seq.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// True if the op carries a request id (it adds a request index row
+    /// unless the id is known).
+    pub fn carries_request_id(&self) -> bool {
+        self.request.is_some()
+    }
+}
+
+#[derive(Debug)]
+enum PreparedBody {
+    /// A `moment.create`: the moment as the mirror will hold it.
+    Create { id: Id, moment: Box<Moment> },
+    /// Any other op, boxed (so that a batch of prepared ops stays small).
+    Other(Box<OpBody>),
+}
+
+/// Prepares ops for one mirror (see [`Mirror::preparer`]); `Send`, for the
+/// replay's decoding thread.
+#[derive(Clone)]
+pub struct Preparer {
+    hasher: RequestHasher,
+}
+
+impl Preparer {
+    /// `op`, made ready for [`Mirror::apply_prepared`] of the mirror this
+    /// preparer came from. Pure: no state is read.
+    pub fn prepare(&self, op: Op) -> PreparedOp {
+        prepare(&self.hasher, op)
+    }
+}
+
+fn prepare(hasher: &RequestHasher, op: Op) -> PreparedOp {
+    let Op {
+        seq,
+        ts_ms,
+        mut body,
+    } = op;
+    let request = body.take_request_id().map(|request_id| {
+        let row = RequestRow {
+            seq,
+            kind: body.kind(),
+            entity: body.entity(),
+        };
+        (hasher.hashed(request_id), row)
+    });
+    let body = match body {
+        OpBody::MomentCreate(p) => PreparedBody::Create {
+            id: p.id,
+            moment: Box::new(Moment::created(p, seq, ts_ms)),
+        },
+        other => PreparedBody::Other(Box::new(other)),
+    };
+    PreparedOp {
+        seq,
+        ts_ms,
+        request,
+        body,
+    }
+}
+
+impl Moment {
+    /// The moment a `moment.create` at `seq`, `ts_ms` makes (the payload's
+    /// device is dropped: the mirror does not keep it).
+    fn created(p: MomentCreate, seq: u64, ts_ms: u64) -> Moment {
+        Moment {
+            id: p.id,
+            text: p.text.map(String::into_boxed_str),
+            caption: p.caption.map(String::into_boxed_str),
+            lang: p.lang.map(String::into_boxed_str),
+            captured_at_ms: p.captured_at_ms,
+            created_at_ms: ts_ms,
+            version: 1,
+            deleted: false,
+            last_seq: seq,
+            media: ThinVec::new(),
+            turns: ThinVec::new(),
+        }
     }
 }
 

@@ -177,7 +177,10 @@ fn check(data: &std::path::Path, ledger: &Ledger) -> u64 {
             let moment = mirror
                 .moment(spark_engine::Id::parse(id).unwrap())
                 .unwrap_or_else(|| panic!("acknowledged create of {id} lost"));
-            let row = &mirror.requests[rid.as_str()];
+            let row = mirror
+                .requests
+                .get(rid)
+                .unwrap_or_else(|| panic!("request {rid} of an acknowledged create lost"));
             assert_eq!(
                 row.entity.to_string(),
                 *id,

@@ -46,7 +46,7 @@ pub use damage::{damage_report, damage_report_with, DamageReport, SalvagedRecord
 pub use error::{LogError, OpenError};
 pub use format::{
     ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES,
-    FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN,
+    FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, SEGMENT_SUFFIX,
 };
 pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
 pub use memfs::{CutMode, MemFs};

@@ -33,7 +33,8 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::ids::Id;
 use crate::mirror::{
-    FoldError, JobView, MarkView, MediaView, MessageView, Mirror, MomentView, RecallView, TurnView,
+    FoldError, JobView, MarkView, MediaView, MessageView, Mirror, MomentView, PreparedOp,
+    RecallView, TurnView,
 };
 use crate::op::{Op, OpDecodeError};
 
@@ -419,14 +420,58 @@ impl Engine {
     }
 }
 
-/// The name of the segment file that holds `seq`: the one with the largest
-/// first seq not above it (segment files are named by their first seq).
 /// Ops handed from the recovery thread to the fold thread at a time.
 const REPLAY_BATCH_OPS: usize = 4096;
 
 /// Batches in flight between the two threads (bounds the memory of ops
 /// decoded but not yet folded).
 const REPLAY_BATCHES_IN_FLIGHT: usize = 8;
+
+/// The first batch of records, measured to size the request index ahead of
+/// the fold: growing a 10-million-entry table rehashes every request id
+/// (reading each key) about twice, and first-touches twice the memory
+/// (issue 7).
+#[derive(Default)]
+struct RequestIdSample {
+    frame_bytes: u64,
+    request_ids: u64,
+    /// Set once the estimate was handed out.
+    done: bool,
+}
+
+impl RequestIdSample {
+    fn count(&mut self, record: &spark_log_format::RecordRef<'_>, op: &PreparedOp) {
+        self.frame_bytes += (spark_log_format::RECORD_HEADER_LEN + record.payload.len()) as u64;
+        self.request_ids += u64::from(op.carries_request_id());
+    }
+
+    /// Request ids expected in `log_bytes` of segments, at the sample's
+    /// rate; 0 after the first call.
+    fn take_estimate(&mut self, log_bytes: u64) -> usize {
+        if std::mem::replace(&mut self.done, true) || self.frame_bytes == 0 {
+            return 0;
+        }
+        let expected =
+            u128::from(log_bytes) * u128::from(self.request_ids) / u128::from(self.frame_bytes);
+        usize::try_from(expected).unwrap_or(usize::MAX)
+    }
+}
+
+/// Bytes in the segment files of `log_dir` (0 if it cannot be read).
+fn segment_bytes(log_dir: &Path) -> u64 {
+    std::fs::read_dir(log_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .ends_with(spark_log_format::SEGMENT_SUFFIX)
+        })
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
 
 /// Why the recovery thread stopped visiting records.
 enum ReplayStop {
@@ -448,16 +493,23 @@ fn replay_log(
     settings: &Settings,
     fs: Arc<dyn Fs>,
 ) -> Result<(Log, RecoveryReport, Mirror), EngineOpenError> {
+    // A batch of prepared ops with their offsets, and how many more request
+    // ids the fold should make room for (set on the first batch only).
+    type ReplayBatch = (Vec<(PreparedOp, u64)>, usize);
     let (batches, received) =
-        std::sync::mpsc::sync_channel::<Vec<(Op, u64)>>(REPLAY_BATCHES_IN_FLIGHT);
+        std::sync::mpsc::sync_channel::<ReplayBatch>(REPLAY_BATCHES_IN_FLIGHT);
+    let mut mirror = Mirror::new();
+    // Ops are decoded and prepared (creates built and boxed, request ids
+    // hashed) on this thread, and folded on the fold thread.
+    let preparer = mirror.preparer();
     let fold = std::thread::Builder::new()
         .name("spark-replay-fold".into())
         .spawn(move || {
-            let mut mirror = Mirror::new();
-            for batch in received {
+            for (batch, reserve_request_ids) in received {
+                mirror.requests.reserve(reserve_request_ids);
                 for (op, offset) in batch {
-                    let seq = op.seq;
-                    if let Err(e) = mirror.apply(op) {
+                    let seq = op.seq();
+                    if let Err(e) = mirror.apply_prepared(op) {
                         return Err((seq, offset, ReplayError::Fold(e)));
                     }
                 }
@@ -468,15 +520,22 @@ fn replay_log(
             path: settings.data_dir.display().to_string(),
             source,
         })?;
+    let log_bytes = segment_bytes(&settings.log_dir());
+    let mut sample = RequestIdSample::default();
     let mut at = (0, 0);
     let mut batch = Vec::with_capacity(REPLAY_BATCH_OPS);
     let opened = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
         at = (record.seq, record.offset);
         let op = Op::decode(&record).map_err(|e| ReplayStop::Decode(e.into()))?;
+        let op = preparer.prepare(op);
+        sample.count(&record, &op);
         batch.push((op, record.offset));
         if batch.len() == REPLAY_BATCH_OPS {
             let full = std::mem::replace(&mut batch, Vec::with_capacity(REPLAY_BATCH_OPS));
-            batches.send(full).map_err(|_| ReplayStop::FoldStopped)?;
+            let reserve = sample.take_estimate(log_bytes);
+            batches
+                .send((full, reserve))
+                .map_err(|_| ReplayStop::FoldStopped)?;
         }
         Ok(())
     });
@@ -485,7 +544,7 @@ fn replay_log(
         // them first keeps "the first refusal in seq order" (inline
         // replay would have folded them). A send fails only when the fold
         // thread stopped: its error follows.
-        let _ = batches.send(batch);
+        let _ = batches.send((batch, 0));
     }
     drop(batches);
     let folded = fold.join().map_err(|_| EngineOpenError::DataDir {
@@ -524,6 +583,8 @@ fn replay_log(
     Ok((log, recovery, mirror))
 }
 
+/// The name of the segment file that holds `seq`: the one with the largest
+/// first seq not above it (segment files are named by their first seq).
 fn segment_of(log_dir: &Path, seq: u64) -> String {
     std::fs::read_dir(log_dir)
         .into_iter()
