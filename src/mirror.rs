@@ -574,7 +574,7 @@ impl Mirror {
         for moment in self.moments.values() {
             feed(moment);
         }
-        let mut requests: Vec<(&str, &RequestRow)> = self.requests.iter().collect();
+        let mut requests: Vec<(&str, RequestRow)> = self.requests.iter().collect();
         requests.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (request_id, row) in requests {
             feed(&(request_id, row.seq, row.kind.code(), row.entity.to_string()));

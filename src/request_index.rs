@@ -1,39 +1,137 @@
 //! The request index (SPEC section 3): request id -> what the first op that
 //! carried it produced. First producer wins forever (INSERT OR IGNORE).
 //!
-//! A hash table of `(request id, row)` entries whose hashes can be computed
-//! before the fold: startup replay hashes each request id on the decoding
-//! thread ([`RequestIndex::hashed`]), so the fold thread only probes
-//! (issue 7: hashing was 5% of a 10-million-op startup, on the thread that
-//! bounds it). The hash is foldhash seeded at random per index, so request
+//! Laid out for a big mirror (issue 7):
+//! - rows live in one dense vector, in the order they were added (40 bytes
+//!   each, no empty slots);
+//! - request ids and entity names live in a byte arena of 1 MiB chunks,
+//!   length-prefixed (no allocation and no allocator rounding per id);
+//! - the hash table holds only 4-byte positions into the rows, so probing it
+//!   touches a few bytes per request id instead of a whole row.
+//!
+//! Hashes can be computed before the fold: startup replay hashes each
+//! request id on the decoding thread ([`RequestHasher`]), so the fold thread
+//! only probes. The hash is foldhash seeded at random per index, so request
 //! ids chosen by clients cannot be picked to collide.
+//!
+//! Limits: at most `u32::MAX` rows (about 4.3 billion request ids, some
+//! 300 GB of mirror; far beyond any machine this runs on).
 
 use std::fmt;
 use std::hash::BuildHasher;
 
+use crate::ids::Id;
 use crate::mirror::RequestRow;
+use crate::op::{Entity, OpKind};
 
 /// The index. Clone, compare and debug-print it like a map.
 #[derive(Clone)]
 pub struct RequestIndex {
-    table: hashbrown::HashTable<Entry>,
+    /// Positions in `rows`, by the hash of the request id.
+    table: hashbrown::HashTable<u32>,
+    /// The rows, in the order they were added.
+    rows: Vec<Row>,
+    /// The request ids and entity names the rows point at.
+    arena: TextArena,
     hasher: foldhash::fast::RandomState,
     /// Random per index (and kept by its clones): tells whether a
     /// [`HashedRequestId`] was hashed with this index's hasher.
     seed_tag: u64,
 }
 
-#[derive(Clone)]
-struct Entry {
-    key: Box<str>,
-    row: RequestRow,
+/// One row, compact: 40 bytes.
+#[derive(Clone, Copy)]
+struct Row {
+    /// Seq of the op that first carried the request id.
+    seq: u64,
+    /// The request id, in the arena.
+    key: TextRef,
+    /// The entity id; for a named entity, the low 64 bits hold the name's
+    /// [`TextRef`].
+    entity: Id,
+    /// The op's kind.
+    kind: OpKind,
+    /// True when `entity` refers to a name, not an id.
+    entity_is_name: bool,
+}
+
+/// Where a text is in a [`TextArena`]: chunk index (high 32 bits) and byte
+/// offset of its length prefix in the chunk (low 32 bits).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct TextRef(u64);
+
+/// Bytes of one arena chunk; a longer text gets a chunk of its own.
+const ARENA_CHUNK_BYTES: usize = 1 << 20;
+
+/// Append-only storage for short texts: each is a LEB128 length and the
+/// UTF-8 bytes, never split across chunks, never moved once written.
+#[derive(Clone, Default)]
+struct TextArena {
+    chunks: Vec<Vec<u8>>,
+}
+
+impl TextArena {
+    fn push(&mut self, text: &str) -> TextRef {
+        let mut prefix = [0u8; 10];
+        let prefix_len = leb128(text.len() as u64, &mut prefix);
+        let need = prefix_len + text.len();
+        let fits = self
+            .chunks
+            .last()
+            .is_some_and(|c| c.len() + need <= ARENA_CHUNK_BYTES.max(c.capacity()));
+        if !fits {
+            self.chunks
+                .push(Vec::with_capacity(ARENA_CHUNK_BYTES.max(need)));
+        }
+        let chunk_index = self.chunks.len() - 1;
+        let chunk = &mut self.chunks[chunk_index];
+        let offset = chunk.len();
+        chunk.extend_from_slice(&prefix[..prefix_len]);
+        chunk.extend_from_slice(text.as_bytes());
+        // Casts: chunks are at most max(1 MiB, one text) long and a text
+        // is far below 4 GiB (records are); at most 2^32 chunks (4 PiB).
+        TextRef(((chunk_index as u64) << 32) | offset as u64)
+    }
+
+    fn get(&self, at: TextRef) -> &str {
+        let chunk = &self.chunks[(at.0 >> 32) as usize];
+        let mut offset = (at.0 & 0xFFFF_FFFF) as usize;
+        let mut len = 0usize;
+        let mut shift = 0;
+        loop {
+            let byte = chunk[offset];
+            offset += 1;
+            len |= usize::from(byte & 0x7F) << shift;
+            shift += 7;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        // Only whole `str`s are written, each in one chunk.
+        std::str::from_utf8(&chunk[offset..offset + len]).expect("the arena holds whole strs")
+    }
+}
+
+/// Writes `value` as LEB128 into `out`; returns the bytes used.
+fn leb128(mut value: u64, out: &mut [u8; 10]) -> usize {
+    let mut used = 0;
+    loop {
+        let byte = (value & 0x7F) as u8;
+        value >>= 7;
+        if value == 0 {
+            out[used] = byte;
+            return used + 1;
+        }
+        out[used] = byte | 0x80;
+        used += 1;
+    }
 }
 
 /// A request id with its hash, made by [`RequestIndex::hashed`] (or a
 /// [`RequestHasher`] of the same index) ahead of the fold.
 #[derive(Clone, Debug)]
 pub struct HashedRequestId {
-    key: Box<str>,
+    key: String,
     hash: u64,
     seed_tag: u64,
 }
@@ -57,8 +155,8 @@ impl RequestHasher {
     /// `request_id` with its hash under the index this hasher came from.
     pub fn hashed(&self, request_id: String) -> HashedRequestId {
         HashedRequestId {
-            hash: self.hasher.hash_one(request_id.as_str()),
-            key: request_id.into_boxed_str(),
+            hash: self.hasher.hash_one(request_id.as_bytes()),
+            key: request_id,
             seed_tag: self.seed_tag,
         }
     }
@@ -68,6 +166,8 @@ impl Default for RequestIndex {
     fn default() -> Self {
         RequestIndex {
             table: hashbrown::HashTable::new(),
+            rows: Vec::new(),
+            arena: TextArena::default(),
             hasher: foldhash::fast::RandomState::default(),
             seed_tag: rand::random(),
         }
@@ -75,32 +175,59 @@ impl Default for RequestIndex {
 }
 
 impl RequestIndex {
-    /// The row of `request_id`, if an op carried it.
-    pub fn get(&self, request_id: &str) -> Option<&RequestRow> {
-        let hash = self.hasher.hash_one(request_id);
+    fn hash(&self, request_id: &str) -> u64 {
+        self.hasher.hash_one(request_id.as_bytes())
+    }
+
+    fn position(&self, hash: u64, request_id: &str) -> Option<usize> {
         self.table
-            .find(hash, |e| &*e.key == request_id)
-            .map(|e| &e.row)
+            .find(hash, |&at| {
+                self.arena.get(self.rows[at as usize].key) == request_id
+            })
+            .map(|&at| at as usize)
+    }
+
+    fn row(&self, row: &Row) -> RequestRow {
+        let entity = if row.entity_is_name {
+            let at = TextRef(row.entity.0 as u64);
+            Entity::Name(self.arena.get(at).to_owned())
+        } else {
+            Entity::Id(row.entity)
+        };
+        RequestRow {
+            seq: row.seq,
+            kind: row.kind,
+            entity,
+        }
+    }
+
+    /// The row of `request_id`, if an op carried it.
+    pub fn get(&self, request_id: &str) -> Option<RequestRow> {
+        let at = self.position(self.hash(request_id), request_id)?;
+        Some(self.row(&self.rows[at]))
     }
 
     /// True if an op carried `request_id`.
     pub fn contains_key(&self, request_id: &str) -> bool {
-        self.get(request_id).is_some()
+        self.position(self.hash(request_id), request_id).is_some()
     }
 
     /// Number of request ids.
     pub fn len(&self) -> usize {
-        self.table.len()
+        self.rows.len()
     }
 
     /// True when no op carried a request id.
     pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
+        self.rows.is_empty()
     }
 
-    /// Every `(request id, row)`, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &RequestRow)> {
-        self.table.iter().map(|e| (&*e.key, &e.row))
+    /// Every `(request id, row)`, in the order the rows were added (seq
+    /// order).
+    pub fn iter(&self) -> impl Iterator<Item = (&str, RequestRow)> + '_ {
+        self.rows
+            .iter()
+            .map(|row| (self.arena.get(row.key), self.row(row)))
     }
 
     /// A hasher for this index, to hash request ids on another thread.
@@ -118,8 +245,11 @@ impl RequestIndex {
 
     /// Makes room for `additional` more request ids without rehashing.
     pub fn reserve(&mut self, additional: usize) {
-        let hasher = &self.hasher;
-        self.table.reserve(additional, |e| hasher.hash_one(&*e.key));
+        let (rows, arena, hasher) = (&self.rows, &self.arena, &self.hasher);
+        self.table.reserve(additional, |&at| {
+            hasher.hash_one(arena.get(rows[at as usize].key).as_bytes())
+        });
+        self.rows.reserve(additional);
     }
 
     /// Adds `row` under `request_id` unless the id is there already (the
@@ -129,19 +259,30 @@ impl RequestIndex {
         let hash = if request_id.seed_tag == self.seed_tag {
             request_id.hash
         } else {
-            self.hasher.hash_one(&*request_id.key)
+            self.hash(&request_id.key)
         };
-        let hasher = &self.hasher;
-        if let hashbrown::hash_table::Entry::Vacant(slot) = self.table.entry(
+        let position = u32::try_from(self.rows.len()).expect("at most u32::MAX request ids");
+        let (rows, arena, hasher) = (&self.rows, &self.arena, &self.hasher);
+        let hashbrown::hash_table::Entry::Vacant(slot) = self.table.entry(
             hash,
-            |e| e.key == request_id.key,
-            |e| hasher.hash_one(&*e.key),
-        ) {
-            slot.insert(Entry {
-                key: request_id.key,
-                row,
-            });
-        }
+            |&at| arena.get(rows[at as usize].key) == request_id.key,
+            |&at| hasher.hash_one(arena.get(rows[at as usize].key).as_bytes()),
+        ) else {
+            return;
+        };
+        slot.insert(position);
+        let key = self.arena.push(&request_id.key);
+        let (entity, entity_is_name) = match &row.entity {
+            Entity::Id(id) => (*id, false),
+            Entity::Name(name) => (Id(u128::from(self.arena.push(name).0)), true),
+        };
+        self.rows.push(Row {
+            seq: row.seq,
+            key,
+            entity,
+            kind: row.kind,
+            entity_is_name,
+        });
     }
 }
 
@@ -183,8 +324,8 @@ mod tests {
         index.insert_first(other.hashed("r1".into()), row(3));
         index.insert_first(other.hashed("r2".into()), row(4));
         assert_eq!(index.len(), 2);
-        assert_eq!(index.get("r1"), Some(&row(1)));
-        assert_eq!(index.get("r2"), Some(&row(4)));
+        assert_eq!(index.get("r1"), Some(row(1)));
+        assert_eq!(index.get("r2"), Some(row(4)));
         assert!(!index.contains_key("r3"));
     }
 

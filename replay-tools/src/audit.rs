@@ -136,7 +136,7 @@ fn request(common: &Common, rid: &str) -> Outcome {
     let row = mirror.requests.get(rid);
     let doc = json!({
         "request_id": rid,
-        "produced": row.map(|r| json!({"seq": r.seq, "kind": r.kind.name(), "entity_id": r.entity.to_string()})),
+        "produced": row.as_ref().map(|r| json!({"seq": r.seq, "kind": r.kind.name(), "entity_id": r.entity.to_string()})),
         "ops": ops.iter().map(Op::to_json).collect::<Vec<_>>(),
     });
     if common.json {
