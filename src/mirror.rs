@@ -22,34 +22,177 @@ use crate::ids::Id;
 use crate::op::{Entity, MediaRole, MomentCreate, Op, OpBody, OpKind, Sha256, TurnMode};
 use crate::request_index::{HashedRequestId, RequestHasher, RequestIndex};
 
-/// One moment as the mirror holds it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One moment as the mirror holds it: 80 bytes, and one allocation for its
+/// three texts (issue 7: the mirror pays both per moment; it was 120 bytes
+/// and three allocations). Read the texts and capture time through
+/// [`Moment::text`], [`Moment::caption`], [`Moment::lang`] and
+/// [`Moment::captured_at_ms`].
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Moment {
     /// The moment's id.
     pub id: Id,
-    /// What the sign says. The strings are `Box<str>` (no spare capacity,
-    /// 8 bytes less each than a `String`): one per moment in a big mirror.
-    pub text: Option<Box<str>>,
-    /// The person's caption.
-    pub caption: Option<Box<str>>,
-    /// Language tag of the text.
-    pub lang: Option<Box<str>>,
-    /// When the photo was taken, Unix milliseconds.
-    pub captured_at_ms: Option<i64>,
+    /// What the sign says, the caption and the language tag, each present
+    /// one as a LEB128 byte length and its UTF-8 bytes, in that order (see
+    /// `present`).
+    texts: Box<[u8]>,
+    /// When the photo was taken, Unix milliseconds (when `present` says so).
+    captured_at_ms: i64,
     /// Server time of the `moment.create`, Unix milliseconds.
     pub created_at_ms: u64,
+    /// Seq of the last op applied to this moment.
+    pub last_seq: u64,
     /// Number of ops applied to this moment (1 after the create).
     pub version: u32,
     /// True once a `moment.delete` was applied (a tombstone).
     pub deleted: bool,
-    /// Seq of the last op applied to this moment.
-    pub last_seq: u64,
+    /// Which of text, caption, lang and capture time are present (bits 0
+    /// to 3).
+    present: u8,
     /// Ids of the moment's media, in upload order (at most one per role).
     /// A `ThinVec` (one pointer, no allocation while empty): most moments
     /// in a big mirror hold few, and every byte here is paid per moment.
     pub media: ThinVec<Id>,
     /// Ids of the moment's turns, in start order (a `ThinVec`, as `media`).
     pub turns: ThinVec<Id>,
+}
+
+/// Bits of [`Moment`]'s `present`.
+const HAS_TEXT: u8 = 1;
+const HAS_CAPTION: u8 = 2;
+const HAS_LANG: u8 = 4;
+const HAS_CAPTURED_AT: u8 = 8;
+
+impl Moment {
+    /// A moment as a `moment.create` at `seq`, `ts_ms` makes it. Public for
+    /// tests and tools that build mirrors by hand.
+    pub fn new(
+        id: Id,
+        text: Option<&str>,
+        caption: Option<&str>,
+        lang: Option<&str>,
+        captured_at_ms: Option<i64>,
+        seq: u64,
+        ts_ms: u64,
+    ) -> Moment {
+        let mut moment = Moment {
+            id,
+            texts: Box::default(),
+            captured_at_ms: captured_at_ms.unwrap_or(0),
+            created_at_ms: ts_ms,
+            last_seq: seq,
+            version: 1,
+            deleted: false,
+            present: if captured_at_ms.is_some() {
+                HAS_CAPTURED_AT
+            } else {
+                0
+            },
+            media: ThinVec::new(),
+            turns: ThinVec::new(),
+        };
+        moment.set_texts([text, caption, lang]);
+        moment
+    }
+
+    /// What the sign says.
+    pub fn text(&self) -> Option<&str> {
+        self.texts()[0]
+    }
+
+    /// The person's caption.
+    pub fn caption(&self) -> Option<&str> {
+        self.texts()[1]
+    }
+
+    /// Language tag of the text.
+    pub fn lang(&self) -> Option<&str> {
+        self.texts()[2]
+    }
+
+    /// When the photo was taken, Unix milliseconds.
+    pub fn captured_at_ms(&self) -> Option<i64> {
+        (self.present & HAS_CAPTURED_AT != 0).then_some(self.captured_at_ms)
+    }
+
+    /// Text, caption and lang.
+    fn texts(&self) -> [Option<&str>; 3] {
+        let mut out = [None; 3];
+        let mut at = 0usize;
+        for (index, bit) in [HAS_TEXT, HAS_CAPTION, HAS_LANG].into_iter().enumerate() {
+            if self.present & bit == 0 {
+                continue;
+            }
+            let mut len = 0usize;
+            let mut shift = 0;
+            loop {
+                let byte = self.texts[at];
+                at += 1;
+                len |= usize::from(byte & 0x7F) << shift;
+                shift += 7;
+                if byte & 0x80 == 0 {
+                    break;
+                }
+            }
+            // Written by `set_texts` from whole `str`s only.
+            out[index] = Some(std::str::from_utf8(&self.texts[at..at + len]).expect("whole strs"));
+            at += len;
+        }
+        out
+    }
+
+    /// Replaces text, caption and lang.
+    fn set_texts(&mut self, texts: [Option<&str>; 3]) {
+        // The exact size up front: shrinking a larger buffer would keep the
+        // allocator's larger block.
+        let prefix_len =
+            |len: usize| (usize::BITS - (len | 1).leading_zeros()).div_ceil(7) as usize;
+        let total: usize = texts
+            .iter()
+            .flatten()
+            .map(|t| prefix_len(t.len()) + t.len())
+            .sum();
+        let mut bytes = Vec::with_capacity(total);
+        self.present &= !(HAS_TEXT | HAS_CAPTION | HAS_LANG);
+        for (text, bit) in texts.into_iter().zip([HAS_TEXT, HAS_CAPTION, HAS_LANG]) {
+            let Some(text) = text else { continue };
+            self.present |= bit;
+            let mut len = text.len() as u64;
+            loop {
+                let byte = (len & 0x7F) as u8;
+                len >>= 7;
+                if len == 0 {
+                    bytes.push(byte);
+                    break;
+                }
+                bytes.push(byte | 0x80);
+            }
+            bytes.extend_from_slice(text.as_bytes());
+        }
+        debug_assert_eq!(bytes.len(), total);
+        self.texts = bytes.into_boxed_slice();
+    }
+}
+
+/// The fields in the order (and encoding) the mirror digest has always fed
+/// them, so that digests stay comparable across versions.
+impl Serialize for Moment {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let [text, caption, lang] = self.texts();
+        let mut s = serializer.serialize_struct("Moment", 11)?;
+        s.serialize_field("id", &self.id)?;
+        s.serialize_field("text", &text)?;
+        s.serialize_field("caption", &caption)?;
+        s.serialize_field("lang", &lang)?;
+        s.serialize_field("captured_at_ms", &self.captured_at_ms())?;
+        s.serialize_field("created_at_ms", &self.created_at_ms)?;
+        s.serialize_field("version", &self.version)?;
+        s.serialize_field("deleted", &self.deleted)?;
+        s.serialize_field("last_seq", &self.last_seq)?;
+        s.serialize_field("media", &self.media)?;
+        s.serialize_field("turns", &self.turns)?;
+        s.end()
+    }
 }
 
 /// One stored blob as the mirror holds it (from its `media.put`).
@@ -364,14 +507,12 @@ impl Mirror {
             }
             OpBody::MomentEdit(p) => {
                 let moment = live_moment(&mut self.moments, at, p.id)?;
-                if let Some(text) = p.text {
-                    moment.text = text.map(String::into_boxed_str);
-                }
-                if let Some(caption) = p.caption {
-                    moment.caption = caption.map(String::into_boxed_str);
-                }
-                if let Some(lang) = p.lang {
-                    moment.lang = lang.map(String::into_boxed_str);
+                if p.text.is_some() || p.caption.is_some() || p.lang.is_some() {
+                    let [text, caption, lang] = moment.texts().map(|t| t.map(str::to_owned));
+                    let text = p.text.unwrap_or(text);
+                    let caption = p.caption.unwrap_or(caption);
+                    let lang = p.lang.unwrap_or(lang);
+                    moment.set_texts([text.as_deref(), caption.as_deref(), lang.as_deref()]);
                 }
                 moment.version += 1;
                 moment.last_seq = seq;
@@ -683,19 +824,15 @@ impl Moment {
     /// The moment a `moment.create` at `seq`, `ts_ms` makes (the payload's
     /// device is dropped: the mirror does not keep it).
     fn created(p: MomentCreate, seq: u64, ts_ms: u64) -> Moment {
-        Moment {
-            id: p.id,
-            text: p.text.map(String::into_boxed_str),
-            caption: p.caption.map(String::into_boxed_str),
-            lang: p.lang.map(String::into_boxed_str),
-            captured_at_ms: p.captured_at_ms,
-            created_at_ms: ts_ms,
-            version: 1,
-            deleted: false,
-            last_seq: seq,
-            media: ThinVec::new(),
-            turns: ThinVec::new(),
-        }
+        Moment::new(
+            p.id,
+            p.text.as_deref(),
+            p.caption.as_deref(),
+            p.lang.as_deref(),
+            p.captured_at_ms,
+            seq,
+            ts_ms,
+        )
     }
 }
 
@@ -811,10 +948,10 @@ impl Mirror {
     pub fn moment_view(&self, moment: &Moment) -> MomentView {
         MomentView {
             id: moment.id,
-            text: moment.text.as_deref().map(str::to_owned),
-            caption: moment.caption.as_deref().map(str::to_owned),
-            lang: moment.lang.as_deref().map(str::to_owned),
-            captured_at: moment.captured_at_ms.map(crate::time::format_rfc3339_ms),
+            text: moment.text().map(str::to_owned),
+            caption: moment.caption().map(str::to_owned),
+            lang: moment.lang().map(str::to_owned),
+            captured_at: moment.captured_at_ms().map(crate::time::format_rfc3339_ms),
             // Cast: server times are below i64::MAX ms for 292 million years.
             created_at: crate::time::format_rfc3339_ms(moment.created_at_ms as i64),
             version: moment.version,
@@ -1029,5 +1166,87 @@ impl Message {
             ts: crate::time::format_rfc3339_ms(self.ts_ms as i64),
             ts_ms: self.ts_ms,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::MomentEdit;
+
+    fn create(seq: u64, id: u128, text: Option<&str>, lang: Option<&str>) -> Op {
+        Op {
+            seq,
+            ts_ms: 1_700_000_000_000 + seq,
+            body: OpBody::MomentCreate(MomentCreate {
+                id: Id(id),
+                request_id: Some(format!("r{seq}")),
+                device: "phone".into(),
+                text: text.map(str::to_owned),
+                caption: None,
+                lang: lang.map(str::to_owned),
+                captured_at_ms: Some(-5),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_moment_is_80_bytes() {
+        // Issue 7: paid once per moment in a big mirror.
+        assert_eq!(std::mem::size_of::<Moment>(), 80);
+    }
+
+    #[test]
+    fn texts_survive_creates_and_edits() {
+        let long = "é".repeat(200); // 400 bytes: a two-byte length prefix
+        let mut mirror = Mirror::new();
+        mirror.apply(create(1, 1, Some(&long), Some("fr"))).unwrap();
+        mirror.apply(create(2, 2, None, Some(""))).unwrap();
+        let m = mirror.moment(Id(1)).unwrap();
+        assert_eq!(
+            (m.text(), m.caption(), m.lang(), m.captured_at_ms()),
+            (Some(long.as_str()), None, Some("fr"), Some(-5))
+        );
+        let m = mirror.moment(Id(2)).unwrap();
+        assert_eq!((m.text(), m.caption(), m.lang()), (None, None, Some("")));
+
+        // Set the caption, clear the text, leave the lang alone.
+        mirror
+            .apply(Op {
+                seq: 3,
+                ts_ms: 1_700_000_000_003,
+                body: OpBody::MomentEdit(MomentEdit {
+                    id: Id(1),
+                    request_id: None,
+                    device: "phone".into(),
+                    text: Some(None),
+                    caption: Some(Some("ÿ near the station".into())),
+                    lang: None,
+                }),
+            })
+            .unwrap();
+        let m = mirror.moment(Id(1)).unwrap();
+        assert_eq!(
+            (m.text(), m.caption(), m.lang(), m.version, m.last_seq),
+            (None, Some("ÿ near the station"), Some("fr"), 2, 3)
+        );
+        // What the digest feeds is the same as for an equal moment built whole.
+        let whole = Moment {
+            version: 2,
+            ..Moment::new(
+                Id(1),
+                None,
+                Some("ÿ near the station"),
+                Some("fr"),
+                Some(-5),
+                3,
+                1_700_000_000_001,
+            )
+        };
+        assert_eq!(m, &whole);
+        assert_eq!(
+            crate::codec::encode(m).unwrap(),
+            crate::codec::encode(&whole).unwrap()
+        );
     }
 }

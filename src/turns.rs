@@ -109,9 +109,9 @@ impl Runner {
             Some((
                 turn.seat.clone(),
                 BrainRequest {
-                    moment_text: moment.text.as_deref().map(str::to_owned),
-                    caption: moment.caption.as_deref().map(str::to_owned),
-                    lang: moment.lang.as_deref().map(str::to_owned),
+                    moment_text: moment.text().map(str::to_owned),
+                    caption: moment.caption().map(str::to_owned),
+                    lang: moment.lang().map(str::to_owned),
                     copy: None,
                     copy_content_type: None,
                     mode: turn.mode.name().to_owned(),

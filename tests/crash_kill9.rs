@@ -195,7 +195,7 @@ fn check(data: &std::path::Path, ledger: &Ledger) -> u64 {
                 );
             }
             if let Some(caption) = ledger.caption.get(id) {
-                let got = moment.caption.as_deref().unwrap_or("");
+                let got = moment.caption().unwrap_or("");
                 let later = ledger
                     .maybe_caption
                     .get(id)

@@ -298,7 +298,7 @@ proptest! {
         prop_assert_eq!(engine.head().seq, model.ops);
         let state: HashMap<Id, ModelMoment> = engine.read(|m| {
             m.moments.values().map(|x| (x.id, ModelMoment {
-                text: x.text.as_deref().unwrap_or_default().to_owned(), version: x.version, deleted: x.deleted,
+                text: x.text().unwrap_or_default().to_owned(), version: x.version, deleted: x.deleted,
             })).collect()
         });
         prop_assert_eq!(state, model.moments.clone());

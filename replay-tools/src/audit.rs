@@ -189,10 +189,10 @@ fn duplicates(common: &Common) -> Outcome {
     let mut groups: BTreeMap<Content<'_>, Vec<Id>> = BTreeMap::new();
     for moment in mirror.moments.values().filter(|m| !m.deleted) {
         let key = (
-            moment.text.as_deref(),
-            moment.caption.as_deref(),
-            moment.lang.as_deref(),
-            moment.captured_at_ms,
+            moment.text(),
+            moment.caption(),
+            moment.lang(),
+            moment.captured_at_ms(),
         );
         groups.entry(key).or_default().push(moment.id);
     }

@@ -511,9 +511,9 @@ fn check_if_match(moment: &Moment, if_match: Option<u32>) -> Result<(), EngineEr
 }
 
 /// The change of one field: `None` when the edit leaves it as it is.
-fn field_change(current: &Option<Box<str>>, wanted: FieldChange) -> FieldChange {
+fn field_change(current: Option<&str>, wanted: FieldChange) -> FieldChange {
     match wanted {
-        Some(value) if value.as_deref() != current.as_deref() => Some(value),
+        Some(value) if value.as_deref() != current => Some(value),
         _ => None,
     }
 }
@@ -542,9 +542,9 @@ fn decide_edit(mirror: &Mirror, c: EditMoment) -> Decision {
     if let Err(e) = check_if_match(moment, c.if_match) {
         return refuse(e);
     }
-    let text = field_change(&moment.text, c.text);
-    let caption = field_change(&moment.caption, c.caption);
-    let lang = field_change(&moment.lang, c.lang);
+    let text = field_change(moment.text(), c.text);
+    let caption = field_change(moment.caption(), c.caption);
+    let lang = field_change(moment.lang(), c.lang);
     if text.is_none() && caption.is_none() && lang.is_none() {
         return answer(Outcome::MomentEdited {
             changed: false,
