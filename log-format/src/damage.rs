@@ -2,20 +2,22 @@
 //! place and the next valid record, so the clients that still hold those
 //! captures can send them again.
 //!
-//! [`damage_report`] runs the reader's checks; at the first corruption it
-//! walks the damaged segment from the damaged offset, salvaging every frame
-//! whose `len` and `seq` still fit even though its CRC does not (its payload
-//! may still decode into an op naming its entity and request id), and looks
-//! for the next valid record to bound the damaged seq range.
+//! [`damage_report`] runs the reader's checks, noting the last record they
+//! read; at the first corruption it walks the damaged segment from the
+//! damaged offset, salvaging every frame whose `len` and `seq` still fit
+//! even though its CRC does not (its payload may still decode into an op
+//! naming its entity and request id), and looks for the next valid record to
+//! bound the damaged seq range. A seq gap at a segment header (whole segment
+//! files missing) is bounded by that header's first seq instead.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::LogError;
 use crate::format::{
-    decode_record, le_u16, le_u32, le_u64, parse_segment_file_name, RecordDecode, Seq, KIND_SEAL,
-    RECORD_KIND_OFFSET, RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN, RECORD_PAYLOAD_OFFSET,
-    RECORD_SEQ_OFFSET, RECORD_TS_OFFSET,
+    decode_record, le_u16, le_u32, le_u64, parse_segment_file_name, RecordDecode, SegmentHeader,
+    Seq, HEADER_LEN, KIND_SEAL, RECORD_KIND_OFFSET, RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN,
+    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, RECORD_TS_OFFSET,
 };
 use crate::fs::{Fs, OsFs};
 use crate::reader::{LogReader, ScanOptions};
@@ -48,7 +50,10 @@ pub struct DamageReport {
     pub segment: String,
     /// Where the damage starts in it.
     pub offset: u64,
-    /// The last seq before the damage.
+    /// The seq of the last record read before the damage (0 when none was):
+    /// the damaged range starts right after it. (The reader's error names
+    /// the seq a segment was expected to start at where the damage is at
+    /// its header; this is always the last record actually read.)
     pub last_good_seq: Seq,
     /// The first valid seq after the damage, if any (in this segment or a
     /// later one).
@@ -84,35 +89,49 @@ pub fn damage_report_with(
     fs: Arc<dyn Fs>,
     max_record_bytes: u32,
 ) -> Result<Option<DamageReport>, LogError> {
-    let verdict =
-        LogReader::open_with_limit(dir, fs.clone(), max_record_bytes).and_then(|reader| {
-            let options = ScanOptions {
-                verify_chain: true,
-                max_record_bytes,
-            };
-            reader.scan(options, |_, _| std::ops::ControlFlow::Continue(()))
-        });
-    let (segment, offset, last_good_seq, error) = match verdict {
+    // The last record read before the damage: the reader's error names the
+    // seq *expected* where the damage is at a segment header, so the last
+    // good seq is taken from what was actually read instead.
+    let mut last_read: Seq = 0;
+    let verdict = LogReader::open_visiting(dir, fs.clone(), max_record_bytes, |record| {
+        last_read = record.seq;
+    })
+    .and_then(|reader| {
+        // The scan reads again from the first record.
+        last_read = 0;
+        let options = ScanOptions {
+            verify_chain: true,
+            max_record_bytes,
+        };
+        reader.scan(options, |_, record| {
+            last_read = record.seq;
+            std::ops::ControlFlow::Continue(())
+        })
+    });
+    let (segment, offset, error) = match verdict {
         Ok(_) => return Ok(None),
         Err(e @ LogError::Corrupt { .. }) => {
             let LogError::Corrupt {
-                segment,
-                offset,
-                seq,
-                ..
+                segment, offset, ..
             } = &e
             else {
                 return Err(e);
             };
-            (segment.clone(), *offset, *seq, e.to_string())
+            (segment.clone(), *offset, e.to_string())
         }
         Err(other) => return Err(other),
     };
+    let last_good_seq = last_read;
     let map = fs
         .map(&dir.join(&segment))
         .map_err(|e| LogError::io("map", dir.join(&segment), e))?;
     let bytes: &[u8] = (*map).as_ref();
-    let (salvaged, mut next_good_seq) = walk(bytes, offset, last_good_seq, max_record_bytes);
+    let (salvaged, mut next_good_seq) = match header_gap(&segment, bytes, offset, last_good_seq) {
+        // Whole segment files are missing: their records are nowhere to
+        // salvage, and this segment's first record is the next good one.
+        Some(first_seq) => (Vec::new(), Some(first_seq)),
+        None => walk(bytes, offset, last_good_seq, max_record_bytes),
+    };
     if next_good_seq.is_none() {
         // No valid record after the damage in this segment: the next
         // segment, if any, starts at a known seq.
@@ -133,6 +152,21 @@ pub fn damage_report_with(
         next_good_seq,
         salvaged,
     }))
+}
+
+/// When the damage at `offset` of segment `name` is a seq gap at its header
+/// (a whole segment file missing before it, or a first segment that does
+/// not start at seq 1): the header is valid, agrees with the file name and
+/// starts after `last_good + 1`. Returns that first seq, the next good one.
+fn header_gap(name: &str, bytes: &[u8], offset: u64, last_good: Seq) -> Option<Seq> {
+    // Cast: usize is at most 64 bits.
+    if offset >= HEADER_LEN as u64 {
+        return None;
+    }
+    let header = SegmentHeader::decode(bytes).ok()?;
+    let first_seq = header.first_seq;
+    (parse_segment_file_name(name) == Some(first_seq) && first_seq > last_good.saturating_add(1))
+        .then_some(first_seq)
 }
 
 /// Walks from `offset`: frames whose `len` is plausible and whose `seq` is

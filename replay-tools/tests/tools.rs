@@ -414,3 +414,74 @@ fn generate_writes_a_verifiable_log_and_never_extends_one() {
     let (_, out, _) = run(&["rebuild", "--json"], &data);
     assert_eq!(json(&out)["seq"], 2500);
 }
+
+/// A log of several sealed segments: `populate` with small segments, then
+/// 60 more creates. The engine is shut down.
+async fn populate_segments(data: &Path) -> Vec<spark_log_format::SegmentInfo> {
+    let (engine, _) = populate(data, 4096).await;
+    for n in 0..60u64 {
+        engine
+            .submit(create(
+                Id::from_parts(1_767_225_700_000 + n, n.into()),
+                &format!("bulk-{n}"),
+                &"x".repeat(150),
+            ))
+            .await
+            .unwrap();
+    }
+    engine.shutdown().await;
+    drop(engine);
+    spark_log_format::LogReader::open(&data.join("log"))
+        .unwrap()
+        .segments()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn audit_damage_and_verify_agree_on_a_missing_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let segments = populate_segments(&data).await;
+    assert!(segments.len() >= 3, "{segments:?}");
+    let (before, missing, after) = (&segments[0], &segments[1], &segments[2]);
+    std::fs::remove_file(data.join("log").join(&missing.name)).unwrap();
+
+    let (code, out, verify_err) = run(&["verify"], &data);
+    assert_eq!(code, 1, "{out}{verify_err}");
+    assert!(
+        verify_err.contains(&after.name) && verify_err.contains("seq gap"),
+        "{verify_err}"
+    );
+
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let report = json(&out);
+    // The damage starts at the first missing seq: the one after the last
+    // record read (the end of the segment before the missing one).
+    assert_eq!(report["last_good_seq"], before.last_seq);
+    assert_eq!(report["next_good_seq"], after.first_seq);
+    assert_eq!(
+        report["damaged_seqs"],
+        serde_json::json!({"first": missing.first_seq, "last": missing.last_seq})
+    );
+    assert_eq!(report["records"], serde_json::json!([]));
+    // The same error verify names.
+    let error = report["error"].as_str().unwrap();
+    assert!(verify_err.contains(error), "{verify_err} / {error}");
+
+    let range = format!("damaged: seq {}..={}", missing.first_seq, missing.last_seq);
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains(&range), "{out}");
+
+    // The server refuses to start, and says the same.
+    let settings = Settings {
+        data_dir: data.clone(),
+        ..Settings::default()
+    };
+    let error = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock))
+        .err()
+        .expect("a log with a missing segment is refused")
+        .to_string();
+    assert!(error.contains(&range), "{error}");
+}
