@@ -179,7 +179,7 @@ impl LogReader {
                     segment: file.name.clone(),
                     offset: torn.offset,
                     bytes_dropped: file_len - torn.offset,
-                    damage: torn.damage.to_string(),
+                    damage: torn.describe(),
                     whole_frame: torn.damage == crate::format::Damage::BadCrc,
                     quarantine: None,
                 });

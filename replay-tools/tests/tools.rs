@@ -485,3 +485,32 @@ async fn audit_damage_and_verify_agree_on_a_missing_segment() {
         .to_string();
     assert!(error.contains(&range), "{error}");
 }
+
+#[tokio::test]
+async fn verify_describes_zeros_then_a_stray_byte_as_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, _) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    let segment = data.join("log/00000000000000000001.seg");
+    let end = spark_log_format::LogReader::open(&data.join("log"))
+        .unwrap()
+        .segments()[0]
+        .bytes as usize;
+    let whole = std::fs::read(&segment).unwrap()[..end].to_vec();
+
+    // Zeros, then a stray non-zero byte: a torn tail (the engine cuts it
+    // and keeps a copy), not the end of written data.
+    let mut stray = whole.clone();
+    stray.extend_from_slice(&[0; 100]);
+    stray.push(0x01);
+    std::fs::write(&segment, &stray).unwrap();
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("note:") && out.contains("non-zero"), "{out}");
+    assert!(out.contains(&format!("from offset {}", end + 100)), "{out}");
+    assert!(!out.contains("(end of written data)"), "{out}");
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+}
