@@ -9,6 +9,11 @@
 //! naming its entity and request id), and looks for the next valid record to
 //! bound the damaged seq range. A seq gap at a segment header (whole segment
 //! files missing) is bounded by that header's first seq instead.
+//!
+//! A whole last frame that fails its checksum is reported too
+//! ([`last_frame_report`]): recovery cuts it as a torn tail, but it may be
+//! an acknowledged record that was damaged, which the bytes cannot tell
+//! from a torn write (FORMAT.md, "Torn and corrupt, exactly").
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,10 +22,11 @@ use crate::error::LogError;
 use crate::format::{
     decode_record, le_u16, le_u32, le_u64, parse_segment_file_name, RecordDecode, SegmentHeader,
     Seq, HEADER_LEN, KIND_SEAL, RECORD_KIND_OFFSET, RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN,
-    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, RECORD_TS_OFFSET,
+    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, RECORD_TS_OFFSET, SEAL_RECORD_BYTES,
 };
 use crate::fs::{Fs, OsFs};
 use crate::reader::{LogReader, ScanOptions};
+use crate::recovery::TornTail;
 use crate::segment::find_valid_record;
 
 /// A frame inside the damaged range whose header still reads: it may be a
@@ -41,10 +47,39 @@ pub struct SalvagedRecord {
     pub payload: Vec<u8>,
 }
 
-/// What is known about the first corruption of a log.
+/// Which kind of damage a [`DamageReport`] describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DamageKind {
+    /// Bytes that do not verify and are not a torn tail: the reader and
+    /// recovery refuse the log with [`LogError::Corrupt`].
+    Corrupt,
+    /// The last frame of the log is whole (its `len` fits the file) but
+    /// fails its checksum, and no valid record follows it: either a torn
+    /// write (never acknowledged) or an acknowledged record (or seal)
+    /// damaged since, which the bytes cannot tell apart (FORMAT.md, "Torn
+    /// and corrupt, exactly"). Recovery cuts it as a torn tail and keeps a
+    /// copy; `spark-replay verify` reports it as a fault.
+    DamagedOrTornLastFrame {
+        /// The frame reads as a seal (a seal's `len`, and kind 0 or the last
+        /// record's seq): it holds no record.
+        seal: bool,
+        /// Only zero bytes follow the frame, so its seq is the only one
+        /// damaged; otherwise the non-zero bytes after it may be more
+        /// records of the same torn batch.
+        zeros_after: bool,
+    },
+}
+
+/// What is known about the first corruption of a log, or about a damaged or
+/// torn last frame (see [`DamageKind`]).
 #[derive(Clone, Debug)]
 pub struct DamageReport {
-    /// The error the reader refused the log with (segment, offset, seq, reason).
+    /// Which kind of damage this is.
+    pub kind: DamageKind,
+    /// For [`DamageKind::Corrupt`], the error the reader refused the log
+    /// with (segment, offset, seq, reason), word for word what `spark-replay
+    /// verify` prints; for a damaged or torn last frame, the fault `verify`
+    /// reports (segment, offset, the seq, and both possible causes).
     pub error: String,
     /// The damaged segment's file name.
     pub segment: String,
@@ -65,9 +100,14 @@ pub struct DamageReport {
 impl DamageReport {
     /// The damaged seqs: from the last good one + 1 to the next good one - 1
     /// (open-ended when no valid record follows). `None` when the damage
-    /// hides no record (e.g. a header or a seal).
+    /// hides no record (e.g. a header or a seal). For a damaged or torn last
+    /// frame: its seq (the last good one + 1), open-ended when non-zero
+    /// bytes follow the frame, `None` when the frame is a seal.
     pub fn damaged_seqs(&self) -> Option<(Seq, Option<Seq>)> {
-        let first = self.last_good_seq + 1;
+        let first = self.last_good_seq.saturating_add(1);
+        if let DamageKind::DamagedOrTornLastFrame { seal, zeros_after } = self.kind {
+            return (!seal).then_some((first, zeros_after.then_some(first)));
+        }
         match self.next_good_seq {
             Some(next) if next <= first => None,
             Some(next) => Some((first, Some(next - 1))),
@@ -78,7 +118,11 @@ impl DamageReport {
 
 /// Checks the log in `dir` like `spark-replay verify` (checksums, seqs,
 /// headers, seals, chain) and, at the first corruption, reports what it
-/// can. `Ok(None)` when the log is whole.
+/// can. A whole last frame that fails its checksum, which recovery cuts as a
+/// torn tail but `verify` reports as a fault, is reported too
+/// ([`DamageKind::DamagedOrTornLastFrame`]). `Ok(None)` when the log is
+/// whole, or ends in a torn tail that is no whole frame (a torn write,
+/// which `verify` only notes).
 pub fn damage_report(dir: &Path, max_record_bytes: u32) -> Result<Option<DamageReport>, LogError> {
     damage_report_with(dir, Arc::new(OsFs), max_record_bytes)
 }
@@ -109,7 +153,14 @@ pub fn damage_report_with(
         })
     });
     let (segment, offset, error) = match verdict {
-        Ok(_) => return Ok(None),
+        Ok(scan) => {
+            return match &scan.torn_tail {
+                Some(torn) => {
+                    last_frame_report_with(dir, &fs, torn, scan.head.seq, max_record_bytes)
+                }
+                None => Ok(None),
+            }
+        }
         Err(e @ LogError::Corrupt { .. }) => {
             let LogError::Corrupt {
                 segment, offset, ..
@@ -145,11 +196,94 @@ pub fn damage_report_with(
             .min();
     }
     Ok(Some(DamageReport {
+        kind: DamageKind::Corrupt,
         error,
         segment,
         offset,
         last_good_seq,
         next_good_seq,
+        salvaged,
+    }))
+}
+
+/// The report on the torn tail `torn` of the log in `dir`, found after seq
+/// `last_good_seq` (the head), when it is a whole frame that fails its
+/// checksum ([`TornTail::whole_frame`]): a torn write or a damaged
+/// acknowledged record (or seal), which the bytes cannot tell apart.
+/// `Ok(None)` for any other torn tail (a torn write). `spark-replay verify`
+/// reports the fault with this report's `error`.
+pub fn last_frame_report(
+    dir: &Path,
+    torn: &TornTail,
+    last_good_seq: Seq,
+    max_record_bytes: u32,
+) -> Result<Option<DamageReport>, LogError> {
+    let fs: Arc<dyn Fs> = Arc::new(OsFs);
+    last_frame_report_with(dir, &fs, torn, last_good_seq, max_record_bytes)
+}
+
+/// [`last_frame_report`] over another file seam.
+fn last_frame_report_with(
+    dir: &Path,
+    fs: &Arc<dyn Fs>,
+    torn: &TornTail,
+    last_good_seq: Seq,
+    max_record_bytes: u32,
+) -> Result<Option<DamageReport>, LogError> {
+    if !torn.whole_frame {
+        return Ok(None);
+    }
+    let path = dir.join(&torn.segment);
+    let map = fs.map(&path).map_err(|e| LogError::io("map", &path, e))?;
+    let bytes: &[u8] = (*map).as_ref();
+    // Out of range (the file shrank since it was read) reads as nothing.
+    let at = usize::try_from(torn.offset).unwrap_or(usize::MAX);
+    let len = le_u32(bytes, at);
+    let frame_end = len
+        .and_then(|len| usize::try_from(len).ok())
+        .and_then(|len| at.checked_add(RECORD_SEQ_OFFSET)?.checked_add(len))
+        .unwrap_or(usize::MAX);
+    let zeros_after = bytes
+        .get(frame_end..)
+        .unwrap_or(&[])
+        .iter()
+        .all(|&b| b == 0);
+    // Cast: a seal frame is 60 bytes.
+    let seal_len = (SEAL_RECORD_BYTES - RECORD_SEQ_OFFSET) as u32;
+    let seal = len == Some(seal_len)
+        && (le_u16(bytes, at.saturating_add(RECORD_KIND_OFFSET)) == Some(KIND_SEAL)
+            || le_u64(bytes, at.saturating_add(RECORD_SEQ_OFFSET)) == Some(last_good_seq));
+    let seq = last_good_seq.saturating_add(1);
+    let (salvaged, error) = if seal {
+        (
+            Vec::new(),
+            format!(
+                "segment {} at offset {} (after seq {last_good_seq}): the last frame, a seal, \
+                 is whole but fails its checksum ({}); it is either a torn write of the seal \
+                 or a damaged seal (the bytes cannot tell which), and holds no record. The \
+                 engine will cut it at its next start and keep a copy in the log directory",
+                torn.segment, torn.offset, torn.damage
+            ),
+        )
+    } else {
+        (
+            walk(bytes, torn.offset, last_good_seq, max_record_bytes).0,
+            format!(
+                "segment {} at offset {} (after seq {last_good_seq}): the last record (seq \
+                 {seq}) is whole but fails its checksum ({}); it is either a torn write (never \
+                 acknowledged) or a damaged acknowledged record (the bytes cannot tell which). \
+                 The engine will cut it at its next start and keep a copy in the log directory",
+                torn.segment, torn.offset, torn.damage
+            ),
+        )
+    };
+    Ok(Some(DamageReport {
+        kind: DamageKind::DamagedOrTornLastFrame { seal, zeros_after },
+        error,
+        segment: torn.segment.clone(),
+        offset: torn.offset,
+        last_good_seq,
+        next_good_seq: None,
         salvaged,
     }))
 }

@@ -2,13 +2,20 @@
 //! refusal to start print): its damaged seq range starts at the seq after
 //! the last record actually read, also when the damage is a seq gap at a
 //! segment header (a whole segment file missing); its error is the one the
-//! reader (what `spark-replay verify` runs) refuses the log with.
+//! reader (what `spark-replay verify` runs) refuses the log with; and a whole
+//! last frame that fails its checksum, which `verify` reports as a fault, is
+//! reported too (a torn write or a damaged acknowledged record), while a tail
+//! that is only a torn write is not.
 
 mod common;
 
 use common::*;
-use spark_log_format::format::{segment_file_name, HEADER_CRC_OFFSET, HEADER_FIRST_SEQ_OFFSET};
-use spark_log_format::{damage_report, DamageReport, LogReader, DEFAULT_MAX_RECORD_BYTES};
+use spark_log_format::format::{
+    segment_file_name, HEADER_CRC_OFFSET, HEADER_FIRST_SEQ_OFFSET, SEAL_RECORD_BYTES,
+};
+use spark_log_format::{
+    damage_report, DamageKind, DamageReport, LogReader, DEFAULT_MAX_RECORD_BYTES,
+};
 
 fn reported(dir: &std::path::Path) -> DamageReport {
     damage_report(dir, DEFAULT_MAX_RECORD_BYTES)
@@ -18,6 +25,7 @@ fn reported(dir: &std::path::Path) -> DamageReport {
 
 /// A corrupt log's report carries the reader's error, word for word.
 fn assert_same_error_as_the_reader(dir: &std::path::Path, report: &DamageReport) {
+    assert_eq!(report.kind, DamageKind::Corrupt);
     assert_eq!(report.error, reader_error(dir).to_string());
 }
 
@@ -117,4 +125,111 @@ fn a_flipped_record_mid_log_is_its_seq() {
     assert_eq!(report.damaged_seqs(), Some((2, Some(2))));
     assert_eq!(report.salvaged.len(), 1);
     assert_eq!(report.salvaged[0].seq, 2);
+}
+
+/// The last record of the log, whole but failing its checksum: `verify`
+/// reports it as a fault, so the damage report names it too.
+#[test]
+fn a_whole_last_record_with_a_bad_checksum_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = SegmentBytes::new(1, [0; 32]).record(1).record(2).record(3);
+    let path = seg.write(dir.path());
+    flip(&path, seg.offsets[2] + 30, 0x40);
+    let reader = LogReader::open(dir.path()).unwrap();
+    let torn = reader
+        .torn_tail()
+        .cloned()
+        .expect("the reader sees the tail");
+    assert!(torn.whole_frame);
+
+    let report = reported(dir.path());
+    assert_eq!(
+        report.kind,
+        DamageKind::DamagedOrTornLastFrame {
+            seal: false,
+            zeros_after: true
+        }
+    );
+    assert_eq!(report.segment, segment_file_name(1));
+    assert_eq!(report.offset, seg.offsets[2] as u64);
+    assert_eq!((report.last_good_seq, report.next_good_seq), (2, None));
+    assert_eq!(report.damaged_seqs(), Some((3, Some(3))));
+    assert_eq!(report.salvaged.len(), 1);
+    assert_eq!(report.salvaged[0].seq, 3);
+    let mut payload = sample(3).payload;
+    payload[2] ^= 0x40;
+    assert_eq!(report.salvaged[0].payload, payload);
+    for words in ["seq 3", "torn write", "damaged", "checksum", "offset"] {
+        assert!(report.error.contains(words), "{words:?}: {}", report.error);
+    }
+    assert!(
+        report.error.contains(&segment_file_name(1)),
+        "{}",
+        report.error
+    );
+
+    // Zero fill after it changes nothing; garbage after it may hide more
+    // (never acknowledged) records of a torn batch: open-ended.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(&[0; 100]);
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(reported(dir.path()).damaged_seqs(), Some((3, Some(3))));
+    bytes.extend_from_slice(&[0x5a; 3]);
+    std::fs::write(&path, &bytes).unwrap();
+    let report = reported(dir.path());
+    assert_eq!(
+        report.kind,
+        DamageKind::DamagedOrTornLastFrame {
+            seal: false,
+            zeros_after: false
+        }
+    );
+    assert_eq!(report.damaged_seqs(), Some((3, None)));
+}
+
+/// A seal at the very end of the log (between a roll's seal and its new
+/// file) that fails its checksum hides no record.
+#[test]
+fn a_whole_last_seal_with_a_bad_checksum_hides_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = SegmentBytes::new(1, [0; 32]).record(1).record(2).seal(2);
+    let path = seg.write(dir.path());
+    let seal_at = seg.bytes.len() - SEAL_RECORD_BYTES;
+    flip(&path, seal_at + 40, 0x02);
+    let report = reported(dir.path());
+    assert_eq!(
+        report.kind,
+        DamageKind::DamagedOrTornLastFrame {
+            seal: true,
+            zeros_after: true
+        }
+    );
+    assert_eq!(report.offset, seal_at as u64);
+    assert_eq!(report.last_good_seq, 2);
+    assert_eq!(report.damaged_seqs(), None);
+    assert!(report.salvaged.is_empty());
+    assert!(report.error.contains("seal"), "{}", report.error);
+}
+
+/// A tail that is only a torn write (a record cut short, zeros then
+/// garbage) is no damage: `verify` notes it and exits 0.
+#[test]
+fn a_torn_tail_that_is_not_a_whole_frame_is_no_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = SegmentBytes::new(1, [0; 32]).record(1).record(2).record(3);
+    let path = seg.write(dir.path());
+    std::fs::write(&path, &seg.bytes[..seg.bytes.len() - 3]).unwrap();
+    assert!(LogReader::open(dir.path()).unwrap().torn_tail().is_some());
+    assert!(damage_report(dir.path(), DEFAULT_MAX_RECORD_BYTES)
+        .unwrap()
+        .is_none());
+
+    let mut bytes = seg.bytes.clone();
+    bytes.extend_from_slice(&[0; 40]);
+    bytes.push(0x01);
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(LogReader::open(dir.path()).unwrap().torn_tail().is_some());
+    assert!(damage_report(dir.path(), DEFAULT_MAX_RECORD_BYTES)
+        .unwrap()
+        .is_none());
 }

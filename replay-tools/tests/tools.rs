@@ -365,6 +365,7 @@ async fn audit_damage_names_the_damaged_seqs_and_what_they_were() {
     let (code, out, err) = run(&["audit", "damage", "--json"], &data);
     assert_eq!(code, 1, "{out}{err}");
     let report = json(&out);
+    assert_eq!(report["kind"], "corrupt");
     assert_eq!(
         report["damaged_seqs"],
         serde_json::json!({"first": 2, "last": 2})
@@ -456,6 +457,7 @@ async fn audit_damage_and_verify_agree_on_a_missing_segment() {
     let (code, out, err) = run(&["audit", "damage", "--json"], &data);
     assert_eq!(code, 1, "{out}{err}");
     let report = json(&out);
+    assert_eq!(report["kind"], "corrupt");
     // The damage starts at the first missing seq: the one after the last
     // record read (the end of the segment before the missing one).
     assert_eq!(report["last_good_seq"], before.last_seq);
@@ -511,6 +513,63 @@ async fn verify_describes_zeros_then_a_stray_byte_as_a_torn_tail() {
     assert!(out.contains("note:") && out.contains("non-zero"), "{out}");
     assert!(out.contains(&format!("from offset {}", end + 100)), "{out}");
     assert!(!out.contains("(end of written data)"), "{out}");
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+#[tokio::test]
+async fn audit_damage_and_verify_agree_on_the_last_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, _) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    let segment = data.join("log/00000000000000000001.seg");
+    let whole = std::fs::read(&segment).unwrap();
+    let end = spark_log_format::LogReader::open(&data.join("log"))
+        .unwrap()
+        .segments()[0]
+        .bytes as usize;
+    let whole = whole[..end].to_vec();
+
+    // The last record (seq 5) whole, its checksum failing: verify says it
+    // may be a damaged acknowledged record; so does audit damage.
+    let mut flipped = whole.clone();
+    flipped[end - 3] ^= 0x01;
+    std::fs::write(&segment, &flipped).unwrap();
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("damaged acknowledged record"), "{err}");
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(report["damaged"], true);
+    assert_eq!(report["kind"], "damaged_or_torn_last_frame");
+    assert_eq!(report["last_good_seq"], 4);
+    assert_eq!(report["next_good_seq"], Value::Null);
+    assert_eq!(
+        report["damaged_seqs"],
+        serde_json::json!({"first": 5, "last": 5})
+    );
+    assert_eq!(report["records"][0]["seq"], 5);
+    assert_eq!(report["records"][0]["kind"], "moment.delete");
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    for words in [
+        "damaged: seq 5",
+        "00000000000000000001.seg",
+        "torn write",
+        "damaged acknowledged record",
+        "next start",
+    ] {
+        assert!(out.contains(words), "{words:?}: {out}");
+    }
+    assert!(!out.contains("no damage"), "{out}");
+
+    // Cut short instead: a torn write, which verify only notes. No damage.
+    std::fs::write(&segment, &whole[..end - 5]).unwrap();
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!((code, out.contains("note:")), (0, true), "{out}{err}");
     let (code, out, err) = run(&["audit", "damage"], &data);
     assert_eq!(code, 0, "{out}{err}");
 }
