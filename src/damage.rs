@@ -5,7 +5,7 @@
 //! `spark-replay audit damage` both print it.
 
 use serde::Serialize;
-use spark_log_format::{DamageReport, RecordRef};
+use spark_log_format::{DamageKind, DamageReport, RecordRef};
 
 use crate::op::Op;
 
@@ -75,8 +75,8 @@ pub fn range_text(report: &DamageReport) -> String {
     }
 }
 
-/// One paragraph for people: the error, the damaged range, and what the
-/// damaged records were about where they still decode.
+/// One paragraph for people: the error, the damaged range, what the
+/// damaged records were about where they still decode, and what to do.
 pub fn summary(report: &DamageReport) -> String {
     let mut text = format!(
         "{}\ndamaged: {} (segment {} from offset {})",
@@ -95,6 +95,10 @@ pub fn summary(report: &DamageReport) -> String {
             op.device.as_deref().unwrap_or("-"),
         ));
     }
-    text.push_str("\nrun `spark-replay audit damage` for the full report; clients holding these captures can send them again once the log is repaired");
+    match report.kind {
+        DamageKind::Corrupt => text.push_str("\nrun `spark-replay audit damage` for the full report; clients holding these captures can send them again once the log is repaired"),
+        DamageKind::DamagedOrTornLastFrame { seal: true, .. } => {}
+        DamageKind::DamagedOrTornLastFrame { seal: false, .. } => text.push_str("\nif it was acknowledged, the client holding that capture can send it again once the engine has cut it"),
+    }
     text
 }

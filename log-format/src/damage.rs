@@ -2,23 +2,31 @@
 //! place and the next valid record, so the clients that still hold those
 //! captures can send them again.
 //!
-//! [`damage_report`] runs the reader's checks; at the first corruption it
-//! walks the damaged segment from the damaged offset, salvaging every frame
-//! whose `len` and `seq` still fit even though its CRC does not (its payload
-//! may still decode into an op naming its entity and request id), and looks
-//! for the next valid record to bound the damaged seq range.
+//! [`damage_report`] runs the reader's checks, noting the last record they
+//! read; at the first corruption it walks the damaged segment from the
+//! damaged offset, salvaging every frame whose `len` and `seq` still fit
+//! even though its CRC does not (its payload may still decode into an op
+//! naming its entity and request id), and looks for the next valid record to
+//! bound the damaged seq range. A seq gap at a segment header (whole segment
+//! files missing) is bounded by that header's first seq instead.
+//!
+//! A whole last frame that fails its checksum is reported too
+//! ([`last_frame_report`]): recovery cuts it as a torn tail, but it may be
+//! an acknowledged record that was damaged, which the bytes cannot tell
+//! from a torn write (FORMAT.md, "Torn and corrupt, exactly").
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::LogError;
 use crate::format::{
-    decode_record, le_u16, le_u32, le_u64, parse_segment_file_name, RecordDecode, Seq, KIND_SEAL,
-    RECORD_KIND_OFFSET, RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN, RECORD_PAYLOAD_OFFSET,
-    RECORD_SEQ_OFFSET, RECORD_TS_OFFSET,
+    decode_record, le_u16, le_u32, le_u64, parse_segment_file_name, RecordDecode, SegmentHeader,
+    Seq, HEADER_LEN, KIND_SEAL, RECORD_KIND_OFFSET, RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN,
+    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, RECORD_TS_OFFSET, SEAL_RECORD_BYTES,
 };
 use crate::fs::{Fs, OsFs};
 use crate::reader::{LogReader, ScanOptions};
+use crate::recovery::TornTail;
 use crate::segment::find_valid_record;
 
 /// A frame inside the damaged range whose header still reads: it may be a
@@ -39,16 +47,48 @@ pub struct SalvagedRecord {
     pub payload: Vec<u8>,
 }
 
-/// What is known about the first corruption of a log.
+/// Which kind of damage a [`DamageReport`] describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DamageKind {
+    /// Bytes that do not verify and are not a torn tail: the reader and
+    /// recovery refuse the log with [`LogError::Corrupt`].
+    Corrupt,
+    /// The last frame of the log is whole (its `len` fits the file) but
+    /// fails its checksum, and no valid record follows it: either a torn
+    /// write (never acknowledged) or an acknowledged record (or seal)
+    /// damaged since, which the bytes cannot tell apart (FORMAT.md, "Torn
+    /// and corrupt, exactly"). Recovery cuts it as a torn tail and keeps a
+    /// copy; `spark-replay verify` reports it as a fault.
+    DamagedOrTornLastFrame {
+        /// The frame reads as a seal (a seal's `len`, and kind 0 or the last
+        /// record's seq): it holds no record.
+        seal: bool,
+        /// Only zero bytes follow the frame, so its seq is the only one
+        /// damaged; otherwise the non-zero bytes after it may be more
+        /// records of the same torn batch.
+        zeros_after: bool,
+    },
+}
+
+/// What is known about the first corruption of a log, or about a damaged or
+/// torn last frame (see [`DamageKind`]).
 #[derive(Clone, Debug)]
 pub struct DamageReport {
-    /// The error the reader refused the log with (segment, offset, seq, reason).
+    /// Which kind of damage this is.
+    pub kind: DamageKind,
+    /// For [`DamageKind::Corrupt`], the error the reader refused the log
+    /// with (segment, offset, seq, reason), word for word what `spark-replay
+    /// verify` prints; for a damaged or torn last frame, the fault `verify`
+    /// reports (segment, offset, the seq, and both possible causes).
     pub error: String,
     /// The damaged segment's file name.
     pub segment: String,
     /// Where the damage starts in it.
     pub offset: u64,
-    /// The last seq before the damage.
+    /// The seq of the last record read before the damage (0 when none was):
+    /// the damaged range starts right after it. (The reader's error names
+    /// the seq a segment was expected to start at where the damage is at
+    /// its header; this is always the last record actually read.)
     pub last_good_seq: Seq,
     /// The first valid seq after the damage, if any (in this segment or a
     /// later one).
@@ -60,9 +100,14 @@ pub struct DamageReport {
 impl DamageReport {
     /// The damaged seqs: from the last good one + 1 to the next good one - 1
     /// (open-ended when no valid record follows). `None` when the damage
-    /// hides no record (e.g. a header or a seal).
+    /// hides no record (e.g. a header or a seal). For a damaged or torn last
+    /// frame: its seq (the last good one + 1), open-ended when non-zero
+    /// bytes follow the frame, `None` when the frame is a seal.
     pub fn damaged_seqs(&self) -> Option<(Seq, Option<Seq>)> {
-        let first = self.last_good_seq + 1;
+        let first = self.last_good_seq.saturating_add(1);
+        if let DamageKind::DamagedOrTornLastFrame { seal, zeros_after } = self.kind {
+            return (!seal).then_some((first, zeros_after.then_some(first)));
+        }
         match self.next_good_seq {
             Some(next) if next <= first => None,
             Some(next) => Some((first, Some(next - 1))),
@@ -73,7 +118,11 @@ impl DamageReport {
 
 /// Checks the log in `dir` like `spark-replay verify` (checksums, seqs,
 /// headers, seals, chain) and, at the first corruption, reports what it
-/// can. `Ok(None)` when the log is whole.
+/// can. A whole last frame that fails its checksum, which recovery cuts as a
+/// torn tail but `verify` reports as a fault, is reported too
+/// ([`DamageKind::DamagedOrTornLastFrame`]). `Ok(None)` when the log is
+/// whole, or ends in a torn tail that is no whole frame (a torn write,
+/// which `verify` only notes).
 pub fn damage_report(dir: &Path, max_record_bytes: u32) -> Result<Option<DamageReport>, LogError> {
     damage_report_with(dir, Arc::new(OsFs), max_record_bytes)
 }
@@ -84,35 +133,56 @@ pub fn damage_report_with(
     fs: Arc<dyn Fs>,
     max_record_bytes: u32,
 ) -> Result<Option<DamageReport>, LogError> {
-    let verdict =
-        LogReader::open_with_limit(dir, fs.clone(), max_record_bytes).and_then(|reader| {
-            let options = ScanOptions {
-                verify_chain: true,
-                max_record_bytes,
-            };
-            reader.scan(options, |_, _| std::ops::ControlFlow::Continue(()))
-        });
-    let (segment, offset, last_good_seq, error) = match verdict {
-        Ok(_) => return Ok(None),
+    // The last record read before the damage: the reader's error names the
+    // seq *expected* where the damage is at a segment header, so the last
+    // good seq is taken from what was actually read instead.
+    let mut last_read: Seq = 0;
+    let verdict = LogReader::open_visiting(dir, fs.clone(), max_record_bytes, |record| {
+        last_read = record.seq;
+    })
+    .and_then(|reader| {
+        // The scan reads again from the first record.
+        last_read = 0;
+        let options = ScanOptions {
+            verify_chain: true,
+            max_record_bytes,
+        };
+        reader.scan(options, |_, record| {
+            last_read = record.seq;
+            std::ops::ControlFlow::Continue(())
+        })
+    });
+    let (segment, offset, error) = match verdict {
+        Ok(scan) => {
+            return match &scan.torn_tail {
+                Some(torn) => {
+                    last_frame_report_with(dir, &fs, torn, scan.head.seq, max_record_bytes)
+                }
+                None => Ok(None),
+            }
+        }
         Err(e @ LogError::Corrupt { .. }) => {
             let LogError::Corrupt {
-                segment,
-                offset,
-                seq,
-                ..
+                segment, offset, ..
             } = &e
             else {
                 return Err(e);
             };
-            (segment.clone(), *offset, *seq, e.to_string())
+            (segment.clone(), *offset, e.to_string())
         }
         Err(other) => return Err(other),
     };
+    let last_good_seq = last_read;
     let map = fs
         .map(&dir.join(&segment))
         .map_err(|e| LogError::io("map", dir.join(&segment), e))?;
     let bytes: &[u8] = (*map).as_ref();
-    let (salvaged, mut next_good_seq) = walk(bytes, offset, last_good_seq, max_record_bytes);
+    let (salvaged, mut next_good_seq) = match header_gap(&segment, bytes, offset, last_good_seq) {
+        // Whole segment files are missing: their records are nowhere to
+        // salvage, and this segment's first record is the next good one.
+        Some(first_seq) => (Vec::new(), Some(first_seq)),
+        None => walk(bytes, offset, last_good_seq, max_record_bytes),
+    };
     if next_good_seq.is_none() {
         // No valid record after the damage in this segment: the next
         // segment, if any, starts at a known seq.
@@ -126,6 +196,7 @@ pub fn damage_report_with(
             .min();
     }
     Ok(Some(DamageReport {
+        kind: DamageKind::Corrupt,
         error,
         segment,
         offset,
@@ -133,6 +204,103 @@ pub fn damage_report_with(
         next_good_seq,
         salvaged,
     }))
+}
+
+/// The report on the torn tail `torn` of the log in `dir`, found after seq
+/// `last_good_seq` (the head), when it is a whole frame that fails its
+/// checksum ([`TornTail::whole_frame`]): a torn write or a damaged
+/// acknowledged record (or seal), which the bytes cannot tell apart.
+/// `Ok(None)` for any other torn tail (a torn write). `spark-replay verify`
+/// reports the fault with this report's `error`.
+pub fn last_frame_report(
+    dir: &Path,
+    torn: &TornTail,
+    last_good_seq: Seq,
+    max_record_bytes: u32,
+) -> Result<Option<DamageReport>, LogError> {
+    let fs: Arc<dyn Fs> = Arc::new(OsFs);
+    last_frame_report_with(dir, &fs, torn, last_good_seq, max_record_bytes)
+}
+
+/// [`last_frame_report`] over another file seam.
+fn last_frame_report_with(
+    dir: &Path,
+    fs: &Arc<dyn Fs>,
+    torn: &TornTail,
+    last_good_seq: Seq,
+    max_record_bytes: u32,
+) -> Result<Option<DamageReport>, LogError> {
+    if !torn.whole_frame {
+        return Ok(None);
+    }
+    let path = dir.join(&torn.segment);
+    let map = fs.map(&path).map_err(|e| LogError::io("map", &path, e))?;
+    let bytes: &[u8] = (*map).as_ref();
+    // Out of range (the file shrank since it was read) reads as nothing.
+    let at = usize::try_from(torn.offset).unwrap_or(usize::MAX);
+    let len = le_u32(bytes, at);
+    let frame_end = len
+        .and_then(|len| usize::try_from(len).ok())
+        .and_then(|len| at.checked_add(RECORD_SEQ_OFFSET)?.checked_add(len))
+        .unwrap_or(usize::MAX);
+    let zeros_after = bytes
+        .get(frame_end..)
+        .unwrap_or(&[])
+        .iter()
+        .all(|&b| b == 0);
+    // Cast: a seal frame is 60 bytes.
+    let seal_len = (SEAL_RECORD_BYTES - RECORD_SEQ_OFFSET) as u32;
+    let seal = len == Some(seal_len)
+        && (le_u16(bytes, at.saturating_add(RECORD_KIND_OFFSET)) == Some(KIND_SEAL)
+            || le_u64(bytes, at.saturating_add(RECORD_SEQ_OFFSET)) == Some(last_good_seq));
+    let seq = last_good_seq.saturating_add(1);
+    let (salvaged, error) = if seal {
+        (
+            Vec::new(),
+            format!(
+                "segment {} at offset {} (after seq {last_good_seq}): the last frame, a seal, \
+                 is whole but fails its checksum ({}); it is either a torn write of the seal \
+                 or a damaged seal (the bytes cannot tell which), and holds no record. The \
+                 engine will cut it at its next start and keep a copy in the log directory",
+                torn.segment, torn.offset, torn.damage
+            ),
+        )
+    } else {
+        (
+            walk(bytes, torn.offset, last_good_seq, max_record_bytes).0,
+            format!(
+                "segment {} at offset {} (after seq {last_good_seq}): the last record (seq \
+                 {seq}) is whole but fails its checksum ({}); it is either a torn write (never \
+                 acknowledged) or a damaged acknowledged record (the bytes cannot tell which). \
+                 The engine will cut it at its next start and keep a copy in the log directory",
+                torn.segment, torn.offset, torn.damage
+            ),
+        )
+    };
+    Ok(Some(DamageReport {
+        kind: DamageKind::DamagedOrTornLastFrame { seal, zeros_after },
+        error,
+        segment: torn.segment.clone(),
+        offset: torn.offset,
+        last_good_seq,
+        next_good_seq: None,
+        salvaged,
+    }))
+}
+
+/// When the damage at `offset` of segment `name` is a seq gap at its header
+/// (a whole segment file missing before it, or a first segment that does
+/// not start at seq 1): the header is valid, agrees with the file name and
+/// starts after `last_good + 1`. Returns that first seq, the next good one.
+fn header_gap(name: &str, bytes: &[u8], offset: u64, last_good: Seq) -> Option<Seq> {
+    // Cast: usize is at most 64 bits.
+    if offset >= HEADER_LEN as u64 {
+        return None;
+    }
+    let header = SegmentHeader::decode(bytes).ok()?;
+    let first_seq = header.first_seq;
+    (parse_segment_file_name(name) == Some(first_seq) && first_seq > last_good.saturating_add(1))
+        .then_some(first_seq)
 }
 
 /// Walks from `offset`: frames whose `len` is plausible and whose `seq` is

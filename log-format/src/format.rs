@@ -339,7 +339,9 @@ pub enum Damage {
     /// Fewer bytes remain than the frame needs (a torn write, or a `len`
     /// damaged upward).
     Truncated,
-    /// `len` is 0: the end of written data in a zero-filled tail.
+    /// `len` is 0: zero bytes where a record would start. The end of the
+    /// log only when every later byte of the file is zero too (a zero-filled
+    /// tail); zeros followed by non-zero bytes are a torn tail or damage.
     Zeros,
     /// `len` is below [`RECORD_MIN_LEN`].
     LenTooSmall(u32),
@@ -353,7 +355,7 @@ impl std::fmt::Display for Damage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Damage::Truncated => write!(f, "truncated record"),
-            Damage::Zeros => write!(f, "zero length (end of written data)"),
+            Damage::Zeros => write!(f, "len 0 (zero bytes where a record would start)"),
             Damage::LenTooSmall(len) => write!(f, "len {len} below the minimum {RECORD_MIN_LEN}"),
             Damage::LenOverLimit(len) => write!(f, "len {len} over max_record_bytes"),
             Damage::BadCrc => write!(f, "record checksum mismatch"),

@@ -42,7 +42,9 @@ mod recovery;
 mod segment;
 mod writer;
 
-pub use damage::{damage_report, damage_report_with, DamageReport, SalvagedRecord};
+pub use damage::{
+    damage_report, damage_report_with, last_frame_report, DamageKind, DamageReport, SalvagedRecord,
+};
 pub use error::{LogError, OpenError};
 pub use format::{
     ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES,

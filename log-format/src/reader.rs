@@ -126,6 +126,19 @@ impl LogReader {
         fs: Arc<dyn Fs>,
         max_record_bytes: u32,
     ) -> Result<LogReader, LogError> {
+        LogReader::open_visiting(dir, fs, max_record_bytes, |_| {})
+    }
+
+    /// [`open_with_limit`](Self::open_with_limit), calling `visit` with every
+    /// whole record the checks read, in seq order (seals excluded): on an
+    /// error, the last one visited is the last record read before the
+    /// damage.
+    pub(crate) fn open_visiting(
+        dir: &Path,
+        fs: Arc<dyn Fs>,
+        max_record_bytes: u32,
+        mut visit: impl FnMut(RecordRef<'_>),
+    ) -> Result<LogReader, LogError> {
         let listing = fs.list(dir).map_err(|e| LogError::io("list", dir, e))?;
         let files = segment_files(listing)?;
         let mut segments = Vec::with_capacity(files.len());
@@ -144,7 +157,8 @@ impl LogReader {
                 max_record_bytes,
                 verify_seal: false,
             };
-            let segment = match decode_segment(&file.name, bytes, expect, opts, |_| {
+            let segment = match decode_segment(&file.name, bytes, expect, opts, |record| {
+                visit(record);
                 ControlFlow::Continue(())
             })? {
                 Decoded::InterruptedRoll { .. } => {
@@ -165,7 +179,7 @@ impl LogReader {
                     segment: file.name.clone(),
                     offset: torn.offset,
                     bytes_dropped: file_len - torn.offset,
-                    damage: torn.damage.to_string(),
+                    damage: torn.describe(),
                     whole_frame: torn.damage == crate::format::Damage::BadCrc,
                     quarantine: None,
                 });

@@ -44,8 +44,9 @@ pub struct TornTail {
     /// Bytes from `offset` to the end of the file (recovery removes them; the
     /// reader only skips them).
     pub bytes_dropped: u64,
-    /// What was found at `offset`, e.g. "truncated record" or "record
-    /// checksum mismatch".
+    /// What was found at `offset`, e.g. "truncated record", "record
+    /// checksum mismatch", or "100 zero bytes, then non-zero bytes from
+    /// offset 900: not a clean end of written data".
     pub damage: String,
     /// True when a whole frame (its `len` fits the file) fails its checksum:
     /// a torn write cannot be told apart from damage to the last record, so
@@ -261,7 +262,7 @@ pub(crate) fn recover<E>(
                         segment: file.name.clone(),
                         offset: torn.offset,
                         bytes_dropped: dropped,
-                        damage: torn.damage.to_string(),
+                        damage: torn.describe(),
                         whole_frame: torn.damage == crate::format::Damage::BadCrc,
                         quarantine: kept,
                     });

@@ -144,6 +144,26 @@ pub(crate) struct Torn {
     pub offset: u64,
     /// What was found there.
     pub damage: Damage,
+    /// Offset of the first non-zero byte at or after `offset` (a torn tail
+    /// always holds one: an all-zero rest is the end of the log).
+    pub first_nonzero: u64,
+}
+
+impl Torn {
+    /// What was found at `offset`, in words (`TornTail::damage`). A `len`
+    /// of 0 there is never the end of written data, since the rest is not
+    /// all zero: it is said as zeros, then non-zero bytes, and where.
+    pub fn describe(&self) -> String {
+        match self.damage {
+            Damage::Zeros => format!(
+                "{} zero bytes, then non-zero bytes from offset {}: not a clean end of \
+                 written data",
+                self.first_nonzero.saturating_sub(self.offset),
+                self.first_nonzero
+            ),
+            damage => damage.to_string(),
+        }
+    }
 }
 
 /// A segment with a valid header, decoded.
@@ -390,9 +410,16 @@ pub(crate) fn decode_segment<'a>(
                         format!("{damage}, but a valid record (seq {seq}) follows at offset {at}"),
                     ));
                 }
+                let zeros = bytes
+                    .get(offset..)
+                    .and_then(|rest| rest.iter().position(|&b| b != 0))
+                    .unwrap_or(0);
                 torn = Some(Torn {
                     offset: end,
                     damage,
+                    // Cast: usize is at most 64 bits on every target Rust
+                    // supports.
+                    first_nonzero: end + zeros as u64,
                 });
             }
         }

@@ -233,3 +233,43 @@ fn zeros_at_the_tail_are_the_end_of_the_log() {
         }
     }
 }
+
+/// Zeros followed by a stray non-zero byte are not the end of written data:
+/// recovery cuts them as a torn tail (keeping a copy, since a byte is not
+/// zero), and both recovery and the reader say so, naming where the
+/// non-zero bytes start.
+#[test]
+fn zeros_then_a_stray_byte_are_described_as_what_they_are() {
+    let (dir, records, heads) = build(3);
+    let last = LogReader::open(dir.path()).unwrap().segments().to_vec()[0].clone();
+    let mut tail = vec![0; 100];
+    tail.push(0x01);
+    let (copy, _, _) = with_tail(dir.path(), &last.name, &tail);
+    let stray = last.bytes + 100;
+
+    let reader = LogReader::open(copy.path()).unwrap();
+    let torn = reader
+        .torn_tail()
+        .cloned()
+        .expect("the reader sees the tail");
+    let (log, report, seen) = open_collect(copy.path(), config(300), os()).unwrap();
+    let cut = report.truncated.expect("recovery cuts the tail");
+    assert_eq!(seen, records);
+    assert_eq!(log.head(), *heads.last().unwrap());
+    assert!(
+        cut.quarantine.is_some(),
+        "a copy of the non-zero tail is kept"
+    );
+    for damage in [&torn.damage, &cut.damage] {
+        assert!(!damage.contains("(end of written data)"), "{damage}");
+        assert!(
+            damage.contains("not a clean end of written data"),
+            "{damage}"
+        );
+        assert!(damage.contains("zero bytes"), "{damage}");
+        assert!(damage.contains("non-zero"), "{damage}");
+        assert!(damage.contains(&format!("offset {stray}")), "{damage}");
+    }
+    assert_eq!(torn.damage, cut.damage);
+    assert!(!torn.whole_frame && !cut.whole_frame);
+}

@@ -46,8 +46,11 @@ pub enum AuditCmd {
     },
     /// The first corruption of the log: the damaged seq range and, where the
     /// damaged records still decode, their entity and request ids (so the
-    /// clients holding those captures can send them again). Exit 1 when the
-    /// log is damaged, 0 when it is whole.
+    /// clients holding those captures can send them again). A whole last
+    /// record that fails its checksum (a torn write or a damaged
+    /// acknowledged record, which `verify` reports as a fault) is reported
+    /// too. Exit 1 when the log is damaged, 0 when it is whole (a torn write
+    /// at the tail included, which `verify` only notes).
     Damage {
         #[command(flatten)]
         common: Common,
@@ -239,8 +242,15 @@ fn damage(common: &Common) -> Outcome {
         let (first, last) = report
             .damaged_seqs()
             .map_or((None, None), |(f, l)| (Some(f), l));
+        let kind = match report.kind {
+            spark_log_format::DamageKind::Corrupt => "corrupt",
+            spark_log_format::DamageKind::DamagedOrTornLastFrame { .. } => {
+                "damaged_or_torn_last_frame"
+            }
+        };
         let doc = json!({
             "damaged": true,
+            "kind": kind,
             "error": report.error,
             "segment": report.segment,
             "offset": report.offset,

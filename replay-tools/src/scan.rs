@@ -176,12 +176,29 @@ pub fn verify(common: &Common) -> Outcome {
     }
     match damaged_tail {
         None => Ok(exit::OK),
-        Some(t) => Err(Failure::damage(format!(
-            "segment {} at offset {} (after seq {}): the last record is whole but fails its \
-             checksum ({}); it may be a damaged acknowledged record rather than a torn write. \
-             The engine will cut it at its next start and keep a copy in the log directory",
-            t.segment, t.offset, report.head.seq, t.damage
-        ))),
+        // The same words as `audit damage`, which reports the same frame.
+        Some(t) => Err(Failure::damage(
+            spark_log_format::last_frame_report(
+                &log_dir(&common.data),
+                t,
+                report.head.seq,
+                ScanOptions::default().max_record_bytes,
+            )
+            .ok()
+            .flatten()
+            .map_or_else(
+                || {
+                    format!(
+                        "segment {} at offset {} (after seq {}): the last record is whole but \
+                         fails its checksum ({}); it is either a torn write (never acknowledged) \
+                         or a damaged acknowledged record. The engine will cut it at its next \
+                         start and keep a copy in the log directory",
+                        t.segment, t.offset, report.head.seq, t.damage
+                    )
+                },
+                |damage| damage.error,
+            ),
+        )),
     }
 }
 

@@ -365,6 +365,7 @@ async fn audit_damage_names_the_damaged_seqs_and_what_they_were() {
     let (code, out, err) = run(&["audit", "damage", "--json"], &data);
     assert_eq!(code, 1, "{out}{err}");
     let report = json(&out);
+    assert_eq!(report["kind"], "corrupt");
     assert_eq!(
         report["damaged_seqs"],
         serde_json::json!({"first": 2, "last": 2})
@@ -413,4 +414,162 @@ fn generate_writes_a_verifiable_log_and_never_extends_one() {
     assert!(err.contains("not empty"), "{err}");
     let (_, out, _) = run(&["rebuild", "--json"], &data);
     assert_eq!(json(&out)["seq"], 2500);
+}
+
+/// A log of several sealed segments: `populate` with small segments, then
+/// 60 more creates. The engine is shut down.
+async fn populate_segments(data: &Path) -> Vec<spark_log_format::SegmentInfo> {
+    let (engine, _) = populate(data, 4096).await;
+    for n in 0..60u64 {
+        engine
+            .submit(create(
+                Id::from_parts(1_767_225_700_000 + n, n.into()),
+                &format!("bulk-{n}"),
+                &"x".repeat(150),
+            ))
+            .await
+            .unwrap();
+    }
+    engine.shutdown().await;
+    drop(engine);
+    spark_log_format::LogReader::open(&data.join("log"))
+        .unwrap()
+        .segments()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn audit_damage_and_verify_agree_on_a_missing_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let segments = populate_segments(&data).await;
+    assert!(segments.len() >= 3, "{segments:?}");
+    let (before, missing, after) = (&segments[0], &segments[1], &segments[2]);
+    std::fs::remove_file(data.join("log").join(&missing.name)).unwrap();
+
+    let (code, out, verify_err) = run(&["verify"], &data);
+    assert_eq!(code, 1, "{out}{verify_err}");
+    assert!(
+        verify_err.contains(&after.name) && verify_err.contains("seq gap"),
+        "{verify_err}"
+    );
+
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(report["kind"], "corrupt");
+    // The damage starts at the first missing seq: the one after the last
+    // record read (the end of the segment before the missing one).
+    assert_eq!(report["last_good_seq"], before.last_seq);
+    assert_eq!(report["next_good_seq"], after.first_seq);
+    assert_eq!(
+        report["damaged_seqs"],
+        serde_json::json!({"first": missing.first_seq, "last": missing.last_seq})
+    );
+    assert_eq!(report["records"], serde_json::json!([]));
+    // The same error verify names.
+    let error = report["error"].as_str().unwrap();
+    assert!(verify_err.contains(error), "{verify_err} / {error}");
+
+    let range = format!("damaged: seq {}..={}", missing.first_seq, missing.last_seq);
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains(&range), "{out}");
+
+    // The server refuses to start, and says the same.
+    let settings = Settings {
+        data_dir: data.clone(),
+        ..Settings::default()
+    };
+    let error = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock))
+        .err()
+        .expect("a log with a missing segment is refused")
+        .to_string();
+    assert!(error.contains(&range), "{error}");
+}
+
+#[tokio::test]
+async fn verify_describes_zeros_then_a_stray_byte_as_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, _) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    let segment = data.join("log/00000000000000000001.seg");
+    let end = spark_log_format::LogReader::open(&data.join("log"))
+        .unwrap()
+        .segments()[0]
+        .bytes as usize;
+    let whole = std::fs::read(&segment).unwrap()[..end].to_vec();
+
+    // Zeros, then a stray non-zero byte: a torn tail (the engine cuts it
+    // and keeps a copy), not the end of written data.
+    let mut stray = whole.clone();
+    stray.extend_from_slice(&[0; 100]);
+    stray.push(0x01);
+    std::fs::write(&segment, &stray).unwrap();
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("note:") && out.contains("non-zero"), "{out}");
+    assert!(out.contains(&format!("from offset {}", end + 100)), "{out}");
+    assert!(!out.contains("(end of written data)"), "{out}");
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+#[tokio::test]
+async fn audit_damage_and_verify_agree_on_the_last_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, _) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    let segment = data.join("log/00000000000000000001.seg");
+    let whole = std::fs::read(&segment).unwrap();
+    let end = spark_log_format::LogReader::open(&data.join("log"))
+        .unwrap()
+        .segments()[0]
+        .bytes as usize;
+    let whole = whole[..end].to_vec();
+
+    // The last record (seq 5) whole, its checksum failing: verify says it
+    // may be a damaged acknowledged record; so does audit damage.
+    let mut flipped = whole.clone();
+    flipped[end - 3] ^= 0x01;
+    std::fs::write(&segment, &flipped).unwrap();
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("damaged acknowledged record"), "{err}");
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(report["damaged"], true);
+    assert_eq!(report["kind"], "damaged_or_torn_last_frame");
+    assert_eq!(report["last_good_seq"], 4);
+    assert_eq!(report["next_good_seq"], Value::Null);
+    assert_eq!(
+        report["damaged_seqs"],
+        serde_json::json!({"first": 5, "last": 5})
+    );
+    assert_eq!(report["records"][0]["seq"], 5);
+    assert_eq!(report["records"][0]["kind"], "moment.delete");
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    for words in [
+        "damaged: seq 5",
+        "00000000000000000001.seg",
+        "torn write",
+        "damaged acknowledged record",
+        "next start",
+    ] {
+        assert!(out.contains(words), "{words:?}: {out}");
+    }
+    assert!(!out.contains("no damage"), "{out}");
+
+    // Cut short instead: a torn write, which verify only notes. No damage.
+    std::fs::write(&segment, &whole[..end - 5]).unwrap();
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!((code, out.contains("note:")), (0, true), "{out}{err}");
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 0, "{out}{err}");
 }
