@@ -22,11 +22,11 @@ use crate::ids::Id;
 use crate::op::{Entity, MediaRole, MomentCreate, Op, OpBody, OpKind, Sha256, TurnMode};
 use crate::request_index::{HashedRequestId, RequestHasher, RequestIndex};
 
-/// One moment as the mirror holds it: 80 bytes, and one allocation for its
+/// One moment as the mirror holds it: 64 bytes, and one allocation for its
 /// three texts (issue 7: the mirror pays both per moment; it was 120 bytes
-/// and three allocations). Read the texts and capture time through
-/// [`Moment::text`], [`Moment::caption`], [`Moment::lang`] and
-/// [`Moment::captured_at_ms`].
+/// and three allocations). Read the texts, capture time, media and turns
+/// through [`Moment::text`], [`Moment::caption`], [`Moment::lang`],
+/// [`Moment::captured_at_ms`], [`Moment::media`] and [`Moment::turns`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Moment {
     /// The moment's id.
@@ -39,8 +39,6 @@ pub struct Moment {
     captured_at_ms: i64,
     /// Server time of the `moment.create`, Unix milliseconds.
     pub created_at_ms: u64,
-    /// Seq of the last op applied to this moment.
-    pub last_seq: u64,
     /// Number of ops applied to this moment (1 after the create).
     pub version: u32,
     /// True once a `moment.delete` was applied (a tombstone).
@@ -48,12 +46,13 @@ pub struct Moment {
     /// Which of text, caption, lang and capture time are present (bits 0
     /// to 3).
     present: u8,
-    /// Ids of the moment's media, in upload order (at most one per role).
-    /// A `ThinVec` (one pointer, no allocation while empty): most moments
-    /// in a big mirror hold few, and every byte here is paid per moment.
-    pub media: ThinVec<Id>,
-    /// Ids of the moment's turns, in start order (a `ThinVec`, as `media`).
-    pub turns: ThinVec<Id>,
+    /// How many of `ids` are media ids (the rest are turn ids); at most one
+    /// per role, so at most 2.
+    media_count: u8,
+    /// The ids of the moment's media in upload order, then of its turns in
+    /// start order. A `ThinVec` (one pointer, no allocation while empty):
+    /// most moments in a big mirror hold few.
+    ids: ThinVec<Id>,
 }
 
 /// Bits of [`Moment`]'s `present`.
@@ -63,15 +62,14 @@ const HAS_LANG: u8 = 4;
 const HAS_CAPTURED_AT: u8 = 8;
 
 impl Moment {
-    /// A moment as a `moment.create` at `seq`, `ts_ms` makes it. Public for
-    /// tests and tools that build mirrors by hand.
+    /// A moment as a `moment.create` at server time `ts_ms` (Unix
+    /// milliseconds) makes it: version 1, no media, no turns.
     pub fn new(
         id: Id,
         text: Option<&str>,
         caption: Option<&str>,
         lang: Option<&str>,
         captured_at_ms: Option<i64>,
-        seq: u64,
         ts_ms: u64,
     ) -> Moment {
         let mut moment = Moment {
@@ -79,7 +77,6 @@ impl Moment {
             texts: Box::default(),
             captured_at_ms: captured_at_ms.unwrap_or(0),
             created_at_ms: ts_ms,
-            last_seq: seq,
             version: 1,
             deleted: false,
             present: if captured_at_ms.is_some() {
@@ -87,8 +84,8 @@ impl Moment {
             } else {
                 0
             },
-            media: ThinVec::new(),
-            turns: ThinVec::new(),
+            media_count: 0,
+            ids: ThinVec::new(),
         };
         moment.set_texts([text, caption, lang]);
         moment
@@ -112,6 +109,23 @@ impl Moment {
     /// When the photo was taken, Unix milliseconds.
     pub fn captured_at_ms(&self) -> Option<i64> {
         (self.present & HAS_CAPTURED_AT != 0).then_some(self.captured_at_ms)
+    }
+
+    /// Ids of the moment's media, in upload order (at most one per role).
+    pub fn media(&self) -> &[Id] {
+        &self.ids[..usize::from(self.media_count)]
+    }
+
+    /// Ids of the moment's turns, in start order.
+    pub fn turns(&self) -> &[Id] {
+        &self.ids[usize::from(self.media_count)..]
+    }
+
+    /// Adds a media id after the others. The fold allows one per role, so
+    /// the count stays far below 255.
+    fn push_media(&mut self, id: Id) {
+        self.ids.insert(usize::from(self.media_count), id);
+        self.media_count += 1;
     }
 
     /// Text, caption and lang.
@@ -173,13 +187,12 @@ impl Moment {
     }
 }
 
-/// The fields in the order (and encoding) the mirror digest has always fed
-/// them, so that digests stay comparable across versions.
+/// The fields the mirror digest feeds, in a fixed order and encoding.
 impl Serialize for Moment {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let [text, caption, lang] = self.texts();
-        let mut s = serializer.serialize_struct("Moment", 11)?;
+        let mut s = serializer.serialize_struct("Moment", 10)?;
         s.serialize_field("id", &self.id)?;
         s.serialize_field("text", &text)?;
         s.serialize_field("caption", &caption)?;
@@ -188,9 +201,8 @@ impl Serialize for Moment {
         s.serialize_field("created_at_ms", &self.created_at_ms)?;
         s.serialize_field("version", &self.version)?;
         s.serialize_field("deleted", &self.deleted)?;
-        s.serialize_field("last_seq", &self.last_seq)?;
-        s.serialize_field("media", &self.media)?;
-        s.serialize_field("turns", &self.turns)?;
+        s.serialize_field("media", self.media())?;
+        s.serialize_field("turns", self.turns())?;
         s.end()
     }
 }
@@ -501,8 +513,7 @@ impl Mirror {
                 if self.moments.contains_key(&id) {
                     return Err(FoldError::AlreadyExists { seq, id });
                 }
-                self.moments
-                    .insert(id, Box::new(Moment::created(p, seq, ts_ms)));
+                self.moments.insert(id, Box::new(Moment::created(p, ts_ms)));
                 self.live_moments += 1;
             }
             OpBody::MomentEdit(p) => {
@@ -515,13 +526,11 @@ impl Mirror {
                     moment.set_texts([text.as_deref(), caption.as_deref(), lang.as_deref()]);
                 }
                 moment.version += 1;
-                moment.last_seq = seq;
             }
             OpBody::MomentDelete(p) => {
                 let moment = live_moment(&mut self.moments, at, p.id)?;
                 moment.deleted = true;
                 moment.version += 1;
-                moment.last_seq = seq;
                 self.live_moments -= 1;
             }
             OpBody::MediaPut(p) => {
@@ -531,7 +540,7 @@ impl Mirror {
                 }
                 let moment = live_moment(&mut self.moments, at, p.moment_id)?;
                 if let Some(other) = moment
-                    .media
+                    .media()
                     .iter()
                     .find(|m| self.media.get(m).is_some_and(|x| x.role == p.role))
                 {
@@ -540,9 +549,8 @@ impl Mirror {
                         p.role.name()
                     )));
                 }
-                moment.media.push(p.id);
+                moment.push_media(p.id);
                 moment.version += 1;
-                moment.last_seq = seq;
                 self.media.insert(
                     p.id,
                     Media {
@@ -561,9 +569,8 @@ impl Mirror {
                     return Err(refuse(at, Entity::Id(p.id), "the turn id exists"));
                 }
                 let moment = live_moment(&mut self.moments, at, p.moment_id)?;
-                moment.turns.push(p.id);
+                moment.ids.push(p.id);
                 moment.version += 1;
-                moment.last_seq = seq;
                 self.turns.insert(
                     p.id,
                     Turn {
@@ -808,7 +815,7 @@ fn prepare(hasher: &RequestHasher, op: Op) -> PreparedOp {
     let body = match body {
         OpBody::MomentCreate(p) => PreparedBody::Create {
             id: p.id,
-            moment: Box::new(Moment::created(p, seq, ts_ms)),
+            moment: Box::new(Moment::created(p, ts_ms)),
         },
         other => PreparedBody::Other(Box::new(other)),
     };
@@ -823,14 +830,13 @@ fn prepare(hasher: &RequestHasher, op: Op) -> PreparedOp {
 impl Moment {
     /// The moment a `moment.create` at `seq`, `ts_ms` makes (the payload's
     /// device is dropped: the mirror does not keep it).
-    fn created(p: MomentCreate, seq: u64, ts_ms: u64) -> Moment {
+    fn created(p: MomentCreate, ts_ms: u64) -> Moment {
         Moment::new(
             p.id,
             p.text.as_deref(),
             p.caption.as_deref(),
             p.lang.as_deref(),
             p.captured_at_ms,
-            seq,
             ts_ms,
         )
     }
@@ -957,12 +963,12 @@ impl Mirror {
             version: moment.version,
             deleted: moment.deleted,
             media: moment
-                .media
+                .media()
                 .iter()
                 .filter_map(|id| self.media.get(id))
                 .map(|m| self.media_view(m))
                 .collect(),
-            turns: moment.turns.to_vec(),
+            turns: moment.turns().to_vec(),
         }
     }
 
@@ -1191,9 +1197,9 @@ mod tests {
     }
 
     #[test]
-    fn a_moment_is_80_bytes() {
+    fn a_moment_is_64_bytes() {
         // Issue 7: paid once per moment in a big mirror.
-        assert_eq!(std::mem::size_of::<Moment>(), 80);
+        assert_eq!(std::mem::size_of::<Moment>(), 64);
     }
 
     #[test]
@@ -1227,8 +1233,8 @@ mod tests {
             .unwrap();
         let m = mirror.moment(Id(1)).unwrap();
         assert_eq!(
-            (m.text(), m.caption(), m.lang(), m.version, m.last_seq),
-            (None, Some("ÿ near the station"), Some("fr"), 2, 3)
+            (m.text(), m.caption(), m.lang(), m.version),
+            (None, Some("ÿ near the station"), Some("fr"), 2)
         );
         // What the digest feeds is the same as for an equal moment built whole.
         let whole = Moment {
@@ -1239,7 +1245,6 @@ mod tests {
                 Some("ÿ near the station"),
                 Some("fr"),
                 Some(-5),
-                3,
                 1_700_000_000_001,
             )
         };

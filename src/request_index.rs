@@ -2,7 +2,7 @@
 //! carried it produced. First producer wins forever (INSERT OR IGNORE).
 //!
 //! Laid out for a big mirror (issue 7):
-//! - rows live in one dense vector, in the order they were added (40 bytes
+//! - rows live in one dense vector, in the order they were added (32 bytes
 //!   each, no empty slots);
 //! - request ids and entity names live in a byte arena of 1 MiB chunks,
 //!   length-prefixed (no allocation and no allocator rounding per id);
@@ -39,29 +39,41 @@ pub struct RequestIndex {
     seed_tag: u64,
 }
 
-/// One row, compact: 40 bytes.
+/// One row, compact: 32 bytes.
 #[derive(Clone, Copy)]
 struct Row {
     /// Seq of the op that first carried the request id.
     seq: u64,
-    /// The request id, in the arena.
-    key: TextRef,
     /// The entity id; for a named entity, the low 64 bits hold the name's
     /// [`TextRef`].
     entity: Id,
-    /// The op's kind.
-    kind: OpKind,
-    /// True when `entity` refers to a name, not an id.
-    entity_is_name: bool,
+    /// The request id's [`TextRef`] (bits 0..44), the op kind's code (bits
+    /// 44..52) and whether `entity` refers to a name (bit 52).
+    meta: u64,
 }
 
-/// Where a text is in a [`TextArena`]: chunk index (high 32 bits) and byte
-/// offset of its length prefix in the chunk (low 32 bits).
+/// Bits of a [`TextRef`] in [`Row::meta`].
+const TEXT_REF_BITS: u32 = 44;
+/// Bit of [`Row::meta`] set when the entity is a name.
+const ENTITY_IS_NAME: u64 = 1 << 52;
+
+impl Row {
+    fn key(&self) -> TextRef {
+        TextRef(self.meta & ((1 << TEXT_REF_BITS) - 1))
+    }
+}
+
+/// Where a text is in a [`TextArena`]: chunk index (bits 20..44) and byte
+/// offset of its length prefix in the chunk (bits 0..20).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct TextRef(u64);
 
-/// Bytes of one arena chunk; a longer text gets a chunk of its own.
-const ARENA_CHUNK_BYTES: usize = 1 << 20;
+/// Bits of the offset in a [`TextRef`].
+const CHUNK_OFFSET_BITS: u32 = 20;
+
+/// Bytes of one arena chunk; a longer text gets a chunk of its own (at
+/// offset 0). At most 2^24 chunks: 16 TiB of request ids and names.
+const ARENA_CHUNK_BYTES: usize = 1 << CHUNK_OFFSET_BITS;
 
 /// Append-only storage for short texts: each is a LEB128 length and the
 /// UTF-8 bytes, never split across chunks, never moved once written.
@@ -78,7 +90,7 @@ impl TextArena {
         let fits = self
             .chunks
             .last()
-            .is_some_and(|c| c.len() + need <= ARENA_CHUNK_BYTES.max(c.capacity()));
+            .is_some_and(|c| c.len() + need <= ARENA_CHUNK_BYTES);
         if !fits {
             self.chunks
                 .push(Vec::with_capacity(ARENA_CHUNK_BYTES.max(need)));
@@ -88,14 +100,22 @@ impl TextArena {
         let offset = chunk.len();
         chunk.extend_from_slice(&prefix[..prefix_len]);
         chunk.extend_from_slice(text.as_bytes());
-        // Casts: chunks are at most max(1 MiB, one text) long and a text
-        // is far below 4 GiB (records are); at most 2^32 chunks (4 PiB).
-        TextRef(((chunk_index as u64) << 32) | offset as u64)
+        assert!(
+            chunk_index < 1 << (TEXT_REF_BITS - CHUNK_OFFSET_BITS),
+            "the request index holds at most 16 TiB of request ids"
+        );
+        // Cast: below 2^20 (a text that does not fit starts a new chunk).
+        TextRef(((chunk_index as u64) << CHUNK_OFFSET_BITS) | offset as u64)
     }
 
     fn get(&self, at: TextRef) -> &str {
-        let chunk = &self.chunks[(at.0 >> 32) as usize];
-        let mut offset = (at.0 & 0xFFFF_FFFF) as usize;
+        // Only whole `str`s are written, each in one chunk.
+        std::str::from_utf8(self.get_bytes(at)).expect("the arena holds whole strs")
+    }
+
+    fn get_bytes(&self, at: TextRef) -> &[u8] {
+        let chunk = &self.chunks[(at.0 >> CHUNK_OFFSET_BITS) as usize];
+        let mut offset = (at.0 & ((1 << CHUNK_OFFSET_BITS) - 1)) as usize;
         let mut len = 0usize;
         let mut shift = 0;
         loop {
@@ -107,8 +127,7 @@ impl TextArena {
                 break;
             }
         }
-        // Only whole `str`s are written, each in one chunk.
-        std::str::from_utf8(&chunk[offset..offset + len]).expect("the arena holds whole strs")
+        &chunk[offset..offset + len]
     }
 }
 
@@ -182,13 +201,13 @@ impl RequestIndex {
     fn position(&self, hash: u64, request_id: &str) -> Option<usize> {
         self.table
             .find(hash, |&at| {
-                self.arena.get(self.rows[at as usize].key) == request_id
+                self.arena.get_bytes(self.rows[at as usize].key()) == request_id.as_bytes()
             })
             .map(|&at| at as usize)
     }
 
     fn row(&self, row: &Row) -> RequestRow {
-        let entity = if row.entity_is_name {
+        let entity = if row.meta & ENTITY_IS_NAME != 0 {
             let at = TextRef(row.entity.0 as u64);
             Entity::Name(self.arena.get(at).to_owned())
         } else {
@@ -196,7 +215,9 @@ impl RequestIndex {
         };
         RequestRow {
             seq: row.seq,
-            kind: row.kind,
+            // Bits 44..52 hold a code written from an `OpKind`.
+            kind: OpKind::from_code(((row.meta >> TEXT_REF_BITS) & 0xFF) as u16)
+                .expect("a code written from an OpKind"),
             entity,
         }
     }
@@ -227,7 +248,7 @@ impl RequestIndex {
     pub fn iter(&self) -> impl Iterator<Item = (&str, RequestRow)> + '_ {
         self.rows
             .iter()
-            .map(|row| (self.arena.get(row.key), self.row(row)))
+            .map(|row| (self.arena.get(row.key()), self.row(row)))
     }
 
     /// A hasher for this index, to hash request ids on another thread.
@@ -247,7 +268,7 @@ impl RequestIndex {
     pub fn reserve(&mut self, additional: usize) {
         let (rows, arena, hasher) = (&self.rows, &self.arena, &self.hasher);
         self.table.reserve(additional, |&at| {
-            hasher.hash_one(arena.get(rows[at as usize].key).as_bytes())
+            hasher.hash_one(arena.get_bytes(rows[at as usize].key()))
         });
         self.rows.reserve(additional);
     }
@@ -265,23 +286,21 @@ impl RequestIndex {
         let (rows, arena, hasher) = (&self.rows, &self.arena, &self.hasher);
         let hashbrown::hash_table::Entry::Vacant(slot) = self.table.entry(
             hash,
-            |&at| arena.get(rows[at as usize].key) == request_id.key,
-            |&at| hasher.hash_one(arena.get(rows[at as usize].key).as_bytes()),
+            |&at| arena.get_bytes(rows[at as usize].key()) == request_id.key.as_bytes(),
+            |&at| hasher.hash_one(arena.get_bytes(rows[at as usize].key())),
         ) else {
             return;
         };
         slot.insert(position);
         let key = self.arena.push(&request_id.key);
-        let (entity, entity_is_name) = match &row.entity {
-            Entity::Id(id) => (*id, false),
-            Entity::Name(name) => (Id(u128::from(self.arena.push(name).0)), true),
+        let (entity, name_bit) = match &row.entity {
+            Entity::Id(id) => (*id, 0),
+            Entity::Name(name) => (Id(u128::from(self.arena.push(name).0)), ENTITY_IS_NAME),
         };
         self.rows.push(Row {
             seq: row.seq,
-            key,
             entity,
-            kind: row.kind,
-            entity_is_name,
+            meta: key.0 | (u64::from(row.kind.code()) << TEXT_REF_BITS) | name_bit,
         });
     }
 }
@@ -327,6 +346,26 @@ mod tests {
         assert_eq!(index.get("r1"), Some(row(1)));
         assert_eq!(index.get("r2"), Some(row(4)));
         assert!(!index.contains_key("r3"));
+    }
+
+    #[test]
+    fn rows_are_32_bytes_and_keep_names_and_long_ids() {
+        assert_eq!(std::mem::size_of::<Row>(), 32);
+        let mut index = RequestIndex::default();
+        let long = "k".repeat(3 << 20); // a chunk of its own
+        let name_row = RequestRow {
+            seq: 9,
+            kind: OpKind::JobStart,
+            entity: Entity::Name("job-7".into()),
+        };
+        index.insert_first(index.hashed("job-7".into()), name_row.clone());
+        index.insert_first(index.hashed(long.clone()), row(10));
+        index.insert_first(index.hashed("after".into()), row(11));
+        assert_eq!(index.get("job-7"), Some(name_row));
+        assert_eq!(index.get(&long), Some(row(10)));
+        assert_eq!(index.get("after"), Some(row(11)));
+        let keys: Vec<&str> = index.iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["job-7", long.as_str(), "after"]);
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl Runner {
             }
             let moment = mirror.moment(turn.moment_id)?;
             let copy = moment
-                .media
+                .media()
                 .iter()
                 .filter_map(|id| mirror.media.get(id))
                 .find(|m| m.role == MediaRole::Copy)

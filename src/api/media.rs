@@ -168,7 +168,7 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
     let taken = state.engine.read(|mirror| {
         let moment = mirror.moment(moment_id)?;
         moment
-            .media
+            .media()
             .iter()
             .filter_map(|m| mirror.media.get(m))
             .find(|m| m.role == role)

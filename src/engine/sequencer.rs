@@ -634,7 +634,7 @@ fn decide_put_media(mirror: &Mirror, c: PutMedia) -> Decision {
         Some(m) => m,
     };
     if let Some(other) = moment
-        .media
+        .media()
         .iter()
         .filter_map(|id| mirror.media.get(id))
         .find(|m| m.role == c.role)
