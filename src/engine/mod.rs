@@ -498,6 +498,11 @@ fn replay_log(
     type ReplayBatch = (Vec<(PreparedOp, u64)>, usize);
     let (batches, received) =
         std::sync::mpsc::sync_channel::<ReplayBatch>(REPLAY_BATCHES_IN_FLIGHT);
+    // Emptied batch buffers go back to be filled again: a fresh 0.5 MB
+    // buffer per batch, freed on the other thread, goes back to the kernel,
+    // and faulting it in again (zeroed pages) is the largest cost of replay
+    // on a VM (issue 7).
+    let (recycle, recycled) = std::sync::mpsc::channel::<Vec<(PreparedOp, u64)>>();
     let mut mirror = Mirror::new();
     // Ops are decoded and prepared (creates built and boxed, request ids
     // hashed) on this thread, and folded on the fold thread.
@@ -505,14 +510,16 @@ fn replay_log(
     let fold = std::thread::Builder::new()
         .name("spark-replay-fold".into())
         .spawn(move || {
-            for (batch, reserve_request_ids) in received {
+            for (mut batch, reserve_request_ids) in received {
                 mirror.requests.reserve(reserve_request_ids);
-                for (op, offset) in batch {
+                for (op, offset) in batch.drain(..) {
                     let seq = op.seq();
                     if let Err(e) = mirror.apply_prepared(op) {
                         return Err((seq, offset, ReplayError::Fold(e)));
                     }
                 }
+                // The recovery thread may have finished: nothing to refill.
+                let _ = recycle.send(batch);
             }
             Ok(mirror)
         })
@@ -531,7 +538,10 @@ fn replay_log(
         sample.count(&record, &op);
         batch.push((op, record.offset));
         if batch.len() == REPLAY_BATCH_OPS {
-            let full = std::mem::replace(&mut batch, Vec::with_capacity(REPLAY_BATCH_OPS));
+            let empty = recycled
+                .try_recv()
+                .unwrap_or_else(|_| Vec::with_capacity(REPLAY_BATCH_OPS));
+            let full = std::mem::replace(&mut batch, empty);
             let reserve = sample.take_estimate(log_bytes);
             batches
                 .send((full, reserve))
