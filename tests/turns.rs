@@ -306,6 +306,15 @@ async fn phrases_recall_and_jobs_create_nothing_twice() {
     let (s, minted) = server.post("/api/recall", json!({})).await;
     assert_eq!(s, 202);
     assert_eq!(minted["recall"]["id"].as_str().unwrap().len(), 26);
+    // A recall id used again by a create is another kind of request (SPEC
+    // section 3), not the recall's moment (found by a break-it run).
+    let (s, v) = server
+        .post(
+            "/api/moments",
+            json!({"client_request_id": "recall-1", "text": "NOTAUSGANG"}),
+        )
+        .await;
+    assert_eq!((s, v["code"].clone()), (409, json!("conflict")), "{v}");
 
     // Jobs: one turn per seat, <job id>:<index> in seat order.
     let (s, j1) = server
@@ -366,4 +375,52 @@ async fn recall_with_no_kept_phrase_is_refused() {
     assert_eq!((s, v["code"].clone()), (400, json!("invalid_request")));
     server.stop().await;
     assert_eq!(log_records(dir.path()).len(), 0);
+}
+
+#[tokio::test]
+async fn an_answer_too_large_for_the_log_fails_its_turn_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = settings(dir.path());
+    settings.limits.json_body_limit_bytes = 16 * 1024;
+    settings.log.max_record_bytes = 32 * 1024;
+    let huge = ScriptedBrain::answering("A".repeat(100 * 1024));
+    let server =
+        TestServer::start_with_brains(settings.clone(), vec![("huge", brain(&huge))]).await;
+    let m = moment(&server, "Notausgang").await;
+    let (s, v) = server
+        .post(
+            &format!("/api/moments/{m}/turns"),
+            json!({"client_request_id": "big-1", "mode": "practical"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    let turn = v["turn"]["id"].as_str().unwrap().to_owned();
+    let ended = wait(&server, &turn).await;
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert!(
+        ended["error"]
+            .as_str()
+            .unwrap()
+            .contains("over the log's record limit of 32768 bytes"),
+        "{ended}"
+    );
+    // The write path goes on (it used to stop until restart, and the turn,
+    // left running, stopped it again after every restart).
+    let (s, _) = server
+        .post("/api/moments", json!({"id": ulid(), "text": "after"}))
+        .await;
+    assert_eq!(s, 201);
+    let (s, _) = server.get("/readyz").await;
+    assert_eq!(s, 200);
+    server.stop().await;
+    assert_eq!(count(dir.path(), OpKind::TurnFail), 1);
+    assert_eq!(count(dir.path(), OpKind::TurnFinish), 0);
+
+    // After a restart the turn stays failed: the brain is not asked again.
+    let calls = huge.calls();
+    let server = TestServer::start_with_brains(settings, vec![("huge", brain(&huge))]).await;
+    let (s, v) = server.get(&format!("/api/turns/{turn}")).await;
+    assert_eq!((s, v["status"].clone()), (200, json!("failed")));
+    assert_eq!(huge.calls(), calls);
+    server.stop().await;
 }

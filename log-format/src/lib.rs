@@ -54,4 +54,4 @@ pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
 pub use memfs::{CutMode, MemFs};
 pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo};
 pub use recovery::{RecoveryReport, TornTail};
-pub use writer::{system_now_ms, GroupCommitAppender, Head, Log, LogConfig};
+pub use writer::{record_fits, system_now_ms, GroupCommitAppender, Head, Log, LogConfig};

@@ -154,6 +154,14 @@ impl std::fmt::Debug for Log {
     }
 }
 
+/// True if a record with `payload_bytes` of payload fits `max_record_bytes`
+/// (the frame's `len` covers the payload and 20 bytes of header); what
+/// [`Log::append_batch`] refuses with `RecordTooLarge` otherwise.
+pub fn record_fits(payload_bytes: usize, max_record_bytes: u32) -> bool {
+    // Cast: u32 to usize is lossless on the 32- and 64-bit targets we build for.
+    payload_bytes.saturating_add(RECORD_MIN_LEN as usize) <= max_record_bytes as usize
+}
+
 /// Refuses what the log must not write: the seal's kind, a `len` over the
 /// limit.
 fn check_record(record: &RecordIn<'_>, max_record_bytes: u32) -> Result<(), LogError> {

@@ -13,7 +13,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use spark_log_format::{Log, RecordIn};
+use spark_log_format::{Log, LogError, RecordIn};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::Clock;
@@ -131,17 +131,33 @@ impl Journal {
         if writes.is_empty() {
             return;
         }
+        let max_record_bytes = self.log.config().max_record_bytes;
         let mut encoded = Vec::with_capacity(writes.len());
-        for body in writes.iter().flat_map(|(ops, _, _)| ops) {
-            match body.encode() {
-                Ok(e) => encoded.push(e),
+        let mut fitting = Vec::with_capacity(writes.len());
+        for (mut ops, plan, reply) in writes {
+            match encode_fitting(&mut ops, max_record_bytes) {
+                Ok(Ok(mut ops_encoded)) => {
+                    encoded.append(&mut ops_encoded);
+                    fitting.push((ops, plan, reply));
+                }
+                // Too large for one record: this command is refused alone;
+                // the write path goes on (the log refuses such a record
+                // without writing, so it must not poison anything).
+                Ok(Err(refusal)) => {
+                    let _ = reply.send(Err(refusal));
+                }
                 Err(e) => {
                     // An op that does not encode is a bug; stop rather than
                     // acknowledge something the log does not hold.
-                    self.poison_and_refuse(format!("op does not encode: {e}"), writes);
+                    fitting.push((ops, plan, reply));
+                    self.poison_and_refuse(format!("op does not encode: {e}"), fitting);
                     return;
                 }
             }
+        }
+        let writes = fitting;
+        if writes.is_empty() {
+            return;
         }
         let records: Vec<RecordIn<'_>> = encoded
             .iter()
@@ -161,6 +177,14 @@ impl Journal {
         metrics.batch_ops.observe(records.len() as f64);
         let last_seq = match appended {
             Ok(seq) => seq,
+            // Refused before anything was written (checked above, so not
+            // expected): the batch fails, the write path goes on.
+            Err(e @ (LogError::RecordTooLarge { .. } | LogError::ReservedKind { .. })) => {
+                for (_, _, reply) in writes {
+                    let _ = reply.send(Err(EngineError::Invalid(e.to_string())));
+                }
+                return;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "append failed; the write path is stopped until restart");
                 self.poison_and_refuse(e.to_string(), writes);
@@ -249,4 +273,40 @@ impl Journal {
             let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
         }
     }
+}
+
+/// One encoded op: `(kind code, kind version, payload)`.
+type Encoded = (u16, u16, Vec<u8>);
+
+/// Encodes a command's ops, each checked against the log's record limit.
+/// A brain's answer too large for one record becomes a `turn.fail` that
+/// says so (the turn ends, and is not asked again after every restart); any
+/// other op too large refuses the command with `Invalid` (400). The outer
+/// error is an op that does not encode at all (a bug).
+fn encode_fitting(
+    ops: &mut [OpBody],
+    max_record_bytes: u32,
+) -> Result<Result<Vec<Encoded>, EngineError>, crate::codec::CodecError> {
+    let mut encoded = Vec::with_capacity(ops.len());
+    for body in ops.iter_mut() {
+        let mut op = body.encode()?;
+        if !spark_log_format::record_fits(op.2.len(), max_record_bytes) {
+            let why = format!(
+                "{} is {} bytes encoded, over the log's record limit of {max_record_bytes} bytes (log.max_record_bytes)",
+                body.kind().name(),
+                op.2.len()
+            );
+            let OpBody::TurnFinish(finish) = body else {
+                return Ok(Err(EngineError::Invalid(why)));
+            };
+            *body = OpBody::TurnFail(crate::op::TurnFail {
+                id: finish.id,
+                error: format!("the brain's answer does not fit the log: {why}"),
+                elapsed_ms: finish.elapsed_ms,
+            });
+            op = body.encode()?;
+        }
+        encoded.push(op);
+    }
+    Ok(Ok(encoded))
 }

@@ -459,6 +459,16 @@ fn refuse(error: EngineError) -> Decision {
 }
 
 fn decide_create(mirror: &Mirror, c: CreateMoment, mint: &mut dyn FnMut() -> Id) -> Decision {
+    // A recall's id is the request id of the moment it assembled, but it was
+    // used by a recall request, not a create (SPEC section 3: another kind
+    // of request is a conflict).
+    if let Some(rid) = c.request_id.as_deref() {
+        if mirror.recalls.contains_key(rid) {
+            return refuse(EngineError::Conflict(format!(
+                "request id {rid:?} was already used by a recall.start of {rid}"
+            )));
+        }
+    }
     // Key 1: the request id, whatever `id` the request carries now.
     match known_moment(mirror, c.request_id.as_deref(), OpKind::MomentCreate, None) {
         Err(e) => return refuse(e),
