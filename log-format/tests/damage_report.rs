@@ -14,7 +14,7 @@ use spark_log_format::format::{
     segment_file_name, HEADER_CRC_OFFSET, HEADER_FIRST_SEQ_OFFSET, SEAL_RECORD_BYTES,
 };
 use spark_log_format::{
-    damage_report, DamageKind, DamageReport, LogReader, DEFAULT_MAX_RECORD_BYTES,
+    damage_report, DamageKind, DamageReport, LogReader, SegmentInfo, DEFAULT_MAX_RECORD_BYTES,
 };
 
 fn reported(dir: &std::path::Path) -> DamageReport {
@@ -32,12 +32,7 @@ fn assert_same_error_as_the_reader(dir: &std::path::Path, report: &DamageReport)
 #[test]
 fn a_missing_middle_segment_is_the_range_of_its_seqs() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _, _) = open_collect(dir.path(), config(200), os()).unwrap();
-    let records: Vec<Owned> = (1..=12).map(sample).collect();
-    append_each(&mut log, &records);
-    drop(log);
-    let segments = LogReader::open(dir.path()).unwrap().segments().to_vec();
-    assert!(segments.len() >= 3, "{segments:?}");
+    let segments = twelve_records_in_segments(dir.path());
     let (before, missing, after) = (&segments[0], &segments[1], &segments[2]);
     assert!(missing.last_seq >= missing.first_seq, "{missing:?}");
     std::fs::remove_file(dir.path().join(&missing.name)).unwrap();
@@ -90,12 +85,7 @@ fn a_log_that_does_not_start_at_one() {
 #[test]
 fn a_damaged_header_of_a_sealed_segment_hides_no_record() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _, _) = open_collect(dir.path(), config(200), os()).unwrap();
-    let records: Vec<Owned> = (1..=12).map(sample).collect();
-    append_each(&mut log, &records);
-    drop(log);
-    let segments = LogReader::open(dir.path()).unwrap().segments().to_vec();
-    assert!(segments.len() >= 3, "{segments:?}");
+    let segments = twelve_records_in_segments(dir.path());
     // The created_ms field: only the header checksum catches it.
     flip(&dir.path().join(&segments[1].name), 30, 0x01);
 
@@ -232,4 +222,16 @@ fn a_torn_tail_that_is_not_a_whole_frame_is_no_damage() {
     assert!(damage_report(dir.path(), DEFAULT_MAX_RECORD_BYTES)
         .unwrap()
         .is_none());
+}
+
+/// Twelve records in 200-byte segments (at least three) under `dir`; the
+/// segments as the reader lists them.
+fn twelve_records_in_segments(dir: &std::path::Path) -> Vec<SegmentInfo> {
+    let (mut log, _, _) = open_collect(dir, config(200), os()).unwrap();
+    let records: Vec<Owned> = (1..=12).map(sample).collect();
+    append_each(&mut log, &records);
+    drop(log);
+    let segments = LogReader::open(dir).unwrap().segments().to_vec();
+    assert!(segments.len() >= 3, "{segments:?}");
+    segments
 }

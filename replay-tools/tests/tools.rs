@@ -263,16 +263,8 @@ fn a_missing_data_directory_is_exit_3() {
 async fn verify_tells_a_torn_tail_from_a_damaged_last_record() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (engine, _) = populate(&data, 64 << 20).await;
-    engine.shutdown().await;
-    drop(engine);
-    let segment = data.join("log/00000000000000000001.seg");
-    let whole = std::fs::read(&segment).unwrap();
+    let (segment, whole, end) = one_segment_log(&data).await;
     // Where the last record ends: the engine's zero fill ahead follows it.
-    let end = spark_log_format::LogReader::open(&data.join("log"))
-        .unwrap()
-        .segments()[0]
-        .bytes as usize;
     assert!(whole[end..].iter().all(|&b| b == 0));
 
     // A record cut short: a torn write. A note, exit 0.
@@ -492,15 +484,8 @@ async fn audit_damage_and_verify_agree_on_a_missing_segment() {
 async fn verify_describes_zeros_then_a_stray_byte_as_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (engine, _) = populate(&data, 64 << 20).await;
-    engine.shutdown().await;
-    drop(engine);
-    let segment = data.join("log/00000000000000000001.seg");
-    let end = spark_log_format::LogReader::open(&data.join("log"))
-        .unwrap()
-        .segments()[0]
-        .bytes as usize;
-    let whole = std::fs::read(&segment).unwrap()[..end].to_vec();
+    let (segment, whole, end) = one_segment_log(&data).await;
+    let whole = whole[..end].to_vec();
 
     // Zeros, then a stray non-zero byte: a torn tail (the engine cuts it
     // and keeps a copy), not the end of written data.
@@ -521,15 +506,7 @@ async fn verify_describes_zeros_then_a_stray_byte_as_a_torn_tail() {
 async fn audit_damage_and_verify_agree_on_the_last_record() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (engine, _) = populate(&data, 64 << 20).await;
-    engine.shutdown().await;
-    drop(engine);
-    let segment = data.join("log/00000000000000000001.seg");
-    let whole = std::fs::read(&segment).unwrap();
-    let end = spark_log_format::LogReader::open(&data.join("log"))
-        .unwrap()
-        .segments()[0]
-        .bytes as usize;
+    let (segment, whole, end) = one_segment_log(&data).await;
     let whole = whole[..end].to_vec();
 
     // The last record (seq 5) whole, its checksum failing: verify says it
@@ -572,4 +549,20 @@ async fn audit_damage_and_verify_agree_on_the_last_record() {
     assert_eq!((code, out.contains("note:")), (0, true), "{out}{err}");
     let (code, out, err) = run(&["audit", "damage"], &data);
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// A stopped engine's one-segment log of a few ops under `data`: the
+/// segment's path, its bytes, and where its last record ends (the zero
+/// fill, if any, follows).
+async fn one_segment_log(data: &std::path::Path) -> (std::path::PathBuf, Vec<u8>, usize) {
+    let (engine, _) = populate(data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    let segment = data.join("log/00000000000000000001.seg");
+    let whole = std::fs::read(&segment).unwrap();
+    let end = spark_log_format::LogReader::open(&data.join("log"))
+        .unwrap()
+        .segments()[0]
+        .bytes as usize;
+    (segment, whole, end)
 }
