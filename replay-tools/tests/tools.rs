@@ -211,19 +211,7 @@ async fn verify_names_the_place_of_a_flipped_byte() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     // Small segments: the log spans several sealed segments.
-    let (engine, _) = populate(&data, 4096).await;
-    for n in 0..60u64 {
-        engine
-            .submit(create(
-                Id::from_parts(1_767_225_700_000 + n, n.into()),
-                &format!("bulk-{n}"),
-                &"x".repeat(150),
-            ))
-            .await
-            .unwrap();
-    }
-    engine.shutdown().await;
-    drop(engine);
+    populate_segments(&data).await;
     let (code, out, err) = run(&["verify"], &data);
     assert_eq!(code, 0, "{out}{err}");
     let mut segments: Vec<_> = std::fs::read_dir(data.join("log"))
