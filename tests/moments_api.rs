@@ -331,6 +331,23 @@ async fn bad_input_gets_a_clear_4xx_and_writes_nothing() {
         .await
         .unwrap();
     assert_eq!(raw.status(), 400);
+    // Duplicate members are refused, not "last one wins" (found by a
+    // break-it run).
+    let raw = server
+        .client
+        .post(server.url("/api/moments"))
+        .header("content-type", "application/json")
+        .body(r#"{"text": "a", "text": "b"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 400);
+    let v: serde_json::Value = raw.json().await.unwrap();
+    assert_eq!(code(&v), "invalid_request");
+    assert!(
+        v["detail"].as_str().unwrap().contains("duplicate field"),
+        "{v}"
+    );
     let (s, v) = server.get("/api/moments/not-a-ulid").await;
     assert_eq!((s, code(&v)), (400, "invalid_id"));
     let (s, v) = server.get("/api/nothing-here").await;

@@ -119,20 +119,20 @@ impl Request {
     ) -> Result<Option<T>, ApiError> {
         let bytes = self.bytes(limit_bytes).await?;
         let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-        match first {
+        // The common case, an object that fits, in one parse straight into
+        // `T`. Anything that does not parse that way takes the two-step path
+        // below, whose messages say what is wrong in more cases (an array
+        // for an object, say); the direct parse's refusal stands when only
+        // the two-step path would accept (duplicate members: SPEC section 8
+        // wants a 4xx, not the last one winning).
+        let direct = match first {
             None => return Ok(None),
-            // The common case, an object that fits, in one parse straight
-            // into `T`. Anything that does not parse that way takes the
-            // two-step path below, which decides the answer (so a refusal
-            // reads the same; duplicate members, say, are refused by the
-            // direct parse and accepted there, last one winning).
-            Some(b'{') => {
-                if let Ok(parsed) = serde_json::from_slice::<T>(&bytes) {
-                    return Ok(Some(parsed));
-                }
-            }
-            Some(_) => {}
-        }
+            Some(b'{') => match serde_json::from_slice::<T>(&bytes) {
+                Ok(parsed) => return Ok(Some(parsed)),
+                Err(e) => Some(e),
+            },
+            Some(_) => None,
+        };
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::invalid_request(format!("the body is not JSON: {e}")))?;
         // serde would read an array as a struct's fields in order; only an
@@ -140,9 +140,13 @@ impl Request {
         if !value.is_object() {
             return Err(ApiError::invalid_request("a JSON object is required"));
         }
-        serde_json::from_value(value)
-            .map(Some)
-            .map_err(|e| ApiError::invalid_request(format!("the JSON body does not fit: {e}")))
+        let refused = |e: serde_json::Error| {
+            ApiError::invalid_request(format!("the JSON body does not fit: {e}"))
+        };
+        match (serde_json::from_value::<T>(value), direct) {
+            (Err(e), _) | (Ok(_), Some(e)) => Err(refused(e)),
+            (Ok(parsed), None) => Ok(Some(parsed)),
+        }
     }
 
     /// Parses the query string into `T` (unknown parameters are refused
