@@ -8,13 +8,10 @@
 //! `spark-replay audit media` reports and `--remove-orphans` removes; never
 //! an op without its blob.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
-use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -76,41 +73,6 @@ impl Drop for TempGuard {
 pub struct MediaStore {
     blobs: PathBuf,
     tmp: PathBuf,
-    /// Digests of blobs put in place by uploads whose `media.put` is not
-    /// answered yet, with how many such uploads hold each.
-    held: Arc<Mutex<HashMap<Sha256Digest, usize>>>,
-}
-
-/// An upload's hold on its blob's digest, from before the blob is put in
-/// place until the upload is answered (see [`MediaStore::hold`]).
-#[derive(Debug)]
-pub struct BlobHold {
-    held: Arc<Mutex<HashMap<Sha256Digest, usize>>>,
-    sha256: Sha256Digest,
-    released: bool,
-}
-
-impl BlobHold {
-    /// Releases the hold with the map already locked.
-    fn release_locked(&mut self, held: &mut HashMap<Sha256Digest, usize>) {
-        if std::mem::replace(&mut self.released, true) {
-            return;
-        }
-        if let Some(count) = held.get_mut(&self.sha256) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.sha256);
-            }
-        }
-    }
-}
-
-impl Drop for BlobHold {
-    fn drop(&mut self) {
-        let held = Arc::clone(&self.held);
-        let mut map = held.lock();
-        self.release_locked(&mut map);
-    }
 }
 
 /// `<data>/media`, where the blobs live.
@@ -157,11 +119,7 @@ impl MediaStore {
             sync_dir(&tmp)?;
             tracing::info!(removed, "removed interrupted uploads");
         }
-        Ok(MediaStore {
-            blobs,
-            tmp,
-            held: Arc::default(),
-        })
+        Ok(MediaStore { blobs, tmp })
     }
 
     /// Where the blob with this digest lives.
@@ -240,54 +198,6 @@ impl MediaStore {
             }
             crate::failpoints::check("media.dir_fsync")?;
             sync_dir(&blobs)
-        })
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))?
-    }
-
-    /// Holds `sha256` for an upload about to put its blob in place: until
-    /// the hold is dropped (the upload answered), the blob is never removed
-    /// by [`MediaStore::remove_refused`] of another upload.
-    pub fn hold(&self, sha256: Sha256Digest) -> BlobHold {
-        *self.held.lock().entry(sha256).or_insert(0) += 1;
-        BlobHold {
-            held: Arc::clone(&self.held),
-            sha256,
-            released: false,
-        }
-    }
-
-    /// After the engine refused an upload's `media.put` (a conflict found
-    /// only at commit, such as two uploads racing for one role): removes
-    /// the blob it put in place, unless another upload holds the same
-    /// digest or `referenced` (asked with the holds locked) says a committed
-    /// media names it; fsyncs the blob directory after a removal. Returns
-    /// whether the blob was removed. Without this, concurrent uploads for
-    /// one role left orphan blobs (found by a break-it run).
-    pub async fn remove_refused(
-        &self,
-        mut hold: BlobHold,
-        referenced: impl FnOnce() -> bool + Send + 'static,
-    ) -> std::io::Result<bool> {
-        let held = Arc::clone(&self.held);
-        let path = self.blob_path(&hold.sha256);
-        let blobs = self.blobs.clone();
-        tokio::task::spawn_blocking(move || {
-            // Locked throughout: an upload of the same bytes takes its hold
-            // before putting its blob in place, so it waits for this.
-            let mut map = held.lock();
-            let others = map.get(&hold.sha256).copied().unwrap_or(0) > 1;
-            hold.release_locked(&mut map);
-            if others || referenced() {
-                return Ok(false);
-            }
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-                Err(e) => return Err(e),
-            }
-            sync_dir(&blobs)?;
-            Ok(true)
         })
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))?

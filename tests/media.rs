@@ -249,52 +249,6 @@ async fn concurrent_uploads_of_one_id_make_one_op() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn uploads_racing_for_one_role_leave_no_orphan_blob() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Arc::new(TestServer::start(dir.path()).await);
-    let mut winners = std::collections::HashSet::new();
-    for round in 0..8u8 {
-        let m = moment(&server).await;
-        let mut tasks = Vec::new();
-        // Four different media ids, four different contents, one role; the
-        // fifth upload has the bytes of the first, under its own id.
-        for n in 0..5u8 {
-            let server = Arc::clone(&server);
-            let m = m.clone();
-            let bytes =
-                vec![round.wrapping_mul(16).wrapping_add(n % 4); 100_000 + usize::from(n % 4)];
-            tasks.push(tokio::spawn(async move {
-                let id = ulid();
-                let (s, v) = put(&server, &id, &m, "copy", bytes.clone(), &[]).await;
-                (s, v, sha(&bytes))
-            }));
-        }
-        let mut won = 0;
-        for t in tasks {
-            let (s, v, digest) = t.await.unwrap();
-            match s {
-                201 => {
-                    won += 1;
-                    winners.insert(digest);
-                }
-                409 => assert_eq!(v["code"], "conflict", "{v}"),
-                _ => panic!("{s} {v}"),
-            }
-        }
-        assert_eq!(won, 1, "one upload fills the role");
-    }
-    Arc::into_inner(server).unwrap().stop().await;
-    // Only the winners' blobs are left (some refused uploads were turned
-    // away before putting theirs in place, the rest removed it).
-    let blobs: std::collections::HashSet<String> =
-        std::fs::read_dir(dir.path().join("media/blobs"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-    assert_eq!(blobs, winners);
-}
-
 #[tokio::test]
 async fn downloads_with_etag_ranges_and_damage_checks() {
     let dir = tempfile::tempdir().unwrap();

@@ -164,8 +164,7 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
         };
     }
     // Another media already fills this role: refuse before the blob is put
-    // in place. Uploads racing for the role all pass here; the sequencer
-    // refuses all but one, and their blobs are removed below.
+    // in place, so no orphan is left (the sequencer checks again).
     let taken = state.engine.read(|mirror| {
         let moment = mirror.moment(moment_id)?;
         moment
@@ -182,7 +181,6 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
             role.name()
         ))));
     }
-    let hold = state.media.hold(received.sha256);
     state
         .media
         .commit(&received)
@@ -201,22 +199,7 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
         content_type,
         device: req.device.clone(),
     });
-    let outcome = match state.engine.submit(command).await {
-        // Refused by the sequencer: no op names this blob. (Not after
-        // `Unavailable`: a failed append may still be on disk.)
-        Err(refused) if !matches!(refused, EngineError::Unavailable(_)) => {
-            let engine = Arc::clone(&state.engine);
-            let sha256 = received.sha256;
-            let referenced =
-                move || engine.read(|mirror| mirror.media.values().any(|m| m.sha256.0 == sha256));
-            if let Err(e) = state.media.remove_refused(hold, referenced).await {
-                tracing::warn!(error = %e, "could not remove the blob of a refused upload");
-            }
-            return Err(ApiError::from(refused));
-        }
-        other => other?,
-    };
-    match outcome {
+    match state.engine.submit(command).await? {
         Outcome::MediaPut { created, media } => {
             let status = if created {
                 StatusCode::CREATED
