@@ -35,6 +35,7 @@ pub mod damage;
 pub mod engine;
 pub mod failpoints;
 pub mod ids;
+mod len_prefixed;
 pub mod media;
 pub mod metrics;
 pub mod mirror;

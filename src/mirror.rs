@@ -136,20 +136,10 @@ impl Moment {
             if self.present & bit == 0 {
                 continue;
             }
-            let mut len = 0usize;
-            let mut shift = 0;
-            loop {
-                let byte = self.texts[at];
-                at += 1;
-                len |= usize::from(byte & 0x7F) << shift;
-                shift += 7;
-                if byte & 0x80 == 0 {
-                    break;
-                }
-            }
+            let (bytes, next) = crate::len_prefixed::read(&self.texts, at);
             // Written by `set_texts` from whole `str`s only.
-            out[index] = Some(std::str::from_utf8(&self.texts[at..at + len]).expect("whole strs"));
-            at += len;
+            out[index] = Some(std::str::from_utf8(bytes).expect("whole strs"));
+            at = next;
         }
         out
     }
@@ -158,29 +148,17 @@ impl Moment {
     fn set_texts(&mut self, texts: [Option<&str>; 3]) {
         // The exact size up front: shrinking a larger buffer would keep the
         // allocator's larger block.
-        let prefix_len =
-            |len: usize| (usize::BITS - (len | 1).leading_zeros()).div_ceil(7) as usize;
         let total: usize = texts
             .iter()
             .flatten()
-            .map(|t| prefix_len(t.len()) + t.len())
+            .map(|t| crate::len_prefixed::encoded_len(t.len()))
             .sum();
         let mut bytes = Vec::with_capacity(total);
         self.present &= !(HAS_TEXT | HAS_CAPTION | HAS_LANG);
         for (text, bit) in texts.into_iter().zip([HAS_TEXT, HAS_CAPTION, HAS_LANG]) {
             let Some(text) = text else { continue };
             self.present |= bit;
-            let mut len = text.len() as u64;
-            loop {
-                let byte = (len & 0x7F) as u8;
-                len >>= 7;
-                if len == 0 {
-                    bytes.push(byte);
-                    break;
-                }
-                bytes.push(byte | 0x80);
-            }
-            bytes.extend_from_slice(text.as_bytes());
+            crate::len_prefixed::push(&mut bytes, text.as_bytes());
         }
         debug_assert_eq!(bytes.len(), total);
         self.texts = bytes.into_boxed_slice();
@@ -954,11 +932,13 @@ pub struct MediaView {
 impl Mirror {
     /// A moment as the API shows it, with its media.
     pub fn moment_view(&self, moment: &Moment) -> MomentView {
+        // Decoded once for the three (each accessor decodes them all).
+        let [text, caption, lang] = moment.texts();
         MomentView {
             id: moment.id,
-            text: moment.text().map(str::to_owned),
-            caption: moment.caption().map(str::to_owned),
-            lang: moment.lang().map(str::to_owned),
+            text: text.map(str::to_owned),
+            caption: caption.map(str::to_owned),
+            lang: lang.map(str::to_owned),
             captured_at: moment.captured_at_ms().map(crate::time::format_rfc3339_ms),
             // Cast: server times are below i64::MAX ms for 292 million years.
             created_at: crate::time::format_rfc3339_ms(moment.created_at_ms as i64),

@@ -84,9 +84,7 @@ struct TextArena {
 
 impl TextArena {
     fn push(&mut self, text: &str) -> TextRef {
-        let mut prefix = [0u8; 10];
-        let prefix_len = leb128(text.len() as u64, &mut prefix);
-        let need = prefix_len + text.len();
+        let need = crate::len_prefixed::encoded_len(text.len());
         let fits = self
             .chunks
             .last()
@@ -98,8 +96,7 @@ impl TextArena {
         let chunk_index = self.chunks.len() - 1;
         let chunk = &mut self.chunks[chunk_index];
         let offset = chunk.len();
-        chunk.extend_from_slice(&prefix[..prefix_len]);
-        chunk.extend_from_slice(text.as_bytes());
+        crate::len_prefixed::push(chunk, text.as_bytes());
         assert!(
             chunk_index < 1 << (TEXT_REF_BITS - CHUNK_OFFSET_BITS),
             "the request index holds at most 16 TiB of request ids"
@@ -115,34 +112,8 @@ impl TextArena {
 
     fn get_bytes(&self, at: TextRef) -> &[u8] {
         let chunk = &self.chunks[(at.0 >> CHUNK_OFFSET_BITS) as usize];
-        let mut offset = (at.0 & ((1 << CHUNK_OFFSET_BITS) - 1)) as usize;
-        let mut len = 0usize;
-        let mut shift = 0;
-        loop {
-            let byte = chunk[offset];
-            offset += 1;
-            len |= usize::from(byte & 0x7F) << shift;
-            shift += 7;
-            if byte & 0x80 == 0 {
-                break;
-            }
-        }
-        &chunk[offset..offset + len]
-    }
-}
-
-/// Writes `value` as LEB128 into `out`; returns the bytes used.
-fn leb128(mut value: u64, out: &mut [u8; 10]) -> usize {
-    let mut used = 0;
-    loop {
-        let byte = (value & 0x7F) as u8;
-        value >>= 7;
-        if value == 0 {
-            out[used] = byte;
-            return used + 1;
-        }
-        out[used] = byte | 0x80;
-        used += 1;
+        let offset = (at.0 & ((1 << CHUNK_OFFSET_BITS) - 1)) as usize;
+        crate::len_prefixed::read(chunk, offset).0
     }
 }
 
