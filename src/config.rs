@@ -7,6 +7,35 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// The settings file used when no `--config` (nor `SPARK_CONFIG`) is
+/// given: `spark.toml` in the working directory. `token add` writes it by
+/// default, and the server reads it when it exists, so a plain restart uses
+/// the token just added (issue 19; README "Running it for real").
+pub const DEFAULT_CONFIG_FILE: &str = "spark.toml";
+
+/// Resolves a listen address given as `IP:PORT` (`127.0.0.1:8080`,
+/// `[::1]:8080`) or `HOST:PORT` (`localhost:8091`): a host name is resolved
+/// once, at start, to its first address. The access rule of SPEC section 9
+/// (no token: loopback only) holds for the address it resolves to, which
+/// is the one the server binds.
+///
+/// Errors: the text in words, when it is neither form or resolves to no
+/// address.
+pub fn resolve_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    use std::net::ToSocketAddrs;
+    let mut addrs = text.to_socket_addrs().map_err(|e| {
+        format!(
+            "{text:?} is neither IP:PORT nor HOST:PORT (e.g. 127.0.0.1:8080, localhost:8080): {e}"
+        )
+    })?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("{text:?} resolves to no address"))
+}
+
 /// Everything the server can be told. `Settings::default()` is what
 /// `cargo run --release` serves with.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +55,96 @@ pub struct Settings {
     pub brains: BrainSettings,
     /// Who may call the API (SPEC section 9).
     pub access: AccessSettings,
+    /// The media store.
+    pub media: MediaSettings,
+    /// The archive to S3-compatible object storage (SPEC section 11).
+    /// Absent (the default): no archive, the engine runs as without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveSettings>,
+    /// `spark-engine serve --take-over`: take the archive's prefix over
+    /// from the engine that holds it (SPEC section 11, ARCHIVE.md "Epoch";
+    /// see [`crate::archive::take_over`]). Only from the flag, never from
+    /// the file or the environment: a standing take-over would have two
+    /// engines take the prefix from each other at every restart. Needs
+    /// `[archive]`.
+    #[serde(skip)]
+    pub take_over: bool,
+}
+
+/// The media store (DESIGN.md, "Media").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MediaSettings {
+    /// At startup, blobs that no `media.put` names (a crash between a blob
+    /// and its op) are removed once their contents are at least this old,
+    /// in milliseconds; younger ones are kept until a later start
+    /// (`spark-replay audit media` lists them). Default 3,600,000 (1 hour,
+    /// the audit's default grace).
+    pub orphan_grace_ms: u64,
+}
+
+impl Default for MediaSettings {
+    fn default() -> MediaSettings {
+        MediaSettings {
+            orphan_grace_ms: 3_600_000,
+        }
+    }
+}
+
+pub use spark_archive::ArchiveUrl;
+
+/// When a write is acknowledged with an archive (SPEC section 11).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArchiveMode {
+    /// A write is acknowledged after the local fdatasync, as without an
+    /// archive, and shipped within `ship_interval_ms` (at most one chunk per
+    /// interval). RPO: the writes acknowledged in about the last ship
+    /// interval (plus any store outage) are lost with the machine.
+    #[default]
+    Async,
+    /// A write is acknowledged only once a manifest naming a chunk or
+    /// segment that holds its op is stored in the archive (the manifest put
+    /// is the commit point, `log-format/ARCHIVE.md` "Sync mode"); the
+    /// shipper ships as soon as a write waits and no ship is in flight
+    /// (group commit; `ship_interval_ms` does not pace it). RPO: zero
+    /// acknowledged writes lost with the machine. The mirror (every read)
+    /// shows an op at its local fdatasync, before it is acknowledged. While
+    /// the store is unreachable writes wait (a request answers `503
+    /// timeout` after `limits.request_timeout_ms`, and its write is still
+    /// acknowledged to a retry once archived) and `/readyz` answers `503`.
+    Sync,
+}
+
+/// `[archive]`: where and how the log is shipped (SPEC section 11,
+/// `log-format/ARCHIVE.md`). Credentials come only from the environment
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveSettings {
+    /// `s3://BUCKET/PREFIX` (the prefix may be empty).
+    pub url: String,
+    /// The store's endpoint for stores other than AWS, e.g.
+    /// `http://127.0.0.1:8333`; absent: AWS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The region; default `us-east-1`.
+    #[serde(default = "default_archive_region")]
+    pub region: String,
+    /// At most one tail chunk per this many ms. Default 1000.
+    #[serde(default = "default_ship_interval_ms")]
+    pub ship_interval_ms: u64,
+    /// `async` (default) or `sync`.
+    #[serde(default)]
+    pub mode: ArchiveMode,
+}
+
+fn default_archive_region() -> String {
+    "us-east-1".to_owned()
+}
+
+fn default_ship_interval_ms() -> u64 {
+    1000
 }
 
 /// Access (SPEC section 9): bearer tokens, each naming a device, stored as
@@ -133,23 +252,24 @@ pub struct LogSettings {
     pub segment_size_bytes: u64,
     /// Largest record, in bytes; a larger one in a file is damage. Default 4 MiB.
     pub max_record_bytes: u32,
-    /// Zero fill ahead of the last record of the active segment, in bytes:
+    /// Zero fill ahead of the last batch of the active segment, in bytes:
     /// a batch that would end past the zero-filled part writes zeros up to
     /// the next multiple of this in the same write, so most fdatasyncs find
     /// the file's size and blocks unchanged (a growing file costs more per
-    /// sync). 0 turns it off. Default 0 (off).
+    /// sync). 0 turns it off. Default 1 MiB (on).
     ///
-    /// Off by default because it changes what a power cut can leave: a
-    /// batch written in place over zeros may persist any subset of its
-    /// pages before its fdatasync returns, so a cut can leave a zero hole
-    /// with valid (never acknowledged) records after it, which recovery
-    /// cannot tell from damage and refuses until repaired by hand. No
-    /// acknowledged write is lost either way; availability after a power
-    /// cut is. It raised 64-connection throughput by about 14% here
-    /// (README "Performance").
+    /// On since log format version 2 (issue 14): a batch written in place
+    /// over zeros may persist any subset of its pages before its fdatasync
+    /// returns, and the hole a power cut can leave lies after the last valid
+    /// commit mark, so recovery cuts it as an unacknowledged tail instead of
+    /// refusing the log (`log-format/FORMAT.md`). It cut the write+fdatasync
+    /// of a batch by about a third here (README "Performance").
     pub preallocate_bytes: u64,
     /// Most ops written with one write call and one fdatasync (the
-    /// group-commit batch). Default 1,024. A lone op is never held back.
+    /// group-commit batch): a batch takes no more commands once it holds
+    /// this many ops, and a command's ops are never split, so a batch ends
+    /// at most one command's ops past it (a recall writes 3, a job 1 + one
+    /// per seat). Default 1,024. A lone command is never held back.
     pub group_commit_max_ops: usize,
     /// Most commands waiting for the sequencer; more make callers wait.
     /// Default 8,192.
@@ -158,6 +278,24 @@ pub struct LogSettings {
     /// subscribers; one that falls further behind is told where to resume
     /// and disconnected. Default 1,024.
     pub change_buffer_batches: usize,
+    /// Free bytes the data directory's file system must keep: a write that
+    /// would grow the log or the media store below this is refused with
+    /// `507 insufficient_storage` and `Retry-After` before the disk is
+    /// actually full (an upload counts its declared `Content-Length`);
+    /// reads, `/api/events` and `/healthz` keep working, `/readyz` answers
+    /// `507` and says why, and writes resume by themselves once space is
+    /// back above it (issue 19; SPEC section 10). 0 turns the reserve off;
+    /// otherwise at least `log.preallocate_bytes` (one batch's zero fill
+    /// may take that much at once). Default 256 MiB: room for a restart's
+    /// recovery copies, the next segment's pre-allocation, and an operator
+    /// to act.
+    pub disk_reserve_bytes: u64,
+    /// How long a measure of free space (`statvfs`) is trusted while it is
+    /// above the reserve, in ms: between two measures the engine subtracts
+    /// what it writes itself, so only another program's writes go unseen
+    /// that long. Below the reserve every write measures again, so writes
+    /// resume as soon as space is back. 1 to 60,000; default 100.
+    pub disk_check_interval_ms: u64,
 }
 
 impl Default for Settings {
@@ -169,6 +307,9 @@ impl Default for Settings {
             log: LogSettings::default(),
             brains: BrainSettings::default(),
             access: AccessSettings::default(),
+            media: MediaSettings::default(),
+            archive: None,
+            take_over: false,
         }
     }
 }
@@ -193,10 +334,12 @@ impl Default for LogSettings {
         LogSettings {
             segment_size_bytes: 64 * 1024 * 1024,
             max_record_bytes: spark_log_format::DEFAULT_MAX_RECORD_BYTES,
-            preallocate_bytes: 0,
+            preallocate_bytes: 1024 * 1024,
             group_commit_max_ops: 1024,
             queue_depth_commands: 8192,
             change_buffer_batches: 1024,
+            disk_reserve_bytes: 256 * 1024 * 1024,
+            disk_check_interval_ms: 100,
         }
     }
 }
@@ -265,10 +408,18 @@ impl Settings {
         vars: impl Iterator<Item = (String, String)>,
     ) -> Result<(), SettingsError> {
         let vars: std::collections::HashMap<String, String> = vars.collect();
+        self.archive_from_env(&vars)?;
         let mut tree = toml::Value::try_from(&*self).map_err(|e| SettingsError::Invalid {
             key: "environment",
             message: e.to_string(),
         })?;
+        // `endpoint` is left out of the tree when unset: give the walk a
+        // place for `SPARK_ARCHIVE_ENDPOINT`.
+        if let Some(archive) = tree.get_mut("archive").and_then(toml::Value::as_table_mut) {
+            if vars.contains_key("SPARK_ARCHIVE_ENDPOINT") && !archive.contains_key("endpoint") {
+                archive.insert("endpoint".into(), toml::Value::String(String::new()));
+            }
+        }
         fn walk(
             value: &mut toml::Value,
             prefix: &str,
@@ -321,6 +472,8 @@ impl Settings {
             "SPARK_LOG_",
             "SPARK_BRAINS_",
             "SPARK_ACCESS_",
+            "SPARK_MEDIA_",
+            "SPARK_ARCHIVE_",
         ];
         // Not settings: the log filter and `--log-format`'s variable.
         const OTHERS: &[&str] = &["SPARK_LOG_FORMAT"];
@@ -344,6 +497,46 @@ impl Settings {
                 message: e.to_string(),
             })?;
         Ok(())
+    }
+
+    /// `[archive]` from the environment, as every other section: with
+    /// `SPARK_ARCHIVE_URL` set and no `[archive]` in the file, the section
+    /// is made (its other keys take their defaults or their own
+    /// variables). Another `SPARK_ARCHIVE_*` variable with no section and
+    /// no `SPARK_ARCHIVE_URL` is refused, naming it: it would configure
+    /// nothing (newcomer findings 9).
+    fn archive_from_env(
+        &mut self,
+        vars: &std::collections::HashMap<String, String>,
+    ) -> Result<(), SettingsError> {
+        if self.archive.is_some() {
+            return Ok(());
+        }
+        if let Some(url) = vars.get("SPARK_ARCHIVE_URL") {
+            self.archive = Some(ArchiveSettings {
+                url: url.clone(),
+                endpoint: None,
+                region: default_archive_region(),
+                ship_interval_ms: default_ship_interval_ms(),
+                mode: ArchiveMode::default(),
+            });
+            return Ok(());
+        }
+        let mut stray: Vec<&String> = vars
+            .keys()
+            .filter(|name| name.starts_with("SPARK_ARCHIVE_"))
+            .collect();
+        stray.sort();
+        match stray.first() {
+            Some(name) => Err(SettingsError::Env {
+                name: (*name).clone(),
+                message: "no archive is configured (no [archive] section in the settings file \
+                          and no SPARK_ARCHIVE_URL): set SPARK_ARCHIVE_URL or [archive] url, or \
+                          unset it"
+                    .to_owned(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The settings as TOML, with every token hash replaced by `"<hidden>"`:
@@ -406,6 +599,39 @@ impl Settings {
         if self.log.queue_depth_commands == 0 {
             return invalid("log.queue_depth_commands", "must be above 0");
         }
+        if self.take_over && self.archive.is_none() {
+            return invalid(
+                "--take-over",
+                "takes an archive's prefix over, and no [archive] is configured",
+            );
+        }
+        if let Some(archive) = &self.archive {
+            if let Err(message) = ArchiveUrl::parse(&archive.url) {
+                return invalid("archive.url", &message);
+            }
+            if let Some(endpoint) = &archive.endpoint {
+                if let Err(message) = spark_archive::check_endpoint(endpoint) {
+                    return invalid("archive.endpoint", &message);
+                }
+            }
+            if archive.region.is_empty() {
+                return invalid("archive.region", "must not be empty");
+            }
+            if !(10..=3_600_000).contains(&archive.ship_interval_ms) {
+                return invalid("archive.ship_interval_ms", "must be 10 to 3600000");
+            }
+        }
+        if self.log.disk_reserve_bytes != 0
+            && self.log.disk_reserve_bytes < self.log.preallocate_bytes
+        {
+            return invalid(
+                "log.disk_reserve_bytes",
+                "must be 0 (off) or at least log.preallocate_bytes",
+            );
+        }
+        if !(1..=60_000).contains(&self.log.disk_check_interval_ms) {
+            return invalid("log.disk_check_interval_ms", "must be 1 to 60000");
+        }
         if self.brains.seats.is_empty() {
             return invalid("brains.seats", "at least one seat is needed");
         }
@@ -466,10 +692,7 @@ impl Settings {
     }
 }
 
-/// `<data_dir>/log`, where the segments live.
-pub fn log_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("log")
-}
+pub use spark_core::layout::log_dir;
 
 #[cfg(test)]
 mod tests {
@@ -526,6 +749,33 @@ mod tests {
     }
 
     #[test]
+    fn the_disk_reserve_is_set_by_env_and_validated() {
+        let mut s = Settings::default();
+        assert_eq!(s.log.disk_reserve_bytes, 256 * 1024 * 1024);
+        s.apply_env(
+            [
+                ("SPARK_LOG_DISK_RESERVE_BYTES", "4194304"),
+                ("SPARK_LOG_DISK_CHECK_INTERVAL_MS", "250"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+        .unwrap();
+        assert_eq!(s.log.disk_reserve_bytes, 4 * 1024 * 1024);
+        assert_eq!(s.log.disk_check_interval_ms, 250);
+        assert!(s.validate().is_ok());
+        s.log.disk_reserve_bytes = 0;
+        assert!(s.validate().is_ok(), "0 turns the reserve off");
+        s.log.disk_reserve_bytes = s.log.preallocate_bytes - 1;
+        let refused = s.validate().unwrap_err().to_string();
+        assert!(refused.contains("log.disk_reserve_bytes"), "{refused}");
+        s.log.disk_reserve_bytes = s.log.preallocate_bytes;
+        s.log.disk_check_interval_ms = 0;
+        let refused = s.validate().unwrap_err().to_string();
+        assert!(refused.contains("log.disk_check_interval_ms"), "{refused}");
+    }
+
+    #[test]
     fn printed_settings_hide_token_hashes() {
         let mut s = Settings::default();
         s.access.tokens.push(TokenEntry {
@@ -540,8 +790,172 @@ mod tests {
     }
 
     #[test]
+    fn listen_takes_host_names_resolved_to_what_is_bound() {
+        assert_eq!(
+            resolve_listen("127.0.0.1:0").unwrap(),
+            "127.0.0.1:0".parse::<SocketAddr>().unwrap()
+        );
+        let local = resolve_listen("localhost:8091").unwrap();
+        assert!(local.ip().is_loopback(), "{local}");
+        assert_eq!(local.port(), 8091);
+        let error = resolve_listen("localhost").unwrap_err();
+        assert!(error.contains("HOST:PORT"), "{error}");
+        assert!(resolve_listen("no-such-host.invalid:8080").is_err());
+    }
+
+    #[test]
     fn unknown_keys_are_refused_by_name() {
         let error = toml::from_str::<Settings>("[limits]\njson_body_limit = 5\n").unwrap_err();
         assert!(error.to_string().contains("json_body_limit"), "{error}");
+    }
+
+    #[test]
+    fn take_over_needs_an_archive_and_never_comes_from_the_file() {
+        let refused = Settings {
+            take_over: true,
+            ..Settings::default()
+        };
+        assert!(matches!(
+            refused.validate(),
+            Err(SettingsError::Invalid {
+                key: "--take-over",
+                ..
+            })
+        ));
+        let parsed = toml::from_str::<Settings>("take_over = true\n");
+        assert!(parsed.is_err(), "take_over is not a setting");
+        let mut with_archive: Settings =
+            toml::from_str("[archive]\nurl = \"s3://spark-bucket/shard-1\"\n").unwrap();
+        with_archive.take_over = true;
+        with_archive.validate().unwrap();
+        assert!(!with_archive.to_toml_redacted().contains("take_over"));
+    }
+
+    #[test]
+    fn archive_settings_parse_with_defaults_and_are_checked() {
+        let parsed: Settings = toml::from_str(
+            "[archive]\nurl = \"s3://spark-bucket/shard-1\"\nendpoint = \"http://127.0.0.1:8333\"\n",
+        )
+        .unwrap();
+        let archive = parsed.archive.clone().unwrap();
+        assert_eq!(archive.ship_interval_ms, 1000);
+        assert_eq!(archive.region, "us-east-1");
+        assert_eq!(archive.mode, ArchiveMode::Async);
+        parsed.validate().unwrap();
+        assert!(!Settings::default().to_toml_redacted().contains("archive"));
+        let refused = |archive: ArchiveSettings| {
+            let settings = Settings {
+                archive: Some(archive),
+                ..Settings::default()
+            };
+            match settings.validate() {
+                Err(SettingsError::Invalid { key, .. }) => key,
+                other => panic!("accepted: {other:?}"),
+            }
+        };
+        assert_eq!(
+            refused(ArchiveSettings {
+                url: "http://bucket/x".into(),
+                ..archive.clone()
+            }),
+            "archive.url"
+        );
+        assert_eq!(
+            refused(ArchiveSettings {
+                url: "s3://Bad_Bucket".into(),
+                ..archive.clone()
+            }),
+            "archive.url"
+        );
+        assert_eq!(
+            refused(ArchiveSettings {
+                ship_interval_ms: 0,
+                ..archive.clone()
+            }),
+            "archive.ship_interval_ms"
+        );
+        assert_eq!(
+            refused(ArchiveSettings {
+                endpoint: Some("127.0.0.1:8333".into()),
+                ..archive.clone()
+            }),
+            "archive.endpoint"
+        );
+        assert_eq!(
+            refused(ArchiveSettings {
+                endpoint: Some("http://:8333".into()),
+                ..archive
+            }),
+            "archive.endpoint"
+        );
+        let sync: Settings =
+            toml::from_str("[archive]\nurl = \"s3://abc/p\"\nmode = \"sync\"\n").unwrap();
+        sync.validate().unwrap();
+        assert_eq!(sync.archive.unwrap().mode, ArchiveMode::Sync);
+        let unknown = toml::from_str::<Settings>("[archive]\nurl = \"s3://abc\"\nsecret = \"x\"\n");
+        assert!(unknown.unwrap_err().to_string().contains("secret"));
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn archive_variables_are_checked_like_the_others() {
+        // A typo is refused by name.
+        let mut s: Settings = toml::from_str("[archive]\nurl = \"s3://spark/a\"\n").unwrap();
+        let error = s
+            .apply_env(env(&[("SPARK_ARCHIVE_SHIP_INTERVAL", "500")]))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("SPARK_ARCHIVE_SHIP_INTERVAL"), "{error}");
+        assert!(error.contains("no such setting"), "{error}");
+        // Every key, the unset endpoint included.
+        s.apply_env(env(&[
+            ("SPARK_ARCHIVE_URL", "s3://spark/b"),
+            ("SPARK_ARCHIVE_ENDPOINT", "http://127.0.0.1:9000"),
+            ("SPARK_ARCHIVE_REGION", "eu-west-1"),
+            ("SPARK_ARCHIVE_SHIP_INTERVAL_MS", "500"),
+            ("SPARK_ARCHIVE_MODE", "async"),
+        ]))
+        .unwrap();
+        let archive = s.archive.clone().unwrap();
+        assert_eq!(archive.url, "s3://spark/b");
+        assert_eq!(archive.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(archive.region, "eu-west-1");
+        assert_eq!(archive.ship_interval_ms, 500);
+        s.validate().unwrap();
+        let bad_mode = s.apply_env(env(&[("SPARK_ARCHIVE_MODE", "later")]));
+        assert!(bad_mode.is_err());
+    }
+
+    #[test]
+    fn archive_url_in_the_environment_makes_the_section() {
+        let mut s = Settings::default();
+        s.apply_env(env(&[
+            ("SPARK_ARCHIVE_URL", "s3://spark/shard-env"),
+            ("SPARK_ARCHIVE_ENDPOINT", "http://127.0.0.1:8333"),
+        ]))
+        .unwrap();
+        let archive = s.archive.clone().expect("the section is made");
+        assert_eq!(archive.url, "s3://spark/shard-env");
+        assert_eq!(archive.endpoint.as_deref(), Some("http://127.0.0.1:8333"));
+        assert_eq!(archive.ship_interval_ms, 1000);
+        s.validate().unwrap();
+        // Without the URL, an archive variable configures nothing: refused.
+        let mut plain = Settings::default();
+        let error = plain
+            .apply_env(env(&[("SPARK_ARCHIVE_MODE", "sync")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("SPARK_ARCHIVE_MODE") && error.contains("no archive is configured"),
+            "{error}"
+        );
+        assert_eq!(plain.archive, None);
     }
 }

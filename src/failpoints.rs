@@ -13,9 +13,10 @@
 //! `log.set_len`, `log.create`, `log.dir_fsync`, `log.remove`: a segment
 //! roll is `log.fsync` of the seal, then `log.create`, `log.write` and
 //! `log.sync_all` of the new header, then `log.dir_fsync`), and the media
-//! store's (`media.write`, `media.fsync`, `media.rename`,
-//! `media.dir_fsync`, and `media.before_op`, between a durable blob and its
-//! `media.put`).
+//! store's, which uses the same seam for files under `<data>/media/`
+//! (`media.create`, `media.write`, `media.fsync`, `media.rename`,
+//! `media.dir_fsync`, `media.remove`, and `media.before_op`, between a
+//! durable blob and its `media.put`).
 
 use std::io;
 
@@ -167,11 +168,49 @@ mod seam {
 
     use super::{check, fire, Action};
 
-    /// The log's file seam with a failpoint in front of every operation
-    /// (names `log.*`), over another [`Fs`].
+    /// The file seam with a failpoint in front of every operation, over
+    /// another [`Fs`]: names `media.*` for the media store's files and
+    /// directories (under `<data>/media/`, see [`is_media`]), `log.*` for
+    /// the rest.
     pub struct FailpointFs(pub Arc<dyn Fs>);
 
-    struct File(Box<dyn LogFile>);
+    /// Whether `path` is the media store's: `media/`, `media/tmp/`,
+    /// `media/blobs/`, or a file directly in one of the last two.
+    fn is_media(path: &Path) -> bool {
+        let names: Vec<&std::ffi::OsStr> = path
+            .components()
+            .rev()
+            .take(3)
+            .map(|c| c.as_os_str())
+            .collect();
+        let store = |i: usize| names.get(i).is_some_and(|n| *n == "media");
+        let area = |i: usize| names.get(i).is_some_and(|n| *n == "tmp" || *n == "blobs");
+        store(0) || (area(0) && store(1)) || (area(1) && store(2))
+    }
+
+    /// The failpoint name of operation `op` on `path`.
+    fn name(path: &Path, op: &str) -> String {
+        let area = if is_media(path) { "media" } else { "log" };
+        format!("{area}.{op}")
+    }
+
+    /// A file opened through [`FailpointFs`], with the area it lives in.
+    struct File {
+        inner: Box<dyn LogFile>,
+        media: bool,
+    }
+
+    impl File {
+        /// The failpoint name of `op` on this file: `log.<op>`, or
+        /// `media.<media_op>` for a media file.
+        fn name(&self, op: &str, media_op: &str) -> String {
+            if self.media {
+                format!("media.{media_op}")
+            } else {
+                format!("log.{op}")
+            }
+        }
+    }
 
     impl Fs for FailpointFs {
         fn create_dir_all(&self, path: &Path) -> io::Result<()> {
@@ -181,18 +220,31 @@ mod seam {
             self.0.list(dir)
         }
         fn open_rw(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-            Ok(Box::new(File(self.0.open_rw(path)?)))
+            Ok(Box::new(File {
+                inner: self.0.open_rw(path)?,
+                media: is_media(path),
+            }))
         }
         fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
-            check("log.create")?;
-            Ok(Box::new(File(self.0.create_new(path)?)))
+            check(&name(path, "create"))?;
+            Ok(Box::new(File {
+                inner: self.0.create_new(path)?,
+                media: is_media(path),
+            }))
         }
         fn remove_file(&self, path: &Path) -> io::Result<()> {
-            check("log.remove")?;
+            check(&name(path, "remove"))?;
             self.0.remove_file(path)
         }
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            check(&name(to, "rename"))?;
+            self.0.rename(from, to)
+        }
+        fn modified(&self, path: &Path) -> io::Result<std::time::SystemTime> {
+            self.0.modified(path)
+        }
         fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-            check("log.dir_fsync")?;
+            check(&name(dir, "dir_fsync"))?;
             self.0.sync_dir(dir)
         }
         fn map(&self, path: &Path) -> io::Result<Box<dyn AsRef<[u8]> + Send + Sync>> {
@@ -202,29 +254,56 @@ mod seam {
 
     impl LogFile for File {
         fn len(&self) -> io::Result<u64> {
-            self.0.len()
+            self.inner.len()
         }
         fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
-            match fire("log.write") {
-                None => self.0.write_all_at(offset, buf),
+            match fire(&self.name("write", "write")) {
+                None => self.inner.write_all_at(offset, buf),
                 Some(Action::Short) => {
-                    self.0.write_all_at(offset, &buf[..buf.len() / 2])?;
+                    self.inner.write_all_at(offset, &buf[..buf.len() / 2])?;
                     Err(Action::Short.error())
                 }
                 Some(action) => Err(action.error()),
             }
         }
         fn sync_data(&mut self) -> io::Result<()> {
-            check("log.fsync")?;
-            self.0.sync_data()
+            check(&self.name("fsync", "fsync"))?;
+            self.inner.sync_data()
         }
         fn sync_all(&mut self) -> io::Result<()> {
-            check("log.sync_all")?;
-            self.0.sync_all()
+            check(&self.name("sync_all", "fsync"))?;
+            self.inner.sync_all()
         }
         fn set_len(&mut self, len: u64) -> io::Result<()> {
-            check("log.set_len")?;
-            self.0.set_len(len)
+            check(&self.name("set_len", "set_len"))?;
+            self.inner.set_len(len)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::is_media;
+        use std::path::Path;
+
+        #[test]
+        fn media_paths_are_told_from_log_paths() {
+            for media in [
+                "/d/media",
+                "/d/media/tmp",
+                "/d/media/blobs",
+                "/d/media/tmp/upload-1",
+                "/d/media/blobs/ab12",
+            ] {
+                assert!(is_media(Path::new(media)), "{media}");
+            }
+            for log in [
+                "/d/log",
+                "/d/log/00000000000000000001.seg",
+                "/d",
+                "/media/x/y",
+            ] {
+                assert!(!is_media(Path::new(log)), "{log}");
+            }
         }
     }
 }

@@ -9,41 +9,37 @@
 //!
 //! # Layout
 //!
-//! - [`ids`]: ULIDs and request ids (SPEC section 2).
-//! - [`op`]: the typed, versioned ops the log carries; [`codec`] encodes them.
-//! - [`mirror`]: the state and the one fold, including the request index.
-//! - [`engine`]: the sequencer, the journal (group commit) and the published
-//!   mirror.
+//! From `spark-core` (re-exported here, so paths like
+//! `spark_engine::mirror` keep working): [`ids`] (ULIDs, request ids and
+//! derived ids), [`op`] and [`codec`], [`mirror`] (the state and the one
+//! fold), [`request_index`], [`replay`], [`layout`], [`damage`], [`synth`],
+//! [`time`]; the rules live in `spark_core::rules`.
+//!
+//! - [`engine`]: the sequencer (it asks `spark_core::rules`), the journal
+//!   (group commit) and the published mirror.
 //! - [`media`]: the content-addressed blob store under `<data>/media/`.
 //! - [`brain`]: the reading models (seats, adapters) and [`turns`], which asks
 //!   them once per turn in the background.
 //! - [`api`]: the warp routes, problem+json errors, body limits.
+//! - [`archive`]: the shipper to S3-compatible object storage (SPEC
+//!   section 11, `log-format/ARCHIVE.md`), on only with `[archive]`.
 //! - [`server`]: start, serve and shut down.
 //! - [`config`]: settings with units in their names; [`clock`], [`time`].
-//! - [`client`]: the phone's outbox (capture, drain, messages) as a Rust
-//!   client, used by the `spark-engine capture`/`drain` commands.
 
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod archive;
 pub mod brain;
-pub mod client;
 pub mod clock;
-pub mod codec;
 pub mod config;
-pub mod damage;
+pub mod disk;
 pub mod engine;
 pub mod failpoints;
-pub mod ids;
-mod len_prefixed;
+pub use spark_core::{codec, damage, ids, layout, mirror, op, replay, request_index, synth, time};
 pub mod media;
 pub mod metrics;
-pub mod mirror;
-pub mod op;
-pub mod request_index;
 pub mod server;
-pub mod synth;
-pub mod time;
 pub mod turns;
 
 pub use config::Settings;

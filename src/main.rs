@@ -1,14 +1,14 @@
 //! `spark-engine`: the server binary. `spark-engine` alone (or
 //! `spark-engine serve`) serves on 127.0.0.1:8080 with `./spark-data`.
-//! `capture`, `drain`, `send-message` and `outbox` are the phone's outbox
-//! as a command-line client (`spark_engine::client`).
+//! The phone's outbox commands (`capture`, `drain`, `send-message`,
+//! `outbox`) are the `spark-client` binary (package `spark-client`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use spark_engine::config::Settings;
+use spark_engine::config::{resolve_listen, Settings, DEFAULT_CONFIG_FILE};
 use spark_engine::server;
 
 /// mimalloc instead of the system allocator: startup replay allocates the
@@ -35,15 +35,6 @@ struct Cli {
 enum Cmd {
     /// Serve the HTTP API (the default).
     Serve(ServeArgs),
-    /// Put a photo in the outbox (a small JPEG copy, at most 1024 px, and
-    /// the original as is) and print its moment id; with a server, send it.
-    Capture(client_cli::CaptureArgs),
-    /// Send everything pending in the outbox, waiting out passing trouble.
-    Drain(client_cli::DrainArgs),
-    /// Send a message to a moment's thread (ADR-036 retry rules).
-    SendMessage(client_cli::SendMessageArgs),
-    /// List the outbox: entries, their state and parked reasons; messages.
-    Outbox(client_cli::OutboxArgs),
     /// The effective configuration.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -67,8 +58,9 @@ enum TokenCmd {
     Add {
         /// The device the token names (recorded on every op it causes).
         device: String,
-        /// The TOML settings file to add it to.
-        #[arg(long, env = "SPARK_CONFIG")]
+        /// The TOML settings file to add it to (default `./spark.toml`,
+        /// which the server reads when no `--config` is given).
+        #[arg(long, env = "SPARK_CONFIG", default_value = DEFAULT_CONFIG_FILE)]
         config: PathBuf,
     },
 }
@@ -77,15 +69,25 @@ enum TokenCmd {
 /// which override the settings file, which overrides the defaults.
 #[derive(Args, Debug, Clone, Default)]
 struct ServeArgs {
-    /// Address to listen on (default 127.0.0.1:8080; port 0 picks a free one).
-    #[arg(long, env = "SPARK_LISTEN")]
+    /// Address to listen on: IP:PORT or HOST:PORT, a host name resolved
+    /// once (default 127.0.0.1:8080; port 0 picks a free one).
+    #[arg(long, env = "SPARK_LISTEN", value_parser = resolve_listen)]
     listen: Option<SocketAddr>,
     /// Data directory (default ./spark-data).
     #[arg(long, env = "SPARK_DATA")]
     data: Option<PathBuf>,
-    /// TOML settings file; every setting has a default.
+    /// TOML settings file; every setting has a default. Without it,
+    /// `./spark.toml` is read when it exists (`token add` writes there).
     #[arg(long, env = "SPARK_CONFIG")]
     config: Option<PathBuf>,
+    /// With `[archive]`: take the archive's prefix over from the engine
+    /// that holds it (moving a shard to this machine). This data directory
+    /// must hold a prefix of the archive (restore it first with
+    /// `spark-replay restore`); the rest is fetched, then the other engine
+    /// is fenced: its writes answer `503 fenced`. No environment variable
+    /// on purpose: give it once, for the start that moves the shard.
+    #[arg(long)]
+    take_over: bool,
 }
 
 impl ServeArgs {
@@ -97,6 +99,7 @@ impl ServeArgs {
             listen: self.listen.or(outer.listen),
             data: self.data.or(outer.data),
             config: self.config.or(outer.config),
+            take_over: self.take_over || outer.take_over,
         }
     }
 }
@@ -111,6 +114,9 @@ fn main() -> ExitCode {
     unsafe {
         libmimalloc_sys::mi_option_set_enabled(libmimalloc_sys::mi_option_large_os_pages, true)
     };
+    if let Some(moved) = moved_client_command() {
+        return moved;
+    }
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPARK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -131,10 +137,6 @@ fn main() -> ExitCode {
         Some(Cmd::Token(TokenCmd::Add { device, config })) => token_add(&device, &config),
         Some(Cmd::Serve(args)) => serve(args.or(cli.serve)).map(|()| ExitCode::SUCCESS),
         None => serve(cli.serve).map(|()| ExitCode::SUCCESS),
-        Some(Cmd::Capture(args)) => client_cli::capture(args),
-        Some(Cmd::Drain(args)) => client_cli::drain(args),
-        Some(Cmd::SendMessage(args)) => client_cli::send_message(args),
-        Some(Cmd::Outbox(args)) => client_cli::outbox(args),
     };
     match result {
         Ok(code) => code,
@@ -152,24 +154,69 @@ fn main() -> ExitCode {
     }
 }
 
-/// The effective settings: defaults, the file, the environment, the flags.
+/// The outbox commands this binary had until the client became its own
+/// package (issue 13).
+const MOVED_CLIENT_COMMANDS: [&str; 4] = ["capture", "drain", "send-message", "outbox"];
+
+/// When the first argument is one of [`MOVED_CLIENT_COMMANDS`], says where
+/// it went and returns the usage-error exit code (2), so an old script
+/// fails with directions instead of clap's "unrecognized subcommand".
+fn moved_client_command() -> Option<ExitCode> {
+    let first = std::env::args().nth(1)?;
+    let name = MOVED_CLIENT_COMMANDS.iter().find(|c| **c == first)?;
+    eprintln!(
+        "spark-engine: `{name}` moved to the `spark-client` binary: run `spark-client {name} ...` \
+         (from a checkout: `cargo run -p spark-client -- {name} ...`)"
+    );
+    Some(ExitCode::from(2))
+}
+
+/// The effective settings: defaults, the file (`--config`, else
+/// `./spark.toml` when it exists), the environment, the flags.
 fn settings_from(args: &ServeArgs) -> anyhow::Result<Settings> {
+    let default_file = std::path::Path::new(DEFAULT_CONFIG_FILE);
     let mut settings = match &args.config {
-        Some(path) => Settings::from_file(path)?,
+        Some(path) => {
+            if default_file.is_file() && !same_file(path, default_file) {
+                tracing::warn!(
+                    "./{DEFAULT_CONFIG_FILE} exists but --config {} is used: the settings and \
+                     tokens in ./{DEFAULT_CONFIG_FILE} are NOT read",
+                    path.display()
+                );
+            }
+            Settings::from_file(path)?
+        }
+        None if default_file.is_file() => {
+            tracing::info!(
+                "reading settings from ./{DEFAULT_CONFIG_FILE} (found in the working \
+                 directory; --config FILE reads another)"
+            );
+            Settings::from_file(default_file)?
+        }
         None => Settings::default(),
     };
-    settings.apply_env(std::env::vars())?;
+    // The flag (which clap also fills from SPARK_LISTEN) resolves host
+    // names; the generic environment override takes IP:PORT only.
+    settings.apply_env(
+        std::env::vars().filter(|(k, _)| args.listen.is_none() || k != "SPARK_LISTEN"),
+    )?;
     if let Some(listen) = args.listen {
         settings.listen = listen;
     }
     if let Some(data) = &args.data {
         settings.data_dir = data.clone();
     }
+    settings.take_over = args.take_over;
     settings.validate()?;
     Ok(settings)
 }
 
-/// `spark-engine token add DEVICE --config FILE`.
+/// True when `a` and `b` name the same existing file.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
+}
+
+/// `spark-engine token add DEVICE [--config FILE]`.
 fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     let existing = match std::fs::read_to_string(config) {
@@ -219,8 +266,19 @@ fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode>
     std::fs::rename(&temp, config)?;
     std::fs::File::open(dir)?.sync_all()?;
     println!("{token}");
+    let restart = if same_file(config, std::path::Path::new(DEFAULT_CONFIG_FILE)) {
+        format!(
+            "restart the server from this directory to use it (with no --config it reads \
+             ./{DEFAULT_CONFIG_FILE})"
+        )
+    } else {
+        format!(
+            "restart the server with --config {} to use it",
+            config.display()
+        )
+    };
     eprintln!(
-        "added a token for device {device:?} to {} (only its SHA-256 is stored; this is the only time the token is shown; restart the server to use it)",
+        "added a token for device {device:?} to {} (only its SHA-256 is stored; this is the only time the token is shown; {restart})",
         config.display()
     );
     Ok(ExitCode::SUCCESS)
@@ -250,330 +308,4 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         running.shutdown().await;
         Ok(())
     })
-}
-
-/// The outbox commands: thin wrappers over `spark_engine::client`.
-mod client_cli {
-    use std::path::PathBuf;
-    use std::process::ExitCode;
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use anyhow::Context;
-    use clap::Args;
-    use spark_engine::client::{
-        image, Capture, Client, DrainOptions, DrainReport, EntryState, MediaBytes, MessageAttempt,
-        MessageState, Outbox, ReqwestTransport, SystemClientClock,
-    };
-    use spark_engine::ids::Id;
-
-    /// Exit code when work is left pending (the link or the server is in
-    /// trouble; drain again later).
-    const EXIT_PENDING: u8 = 2;
-    /// Exit code when an entry is parked or a message failed: the person
-    /// has to look (`spark-engine outbox`).
-    const EXIT_NEEDS_ATTENTION: u8 = 3;
-
-    /// Where the outbox lives.
-    #[derive(Args, Debug)]
-    pub struct OutboxDir {
-        /// The outbox directory (created when missing).
-        #[arg(long, env = "SPARK_OUTBOX", default_value = "./spark-outbox")]
-        outbox: PathBuf,
-    }
-
-    /// How to reach the server.
-    #[derive(Args, Debug)]
-    pub struct ServerArgs {
-        /// The server's base URL.
-        #[arg(long, env = "SPARK_SERVER", default_value = "http://127.0.0.1:8080")]
-        server: String,
-        /// A bearer token, when the server requires one.
-        #[arg(long, env = "SPARK_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// Time limit per request, in seconds.
-        #[arg(long, default_value_t = 60)]
-        request_timeout_secs: u64,
-    }
-
-    /// `capture PHOTO`.
-    #[derive(Args, Debug)]
-    pub struct CaptureArgs {
-        /// The photo (JPEG or PNG); stored as is as the original.
-        photo: PathBuf,
-        /// What the sign says, as typed.
-        #[arg(long)]
-        text: Option<String>,
-        /// A caption.
-        #[arg(long)]
-        caption: Option<String>,
-        /// The language of the text (e.g. de).
-        #[arg(long)]
-        lang: Option<String>,
-        #[command(flatten)]
-        dir: OutboxDir,
-        /// Send it right away: one pass over the outbox, no waiting.
-        #[arg(long, env = "SPARK_SERVER")]
-        server: Option<String>,
-        /// A bearer token, when the server requires one.
-        #[arg(long, env = "SPARK_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-    }
-
-    /// `drain`.
-    #[derive(Args, Debug)]
-    pub struct DrainArgs {
-        #[command(flatten)]
-        dir: OutboxDir,
-        #[command(flatten)]
-        server: ServerArgs,
-        /// Stop rather than wait past this many seconds (entries stay
-        /// pending for the next drain).
-        #[arg(long, default_value_t = 120)]
-        give_up_after_secs: u64,
-    }
-
-    /// `send-message BODY`.
-    #[derive(Args, Debug)]
-    pub struct SendMessageArgs {
-        /// The moment whose thread it goes to.
-        #[arg(long)]
-        thread: String,
-        /// The text.
-        body: String,
-        #[command(flatten)]
-        dir: OutboxDir,
-        #[command(flatten)]
-        server: ServerArgs,
-    }
-
-    /// `outbox`.
-    #[derive(Args, Debug)]
-    pub struct OutboxArgs {
-        #[command(flatten)]
-        dir: OutboxDir,
-        /// Print JSON (entries and messages as stored) instead of lines.
-        #[arg(long)]
-        json: bool,
-    }
-
-    fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-        Ok(tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?)
-    }
-
-    fn client(
-        outbox: Outbox,
-        server: &str,
-        token: Option<String>,
-        timeout: Duration,
-        options: DrainOptions,
-    ) -> anyhow::Result<Client> {
-        let transport = ReqwestTransport::with_timeout(server, timeout)?.with_token(token);
-        Ok(
-            Client::new(outbox, Arc::new(transport), Arc::new(SystemClientClock))
-                .with_options(options),
-        )
-    }
-
-    fn summarize(report: &DrainReport) -> ExitCode {
-        eprintln!(
-            "drain: {} steps sent (passes: {}); entries: {} finished, {} pending, {} parked; \
-             messages: {} sent, {} failed, {} pending",
-            report.steps_done,
-            report.passes,
-            report.entries_done.len(),
-            report.pending_entries,
-            report.parked_entries,
-            report.messages_sent.len(),
-            report.messages_failed.len(),
-            report.pending_messages,
-        );
-        for (id, parked) in &report.parked {
-            eprintln!("parked {id}: {parked}");
-        }
-        for (path, why) in &report.unreadable {
-            eprintln!("unreadable {}: {why}", path.display());
-        }
-        if let Some(last) = report.waits.last() {
-            if report.gave_up {
-                eprintln!("gave up waiting; last trouble: {}", last.cause);
-            }
-        }
-        if report.parked_entries > 0 || !report.messages_failed.is_empty() {
-            ExitCode::from(EXIT_NEEDS_ATTENTION)
-        } else if report.pending_entries > 0 || report.pending_messages > 0 {
-            ExitCode::from(EXIT_PENDING)
-        } else {
-            ExitCode::SUCCESS
-        }
-    }
-
-    pub fn capture(args: CaptureArgs) -> anyhow::Result<ExitCode> {
-        let photo = std::fs::read(&args.photo)
-            .with_context(|| format!("cannot read {}", args.photo.display()))?;
-        let copy = image::make_copy(&photo).with_context(|| {
-            format!("{} is not a photo this client reads", args.photo.display())
-        })?;
-        let outbox = Outbox::open(&args.dir.outbox)?;
-        let original = MediaBytes {
-            content_type: image::content_type_of(&photo),
-            bytes: photo,
-        };
-        let entry = outbox.capture(
-            &SystemClientClock,
-            Capture {
-                copy,
-                original,
-                text: args.text,
-                caption: args.caption,
-                lang: args.lang,
-                captured_at_ms: None,
-            },
-        )?;
-        // The moment is safe now; its id is final.
-        println!("{}", entry.moment_id);
-        eprintln!(
-            "captured: entry {} (copy {} bytes, original {} bytes) in {}",
-            entry.id,
-            entry.copy.size,
-            entry.original.size,
-            args.dir.outbox.display()
-        );
-        let Some(server) = args.server else {
-            return Ok(ExitCode::SUCCESS);
-        };
-        let options = DrainOptions {
-            max_passes: Some(1),
-            ..DrainOptions::default()
-        };
-        let client = client(
-            outbox,
-            &server,
-            args.token,
-            Duration::from_secs(60),
-            options,
-        )?;
-        let report = runtime()?.block_on(client.drain())?;
-        Ok(summarize(&report))
-    }
-
-    pub fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
-        let outbox = Outbox::open(&args.dir.outbox)?;
-        let options = DrainOptions {
-            give_up_after: Some(Duration::from_secs(args.give_up_after_secs)),
-            ..DrainOptions::default()
-        };
-        let client = client(
-            outbox,
-            &args.server.server,
-            args.server.token,
-            Duration::from_secs(args.server.request_timeout_secs),
-            options,
-        )?;
-        let report = runtime()?.block_on(client.drain())?;
-        Ok(summarize(&report))
-    }
-
-    pub fn send_message(args: SendMessageArgs) -> anyhow::Result<ExitCode> {
-        let thread = Id::parse(&args.thread)
-            .map_err(|e| anyhow::anyhow!("--thread {:?} is not a ULID: {e}", args.thread))?;
-        let outbox = Outbox::open(&args.dir.outbox)?;
-        let client = client(
-            outbox,
-            &args.server.server,
-            args.server.token,
-            Duration::from_secs(args.server.request_timeout_secs),
-            DrainOptions::default(),
-        )?;
-        let outcome = runtime()?.block_on(client.send_message(thread, &args.body))?;
-        let record = &outcome.record;
-        println!("{}", record.id);
-        match &outcome.result {
-            MessageAttempt::Sent => {
-                eprintln!("sent: {} at {}", record.id, record.ts);
-                Ok(ExitCode::SUCCESS)
-            }
-            MessageAttempt::Failed => {
-                let why = record
-                    .error
-                    .as_ref()
-                    .map_or_else(|| "refused".to_owned(), ToString::to_string);
-                eprintln!("failed: {why}");
-                Ok(ExitCode::from(EXIT_NEEDS_ATTENTION))
-            }
-            MessageAttempt::Wait(cause) => {
-                eprintln!("pending ({cause}); `spark-engine drain` sends it later");
-                Ok(ExitCode::from(EXIT_PENDING))
-            }
-        }
-    }
-
-    pub fn outbox(args: OutboxArgs) -> anyhow::Result<ExitCode> {
-        let outbox = Outbox::open(&args.dir.outbox)?;
-        let scan = outbox.scan()?;
-        let messages = outbox.messages()?;
-        if args.json {
-            let unreadable: Vec<_> = scan
-                .unreadable
-                .iter()
-                .map(|(path, why)| serde_json::json!({"path": path, "error": why}))
-                .collect();
-            let all = serde_json::json!({
-                "entries": scan.entries,
-                "messages": messages,
-                "unreadable": unreadable,
-            });
-            println!("{}", serde_json::to_string_pretty(&all)?);
-            return Ok(ExitCode::SUCCESS);
-        }
-        println!("entries: {}", scan.entries.len());
-        for entry in &scan.entries {
-            let sent: Vec<&str> = entry.done.iter().map(|s| s.name()).collect();
-            let mut line = format!(
-                "{}  moment {}  {}  sent: {}",
-                entry.id,
-                entry.moment_id,
-                entry.state(),
-                if sent.is_empty() {
-                    "-".to_owned()
-                } else {
-                    sent.join(",")
-                }
-            );
-            if let (Some(parked), EntryState::Parked) = (&entry.parked, entry.state()) {
-                line.push_str(&format!("  reason: {parked}"));
-            } else if let (Some(error), EntryState::Pending(_)) = (&entry.last_error, entry.state())
-            {
-                line.push_str(&format!("  last trouble: {error}"));
-            }
-            println!("{line}");
-        }
-        for (path, why) in &scan.unreadable {
-            println!("unreadable {}: {why}", path.display());
-        }
-        println!("messages: {}", messages.len());
-        for message in &messages {
-            let mut line = format!(
-                "#{}  {}  thread {}  {}  ts {}{}  {:?}",
-                message.order,
-                message.id,
-                message.thread_id,
-                message.state,
-                message.ts,
-                if message.ts_from_server {
-                    ""
-                } else {
-                    " (device)"
-                },
-                message.body
-            );
-            if let (MessageState::Failed, Some(error)) = (message.state, &message.error) {
-                line.push_str(&format!("  error: {error}"));
-            }
-            println!("{line}");
-        }
-        Ok(ExitCode::SUCCESS)
-    }
 }

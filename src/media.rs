@@ -3,19 +3,43 @@
 //! An upload streams into a temporary file under `media/tmp/` while its
 //! SHA-256 is computed (never held whole in memory); then the file is
 //! fsynced, renamed to `media/blobs/<sha256 hex>`, and the directory fsynced.
-//! Only after that is the `media.put` op appended (DESIGN.md, "Media"). A
-//! crash between the blob and the op leaves an orphan blob, which
-//! `spark-replay audit media` reports and `--remove-orphans` removes; never
-//! an op without its blob.
+//! Only after that is the `media.put` op appended (DESIGN.md, "Media"). Every
+//! file operation goes through the same seam as the log
+//! ([`spark_log_format::Fs`]), so the in-memory power-loss file system covers
+//! the blob-then-op order too. Downloads and the turn runner read blobs from
+//! the OS file system.
+//!
+//! Uploads racing for one role (or to a moment being deleted) each put their
+//! blob in place before the sequencer decides; the refused ones remove their
+//! blob again unless a committed op or another pending upload names the same
+//! bytes. The hold on a digest lives in a task detached from the request
+//! ([`MediaStore::spawn_put`]), so a request timeout or a closed connection
+//! cannot drop it while the `media.put` is still queued (the reason b1debed
+//! was reverted in db2fa3d). A crash between a blob and its op leaves an
+//! orphan blob, never an op without its blob; the next start removes
+//! orphans older than `media.orphan_grace_ms`
+//! ([`MediaStore::remove_orphans`]), and `spark-replay audit media` lists
+//! them.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
+use spark_log_format::{Fs, LogFile};
+use tokio::task::JoinHandle;
 
-use crate::api::BodyStream;
+use bytes::Bytes;
+use futures_util::Stream;
+
+use crate::engine::{Command, Engine, EngineError, Outcome, PutMedia};
+
+/// Bytes of an upload gathered before one write to its temporary file.
+const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
 /// A SHA-256 digest.
 pub type Sha256Digest = [u8; 32];
@@ -38,7 +62,6 @@ pub enum ReceiveError {
 }
 
 /// A received upload: durable in a temporary file, not yet in place.
-#[derive(Debug)]
 pub struct Received {
     /// The temporary file (removed when the `Received` is dropped, unless
     /// [`MediaStore::commit`] renamed it to its content address first).
@@ -47,38 +70,134 @@ pub struct Received {
     pub sha256: Sha256Digest,
     /// Number of bytes.
     pub size_bytes: u64,
+    /// The seam the file lives on.
+    fs: Arc<dyn Fs>,
+    /// Set once the file was renamed to its content address.
+    in_place: AtomicBool,
+}
+
+impl std::fmt::Debug for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("temp_path", &self.temp_path)
+            .field("sha256", &hex_digest(&self.sha256))
+            .field("size_bytes", &self.size_bytes)
+            .finish()
+    }
 }
 
 impl Drop for Received {
     fn drop(&mut self) {
-        // After a commit the file is gone (renamed): NotFound is expected.
-        let _ = std::fs::remove_file(&self.temp_path);
+        if !self.in_place.load(Ordering::SeqCst) {
+            let _ = self.fs.remove_file(&self.temp_path);
+        }
     }
 }
 
 /// Removes a temporary upload file when dropped: also when the request's
 /// future is dropped mid-upload (the request timeout, a closed connection).
-struct TempGuard(Option<PathBuf>);
+struct TempGuard {
+    fs: Arc<dyn Fs>,
+    path: Option<PathBuf>,
+}
 
 impl Drop for TempGuard {
     fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            let _ = std::fs::remove_file(path);
+        if let Some(path) = self.path.take() {
+            let _ = self.fs.remove_file(&path);
         }
     }
 }
 
-/// The blob directory of one data directory.
-#[derive(Debug, Clone)]
-pub struct MediaStore {
-    blobs: PathBuf,
-    tmp: PathBuf,
+/// Why a [`MediaStore::spawn_put`] did not end with an op.
+#[derive(Debug, thiserror::Error)]
+pub enum PutError {
+    /// The blob could not be put in place: `503 unavailable`.
+    #[error("the media store cannot write: {0}")]
+    Store(std::io::Error),
+    /// The engine refused the `media.put` or could not write it.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
 }
 
-/// `<data>/media`, where the blobs live.
-pub fn media_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("media")
+/// Digests of blobs put in place by uploads whose `media.put` is not
+/// answered yet, with how many such uploads hold each.
+struct Holds {
+    map: Mutex<HashMap<Sha256Digest, usize>>,
+    /// How many holds exist ([`MediaStore::settled`] waits for 0).
+    count: tokio::sync::watch::Sender<usize>,
 }
+
+impl Holds {
+    /// Publishes the number of holds (called with `map` locked).
+    fn publish(&self, map: &HashMap<Sha256Digest, usize>) {
+        self.count.send_replace(map.values().sum());
+    }
+}
+
+/// An upload's hold on its blob's digest, from before the blob is put in
+/// place until the engine answered its `media.put` (see
+/// [`MediaStore::spawn_put`]): while it lives, no refused upload of the
+/// same bytes removes the blob.
+pub struct BlobHold {
+    holds: Arc<Holds>,
+    sha256: Sha256Digest,
+    released: bool,
+}
+
+impl BlobHold {
+    /// Releases the hold with the map already locked.
+    fn release_locked(&mut self, map: &mut HashMap<Sha256Digest, usize>) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        if let Some(count) = map.get_mut(&self.sha256) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.sha256);
+            }
+        }
+        self.holds.publish(map);
+    }
+}
+
+impl Drop for BlobHold {
+    fn drop(&mut self) {
+        let holds = Arc::clone(&self.holds);
+        let mut map = holds.map.lock();
+        self.release_locked(&mut map);
+    }
+}
+
+/// What [`MediaStore::remove_orphans`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrphanSweep {
+    /// Orphan blobs removed (older than the grace period).
+    pub removed: u64,
+    /// Orphan blobs kept because they are younger than the grace period.
+    pub young: u64,
+}
+
+/// The blob directory of one data directory, on a file seam. Clones share
+/// the holds.
+#[derive(Clone)]
+pub struct MediaStore {
+    fs: Arc<dyn Fs>,
+    blobs: PathBuf,
+    tmp: PathBuf,
+    holds: Arc<Holds>,
+}
+
+impl std::fmt::Debug for MediaStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MediaStore")
+            .field("blobs", &self.blobs)
+            .field("tmp", &self.tmp)
+            .finish()
+    }
+}
+
+pub use spark_core::layout::media_dir;
 
 /// Lower-case hex of a digest.
 pub fn hex_digest(digest: &Sha256Digest) -> String {
@@ -92,39 +211,110 @@ pub fn parse_hex_digest(text: &str) -> Option<Sha256Digest> {
     Some(out)
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
+/// Runs blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
+}
+
+/// Writes `buffer` at `offset` of `file` off the async threads; gives both
+/// back (the buffer emptied).
+async fn write_buffer(
+    mut file: Box<dyn LogFile>,
+    offset: u64,
+    mut buffer: Vec<u8>,
+) -> std::io::Result<(Box<dyn LogFile>, Vec<u8>)> {
+    blocking(move || {
+        file.write_all_at(offset, &buffer)?;
+        buffer.clear();
+        Ok((file, buffer))
+    })
+    .await
 }
 
 impl MediaStore {
     /// Opens (creating if missing, with directory fsyncs) the store of a
-    /// data directory, and removes temporary files left by uploads that a
-    /// crash interrupted (they were never acknowledged).
-    pub fn open(data_dir: &Path) -> std::io::Result<MediaStore> {
+    /// data directory on `fs`, and removes temporary files left by uploads
+    /// that a crash interrupted (they were never acknowledged).
+    pub fn open(data_dir: &Path, fs: Arc<dyn Fs>) -> std::io::Result<MediaStore> {
         let root = media_dir(data_dir);
-        let blobs = root.join("blobs");
+        let blobs = spark_core::blob::blobs_dir(data_dir);
         let tmp = root.join("tmp");
         for (dir, parent) in [(&root, data_dir), (&blobs, &root), (&tmp, &root)] {
-            if !dir.is_dir() {
-                std::fs::create_dir_all(dir)?;
-                sync_dir(parent)?;
+            match fs.list(dir) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    fs.create_dir_all(dir)?;
+                    fs.sync_dir(parent)?;
+                }
+                Err(e) => return Err(e),
             }
         }
         let mut removed = 0;
-        for entry in std::fs::read_dir(&tmp)? {
-            std::fs::remove_file(entry?.path())?;
+        for path in fs.list(&tmp)? {
+            fs.remove_file(&path)?;
             removed += 1;
         }
         if removed > 0 {
-            sync_dir(&tmp)?;
+            fs.sync_dir(&tmp)?;
             tracing::info!(removed, "removed interrupted uploads");
         }
-        Ok(MediaStore { blobs, tmp })
+        let (count, _) = tokio::sync::watch::channel(0);
+        Ok(MediaStore {
+            fs,
+            blobs,
+            tmp,
+            holds: Arc::new(Holds {
+                map: Mutex::default(),
+                count,
+            }),
+        })
+    }
+
+    /// Removes orphan blobs (named by a digest that `referenced` does not
+    /// hold: a crash between a blob and its `media.put`, or an upload whose
+    /// op failed to write) whose contents are at least `grace` old, then
+    /// fsyncs the blob directory. Younger orphans are kept and counted.
+    /// Files whose name is not a lower-case digest are left alone. Called
+    /// at startup, before any upload can be in flight.
+    pub fn remove_orphans(
+        &self,
+        referenced: &HashSet<Sha256Digest>,
+        grace: Duration,
+    ) -> std::io::Result<OrphanSweep> {
+        let now = SystemTime::now();
+        let mut sweep = OrphanSweep::default();
+        for path in self.fs.list(&self.blobs)? {
+            let digest = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|name| parse_hex_digest(name).filter(|d| hex_digest(d) == name));
+            let Some(digest) = digest else {
+                continue;
+            };
+            if referenced.contains(&digest) {
+                continue;
+            }
+            let modified = self.fs.modified(&path)?;
+            if now.duration_since(modified).unwrap_or_default() < grace {
+                sweep.young += 1;
+                continue;
+            }
+            self.fs.remove_file(&path)?;
+            sweep.removed += 1;
+        }
+        if sweep.removed > 0 {
+            self.fs.sync_dir(&self.blobs)?;
+        }
+        Ok(sweep)
     }
 
     /// Where the blob with this digest lives.
     pub fn blob_path(&self, sha256: &Sha256Digest) -> PathBuf {
-        self.blobs.join(hex_digest(sha256))
+        spark_core::blob::blob_path(&self.blobs, sha256)
     }
 
     /// The directory of blobs.
@@ -132,11 +322,13 @@ impl MediaStore {
         &self.blobs
     }
 
-    /// Streams `body` into a temporary file, hashing as it goes, and fsyncs
-    /// the file. Refuses (and removes the file) past `limit_bytes`.
+    /// Streams `body` (plain byte chunks; an error is the sender's body
+    /// breaking off) into a temporary file, hashing as it goes, and fsyncs
+    /// the file. Refuses (and removes the file) past `limit_bytes`. Holds
+    /// at most [`WRITE_BUFFER_BYTES`] of the body in memory.
     pub async fn receive(
         &self,
-        mut body: BodyStream,
+        mut body: impl Stream<Item = std::io::Result<Bytes>> + Unpin,
         limit_bytes: u64,
     ) -> Result<Received, ReceiveError> {
         let nanos = SystemTime::now()
@@ -146,15 +338,17 @@ impl MediaStore {
         let temp_path = self
             .tmp
             .join(format!("upload-{nanos:x}-{:016x}", rand::random::<u64>()));
-        let mut guard = TempGuard(Some(temp_path.clone()));
+        let mut guard = TempGuard {
+            fs: Arc::clone(&self.fs),
+            path: Some(temp_path.clone()),
+        };
         let result = async {
-            let mut file = tokio::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&temp_path)
-                .await?;
+            let (fs, path) = (Arc::clone(&self.fs), temp_path.clone());
+            let mut file = blocking(move || fs.create_new(&path)).await?;
             let mut hasher = Sha256::new();
             let mut size_bytes: u64 = 0;
+            let mut buffer = Vec::with_capacity(WRITE_BUFFER_BYTES);
+            let mut written: u64 = 0;
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| ReceiveError::Body(e.to_string()))?;
                 size_bytes += chunk.len() as u64;
@@ -162,49 +356,253 @@ impl MediaStore {
                     return Err(ReceiveError::TooLarge { limit_bytes });
                 }
                 hasher.update(&chunk);
-                crate::failpoints::check("media.write")?;
-                file.write_all(&chunk).await?;
+                buffer.extend_from_slice(&chunk);
+                if buffer.len() >= WRITE_BUFFER_BYTES {
+                    let length = buffer.len() as u64;
+                    (file, buffer) = write_buffer(file, written, buffer).await?;
+                    written += length;
+                }
             }
-            file.flush().await?;
-            crate::failpoints::check("media.fsync")?;
-            file.sync_all().await?;
+            if !buffer.is_empty() {
+                (file, _) = write_buffer(file, written, buffer).await?;
+            }
+            blocking(move || file.sync_all()).await?;
             Ok((hasher.finalize().into(), size_bytes))
         }
         .await;
         // On an error the guard removes the file as it drops.
         let (sha256, size_bytes) = result?;
-        guard.0 = None;
+        guard.path = None;
         Ok(Received {
             temp_path,
             sha256,
             size_bytes,
+            fs: Arc::clone(&self.fs),
+            in_place: AtomicBool::new(false),
         })
     }
 
     /// Moves a received upload to its content address (replacing a blob of
     /// the same digest, which holds the same bytes unless it was damaged) and
     /// fsyncs the blob directory. After this returns, the blob is durable
-    /// under [`MediaStore::blob_path`].
+    /// under [`MediaStore::blob_path`]. An upload racing others should go
+    /// through [`MediaStore::spawn_put`] instead, which holds the digest.
     pub async fn commit(&self, received: &Received) -> std::io::Result<()> {
         let target = self.blob_path(&received.sha256);
         let temp = received.temp_path.clone();
         let blobs = self.blobs.clone();
-        tokio::task::spawn_blocking(move || {
-            let renamed = crate::failpoints::check("media.rename")
-                .and_then(|()| std::fs::rename(&temp, &target));
-            if let Err(e) = renamed {
-                let _ = std::fs::remove_file(&temp);
+        let fs = Arc::clone(&self.fs);
+        let renamed = blocking(move || {
+            if let Err(e) = fs.rename(&temp, &target) {
+                let _ = fs.remove_file(&temp);
                 return Err(e);
             }
-            crate::failpoints::check("media.dir_fsync")?;
-            sync_dir(&blobs)
+            Ok(fs)
         })
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))?
+        .await?;
+        received.in_place.store(true, Ordering::SeqCst);
+        blocking(move || renamed.sync_dir(&blobs)).await
     }
 
-    /// Drops a received upload that will not be kept.
+    /// Drops a received upload that will not be kept (its temporary file is
+    /// removed).
     pub async fn discard(&self, received: Received) {
-        let _ = tokio::fs::remove_file(&received.temp_path).await;
+        let _ = blocking(move || {
+            drop(received);
+            Ok(())
+        })
+        .await;
+    }
+
+    /// Holds `sha256` for an upload about to put its blob in place: until
+    /// the hold is dropped, the blob is never removed by
+    /// [`MediaStore::remove_refused`] of another upload.
+    pub fn hold(&self, sha256: Sha256Digest) -> BlobHold {
+        let mut map = self.holds.map.lock();
+        *map.entry(sha256).or_insert(0) += 1;
+        self.holds.publish(&map);
+        BlobHold {
+            holds: Arc::clone(&self.holds),
+            sha256,
+            released: false,
+        }
+    }
+
+    /// Resolves once no upload holds a digest (every `media.put` handed to
+    /// [`MediaStore::spawn_put`] was answered and its refused blob, if any,
+    /// removed): the server waits for this before it stops the engine.
+    pub async fn settled(&self) {
+        let mut count = self.holds.count.subscribe();
+        let _ = count.wait_for(|n| *n == 0).await;
+    }
+
+    /// After the engine refused an upload's `media.put` (a conflict found
+    /// only at commit: uploads racing for one role, a moment deleted
+    /// meanwhile): removes the blob it put in place, unless another upload
+    /// holds the same digest or `referenced` (asked with the holds locked)
+    /// says a committed media names it; fsyncs the blob directory after a
+    /// removal. Returns whether the blob was removed.
+    pub async fn remove_refused(
+        &self,
+        mut hold: BlobHold,
+        referenced: impl FnOnce() -> bool + Send + 'static,
+    ) -> std::io::Result<bool> {
+        let holds = Arc::clone(&self.holds);
+        let path = self.blob_path(&hold.sha256);
+        let blobs = self.blobs.clone();
+        let fs = Arc::clone(&self.fs);
+        blocking(move || {
+            // Locked throughout: an upload of the same bytes takes its hold
+            // before putting its blob in place, so it waits for this.
+            let mut map = holds.map.lock();
+            let others = map.get(&hold.sha256).copied().unwrap_or(0) > 1;
+            hold.release_locked(&mut map);
+            if others || referenced() {
+                return Ok(false);
+            }
+            match fs.remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(e),
+            }
+            fs.sync_dir(&blobs)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Puts a received upload's blob in place and submits its `media.put`,
+    /// in a task of its own that holds the blob's digest until the engine
+    /// answered: dropping the returned handle (the request timed out, the
+    /// client went away) neither cancels the put nor releases the hold
+    /// early. When the engine refuses the op (not when it is unavailable:
+    /// a failed append may still be on disk), the task removes the blob as
+    /// [`MediaStore::remove_refused`] says. The hold is taken before this
+    /// returns, so call it only after the upload was admitted.
+    ///
+    /// Errors: [`PutError::Store`] (the blob could not be put in place, or
+    /// the failpoint `media.before_op`), [`PutError::Engine`].
+    pub fn spawn_put(
+        &self,
+        engine: Arc<Engine>,
+        received: Received,
+        command: PutMedia,
+    ) -> JoinHandle<Result<Outcome, PutError>> {
+        let hold = self.hold(received.sha256);
+        let store = self.clone();
+        tokio::spawn(async move {
+            store.commit(&received).await.map_err(PutError::Store)?;
+            // The blob is durable; a crash here leaves an orphan, never an
+            // op without its blob.
+            crate::failpoints::check("media.before_op").map_err(PutError::Store)?;
+            match engine.submit(Command::PutMedia(command)).await {
+                // Unavailable or fenced: the op may be written all the same, so
+                // the blob stays (a later start's sweep settles it).
+                Err(refused)
+                    if !matches!(
+                        refused,
+                        EngineError::Unavailable(_) | EngineError::Fenced(_)
+                    ) =>
+                {
+                    let sha256 = received.sha256;
+                    let referenced = move || {
+                        engine.read(|mirror| mirror.media.values().any(|m| m.sha256.0 == sha256))
+                    };
+                    if let Err(e) = store.remove_refused(hold, referenced).await {
+                        tracing::warn!(error = %e, "could not remove the blob of a refused upload");
+                    }
+                    Err(PutError::Engine(refused))
+                }
+                answered => {
+                    drop(hold);
+                    answered.map_err(PutError::Engine)
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spark_log_format::OsFs;
+
+    #[test]
+    fn orphans_past_the_grace_period_are_removed_and_younger_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MediaStore::open(dir.path(), Arc::new(OsFs)).unwrap();
+        let digest = |b: &[u8]| -> Sha256Digest { Sha256::digest(b).into() };
+        let (named, old, young) = (digest(b"named"), digest(b"old"), digest(b"young"));
+        for d in [named, old, young] {
+            std::fs::write(store.blob_path(&d), b"x").unwrap();
+        }
+        let stray = store.blobs_dir().join("not-a-digest");
+        std::fs::write(&stray, b"x").unwrap();
+        let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+        for path in [
+            store.blob_path(&named),
+            store.blob_path(&old),
+            stray.clone(),
+        ] {
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(two_hours_ago)
+                .unwrap();
+        }
+        let referenced = HashSet::from([named]);
+        let sweep = store
+            .remove_orphans(&referenced, Duration::from_secs(3600))
+            .unwrap();
+        assert_eq!(
+            sweep,
+            OrphanSweep {
+                removed: 1,
+                young: 1
+            }
+        );
+        assert!(store.blob_path(&named).is_file());
+        assert!(!store.blob_path(&old).exists());
+        assert!(store.blob_path(&young).is_file());
+        assert!(
+            stray.is_file(),
+            "a file not named by a digest is left alone"
+        );
+        let sweep = store.remove_orphans(&referenced, Duration::ZERO).unwrap();
+        assert_eq!(
+            sweep,
+            OrphanSweep {
+                removed: 1,
+                young: 0
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_upload_keeps_a_blob_that_another_upload_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MediaStore::open(dir.path(), Arc::new(OsFs)).unwrap();
+        let body = || futures_util::stream::iter(vec![Ok(Bytes::from_static(b"the same bytes"))]);
+        let first = store.receive(body(), 1 << 20).await.unwrap();
+        let second = store.receive(body(), 1 << 20).await.unwrap();
+        let sha256 = first.sha256;
+        let (hold_first, hold_second) = (store.hold(sha256), store.hold(sha256));
+        store.commit(&first).await.unwrap();
+        store.commit(&second).await.unwrap();
+        // The second is refused while the first still waits: kept.
+        assert!(!store.remove_refused(hold_second, || false).await.unwrap());
+        assert!(store.blob_path(&sha256).is_file());
+        // The first is refused too, and no op names the bytes: removed.
+        let settled = store.settled();
+        assert!(store.remove_refused(hold_first, || false).await.unwrap());
+        assert!(!store.blob_path(&sha256).exists());
+        settled.await;
+        // Named by a committed op: kept.
+        let third = store.receive(body(), 1 << 20).await.unwrap();
+        let hold = store.hold(sha256);
+        store.commit(&third).await.unwrap();
+        assert!(!store.remove_refused(hold, || true).await.unwrap());
+        assert!(store.blob_path(&sha256).is_file());
     }
 }

@@ -1,7 +1,8 @@
 //! Metrics in the Prometheus text format, served at `/metrics`: ops appended
 //! by kind, group-commit batch sizes, the latency of a batch's write and
 //! fdatasync, request latency by route and status, the replay at startup,
-//! mirror sizes, and brain calls by outcome.
+//! mirror sizes, brain calls by outcome, and the event streams' subscribers
+//! and queued bytes.
 //!
 //! One process-wide registry ([`get`]), because one engine process owns one
 //! data directory; tests that run several servers in one process share it.
@@ -38,6 +39,27 @@ pub struct Metrics {
     pub brain_calls: Family<Labels, Counter>,
     /// Mirror sizes at the last scrape, by what is counted.
     pub mirror_entries: Family<Labels, Gauge>,
+    /// Orphan blobs removed at startup (older than `media.orphan_grace_ms`).
+    pub media_orphans_removed: Counter,
+    /// Free bytes of the data directory's file system at the last check
+    /// (`statvfs`: blocks available to unprivileged users).
+    pub disk_free_bytes: Gauge,
+    /// The reserve, `log.disk_reserve_bytes`.
+    pub disk_reserve_bytes: Gauge,
+    /// 1 while writes are refused for want of space (below the reserve, or
+    /// the log waits for space to recover its tail), else 0.
+    pub writes_refused_now: Gauge,
+    /// Writes refused, by reason: `disk_reserve` (free space below the
+    /// reserve), `disk_full` (a write of the log or a blob failed with
+    /// `ENOSPC`).
+    pub writes_refused: Family<Labels, Counter>,
+    /// In-process recoveries of the log's tail after a full disk.
+    pub log_heals: Counter,
+    /// Open event streams (`GET /api/events`).
+    pub event_subscribers: Gauge,
+    /// Bytes of events queued for the open event streams, summed (each at
+    /// most `api::events::SUBSCRIBER_BUFFER_BYTES`).
+    pub event_buffered_bytes: Gauge,
 }
 
 fn request_histogram() -> Histogram {
@@ -87,8 +109,62 @@ impl Metrics {
             "Entries in the mirror, by what is counted",
             mirror_entries.clone(),
         );
+        let media_orphans_removed = Counter::default();
+        registry.register(
+            "media_orphans_removed",
+            "Orphan blobs removed at startup (a crash between a blob and its media.put)",
+            media_orphans_removed.clone(),
+        );
+        let disk_free_bytes = Gauge::default();
+        registry.register(
+            "disk_free_bytes",
+            "Free bytes of the data directory's file system at the last check",
+            disk_free_bytes.clone(),
+        );
+        let disk_reserve_bytes = Gauge::default();
+        registry.register(
+            "disk_reserve_bytes",
+            "Free bytes below which writes are refused (log.disk_reserve_bytes)",
+            disk_reserve_bytes.clone(),
+        );
+        let writes_refused_now = Gauge::default();
+        registry.register(
+            "writes_refused_for_space",
+            "1 while writes are refused for want of disk space, else 0",
+            writes_refused_now.clone(),
+        );
+        let writes_refused = Family::<Labels, Counter>::default();
+        registry.register(
+            "writes_refused",
+            "Writes refused for want of disk space, by reason (disk_reserve, disk_full)",
+            writes_refused.clone(),
+        );
+        let log_heals = Counter::default();
+        registry.register(
+            "log_heals",
+            "In-process recoveries of the log's tail after a full disk",
+            log_heals.clone(),
+        );
+        let event_subscribers = Gauge::default();
+        registry.register(
+            "event_subscribers",
+            "Open event streams (GET /api/events)",
+            event_subscribers.clone(),
+        );
+        let event_buffered_bytes = Gauge::default();
+        registry.register(
+            "event_buffered_bytes",
+            "Bytes of events queued for the open event streams, summed",
+            event_buffered_bytes.clone(),
+        );
         Metrics {
+            disk_free_bytes,
+            disk_reserve_bytes,
+            writes_refused_now,
+            writes_refused,
+            log_heals,
             registry,
+            media_orphans_removed,
             ops_appended,
             batch_ops,
             fsync_seconds,
@@ -96,6 +172,8 @@ impl Metrics {
             replay_seconds,
             brain_calls,
             mirror_entries,
+            event_subscribers,
+            event_buffered_bytes,
         }
     }
 
@@ -126,6 +204,7 @@ impl Metrics {
         if encode(&mut text, &self.registry).is_err() {
             text.push_str("# metrics could not be encoded\n");
         }
+        crate::archive::metrics::render_into(&mut text);
         text
     }
 }

@@ -38,8 +38,11 @@ pub enum StartError {
     Settings(#[from] crate::config::SettingsError),
     /// A listener on a non-loopback address with no token configured
     /// (SPEC section 9).
-    #[error("refusing to listen on {0} with no access token configured: add one with `spark-engine token add DEVICE --config FILE`, or listen on a loopback address")]
+    #[error("refusing to listen on {0} with no access token configured: add one with `spark-engine token add DEVICE` (it writes ./spark.toml, which the server reads when no --config is given), or listen on a loopback address")]
     OpenToTheNetwork(SocketAddr),
+    /// `[archive]` is set and the archive refused to start (SPEC section 11).
+    #[error(transparent)]
+    Archive(#[from] crate::archive::ArchiveStartError),
 }
 
 /// A server that is listening. Dropping it without [`RunningServer::shutdown`]
@@ -48,6 +51,8 @@ pub struct RunningServer {
     /// The address actually bound (port 0 resolved).
     pub addr: SocketAddr,
     engine: Arc<Engine>,
+    /// The media store: shutdown waits for its uploads in flight.
+    media: MediaStore,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
     /// The brain runner; aborted at shutdown (turns in flight stay running
@@ -55,6 +60,8 @@ pub struct RunningServer {
     runner: JoinHandle<()>,
     /// Tells open event streams to end.
     closing: tokio::sync::watch::Sender<bool>,
+    /// The archive shipper, with `[archive]`.
+    archive: Option<crate::archive::Shipping>,
 }
 
 impl RunningServer {
@@ -63,17 +70,40 @@ impl RunningServer {
         &self.engine
     }
 
-    /// Stops accepting, lets requests in flight finish, then stops the
-    /// journal after the batch in flight is durable.
+    /// Stops accepting, lets requests in flight finish (and uploads whose
+    /// request ended before their `media.put` was answered), then stops
+    /// the journal after the batch in flight is durable. In `sync` mode
+    /// writes in flight wait for the archive while the shipper runs; if
+    /// requests or uploads still wait after
+    /// [`crate::archive::FINAL_SHIP_TIMEOUT`] the
+    /// archive gate is closed, so they are answered `503 unavailable`
+    /// (durable locally, archived after the restart) instead of holding
+    /// the shutdown.
     pub async fn shutdown(mut self) {
         self.closing.send_replace(true);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let _ = (&mut self.task).await;
+        let task = &mut self.task;
+        let media = &self.media;
+        let drain = async move {
+            let _ = task.await;
+            media.settled().await;
+        };
+        tokio::pin!(drain);
+        let grace = crate::archive::FINAL_SHIP_TIMEOUT;
+        if tokio::time::timeout(grace, &mut drain).await.is_err() {
+            if let Some(gate) = self.engine.archive_gate() {
+                gate.close(crate::archive::gate::shutting_down());
+            }
+            drain.await;
+        }
         self.runner.abort();
         let _ = (&mut self.runner).await;
         self.engine.shutdown().await;
+        if let Some(archive) = self.archive.take() {
+            archive.stop().await;
+        }
     }
 }
 
@@ -128,7 +158,62 @@ pub async fn start_with_brains(
         return Err(StartError::OpenToTheNetwork(settings.listen));
     }
     let settings = Arc::new(settings);
-    let opening = Arc::clone(&settings);
+    let taken_over = take_over(&settings).await?;
+    let engine = open_engine(&settings, Arc::clone(&fs), clock).await?;
+    if let Some(taken_over) = &taken_over {
+        let fetched = taken_over
+            .fetch_missing_blobs(&engine, &settings.data_dir)
+            .await?;
+        tracing::info!(fetched, "blobs of the ops fetched at the take-over");
+    }
+    let archive = start_archive(&settings, &engine, taken_over.as_ref()).await?;
+    let (listener, addr) = bind(settings.listen).await?;
+    let media = open_media(&settings, &engine, fs)?;
+    let seat_names: Vec<String> = brains.iter().map(|(name, _)| name.clone()).collect();
+    let runner = turns::spawn(
+        Arc::clone(&engine),
+        brains.into_iter().collect(),
+        media.clone(),
+        settings.brains.concurrency_max,
+        Duration::from_millis(settings.brains.timeout_ms),
+    );
+    let (closing, shutdown) = tokio::sync::watch::channel(false);
+    let media_store = media.clone();
+    let state = Arc::new(AppState {
+        engine: Arc::clone(&engine),
+        settings,
+        media,
+        verified_blobs: Default::default(),
+        seats: seat_names,
+        shutdown,
+        archive: archive.as_ref().map(|a| Arc::clone(&a.status)),
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let limits = state.settings.limits.clone();
+    let service = hyper_util::service::TowerToHyperService::new(warp::service(routes(state)));
+    let task = tokio::spawn(serve(listener, service, limits, async move {
+        let _ = stopped.await;
+    }));
+    Ok(RunningServer {
+        addr,
+        engine,
+        media: media_store,
+        stop: Some(stop),
+        task,
+        runner,
+        closing,
+        archive,
+    })
+}
+
+/// Opens the engine off the async threads (replaying the log) and logs
+/// what the replay found.
+async fn open_engine(
+    settings: &Arc<Settings>,
+    fs: Arc<dyn Fs>,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<Engine>, StartError> {
+    let opening = Arc::clone(settings);
     let engine = tokio::task::spawn_blocking(move || Engine::open(&opening, fs, clock))
         .await
         .map_err(|e| EngineOpenError::DataDir {
@@ -144,54 +229,109 @@ pub async fn start_with_brains(
         torn_tail = ?report.truncated,
         "log replayed"
     );
-    let listener = tokio::net::TcpListener::bind(settings.listen)
+    if let Some(torn) = &report.truncated {
+        // Said loudly: a whole last frame with a bad checksum is a torn
+        // write or a damaged acknowledged record or commit mark, which no
+        // reader can tell apart (FORMAT.md); the cut bytes are kept aside.
+        tracing::warn!(
+            segment = %torn.segment,
+            offset = torn.offset,
+            bytes = torn.bytes_dropped,
+            seqs = ?torn.seqs,
+            damage = %torn.damage,
+            possible_fault = torn.whole_frame,
+            quarantine = ?torn.quarantine,
+            "the log's tail after the last whole batch was cut at startup"
+        );
+    }
+    Ok(engine)
+}
+
+/// With `--take-over` (and `[archive]`, which validation requires): takes
+/// the archive's prefix over before the engine opens (it may append the
+/// archive's ops to the local log).
+async fn take_over(settings: &Settings) -> Result<Option<crate::archive::TakenOver>, StartError> {
+    let Some(archive) = settings.archive.as_ref().filter(|_| settings.take_over) else {
+        return Ok(None);
+    };
+    let taken =
+        crate::archive::take_over(archive, &settings.data_dir, settings.log.max_record_bytes)
+            .await?;
+    Ok(Some(taken))
+}
+
+/// Starts the archive shipper when `[archive]` is set (on the store of
+/// the take-over, after one).
+async fn start_archive(
+    settings: &Settings,
+    engine: &Arc<Engine>,
+    taken_over: Option<&crate::archive::TakenOver>,
+) -> Result<Option<crate::archive::Shipping>, StartError> {
+    let Some(archive) = &settings.archive else {
+        return Ok(None);
+    };
+    let (data_dir, max_record_bytes) = (&settings.data_dir, settings.log.max_record_bytes);
+    let engine = Arc::clone(engine);
+    Ok(Some(match taken_over {
+        Some(taken) => {
+            taken
+                .start(archive, data_dir, engine, max_record_bytes)
+                .await?
+        }
+        None => crate::archive::start(archive, data_dir, engine, max_record_bytes).await?,
+    }))
+}
+
+/// Binds the listener on `listen`; returns it with the address actually
+/// bound (port 0 resolved).
+async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| StartError::Bind {
-            addr: settings.listen,
+            addr: listen,
             source,
         })?;
     let addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: settings.listen,
+        addr: listen,
         source,
     })?;
-    let media =
-        MediaStore::open(&settings.data_dir).map_err(|source| EngineOpenError::DataDir {
-            path: crate::media::media_dir(&settings.data_dir)
-                .display()
-                .to_string(),
-            source,
-        })?;
-    let seat_names: Vec<String> = brains.iter().map(|(name, _)| name.clone()).collect();
-    let runner = turns::spawn(
-        Arc::clone(&engine),
-        brains.into_iter().collect(),
-        media.clone(),
-        settings.brains.concurrency_max,
-        Duration::from_millis(settings.brains.timeout_ms),
-    );
-    let (closing, shutdown) = tokio::sync::watch::channel(false);
-    let state = Arc::new(AppState {
-        engine: Arc::clone(&engine),
-        settings,
-        media,
-        verified_blobs: Default::default(),
-        seats: seat_names,
-        shutdown,
-    });
-    let (stop, stopped) = oneshot::channel::<()>();
-    let limits = state.settings.limits.clone();
-    let service = hyper_util::service::TowerToHyperService::new(warp::service(routes(state)));
-    let task = tokio::spawn(serve(listener, service, limits, async move {
-        let _ = stopped.await;
-    }));
-    Ok(RunningServer {
-        addr,
-        engine,
-        stop: Some(stop),
-        task,
-        runner,
-        closing,
-    })
+    Ok((listener, addr))
+}
+
+/// Opens the media store on `fs` and removes the orphan blobs older than
+/// `media.orphan_grace_ms` (a crash between a blob and its `media.put`),
+/// with a log line and `spark_media_orphans_removed_total`. Runs before
+/// the listener serves, so no upload is in flight.
+fn open_media(
+    settings: &Settings,
+    engine: &Engine,
+    fs: Arc<dyn Fs>,
+) -> Result<MediaStore, EngineOpenError> {
+    let io_error = |source| EngineOpenError::DataDir {
+        path: crate::media::media_dir(&settings.data_dir)
+            .display()
+            .to_string(),
+        source,
+    };
+    let media = MediaStore::open(&settings.data_dir, fs).map_err(io_error)?;
+    let referenced: std::collections::HashSet<_> =
+        engine.read(|mirror| mirror.media.values().map(|m| m.sha256.0).collect());
+    let grace_ms = settings.media.orphan_grace_ms;
+    let sweep = media
+        .remove_orphans(&referenced, Duration::from_millis(grace_ms))
+        .map_err(io_error)?;
+    crate::metrics::get()
+        .media_orphans_removed
+        .inc_by(sweep.removed);
+    if sweep.removed > 0 || sweep.young > 0 {
+        tracing::info!(
+            removed = sweep.removed,
+            kept_within_grace = sweep.young,
+            grace_ms,
+            "orphan blobs (a crash between a blob and its media.put)"
+        );
+    }
+    Ok(media)
 }
 
 /// Resolves when the process gets SIGTERM or SIGINT.

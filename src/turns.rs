@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -105,7 +104,7 @@ impl Runner {
                 .iter()
                 .filter_map(|id| mirror.media.get(id))
                 .find(|m| m.role == MediaRole::Copy)
-                .map(|m| (m.sha256.0, m.content_type.clone()));
+                .map(|m| (m.sha256.0, m.size_bytes, m.content_type.clone()));
             Some((
                 turn.seat.clone(),
                 BrainRequest {
@@ -119,15 +118,18 @@ impl Runner {
                 copy,
             ))
         })?;
-        if let Some((sha256, content_type)) = copy {
+        if let Some((sha256, size_bytes, content_type)) = copy {
             match tokio::fs::read(self.media.blob_path(&sha256)).await {
-                Ok(bytes) if <[u8; 32]>::from(Sha256::digest(&bytes)) == sha256 => {
-                    request.copy = Some(bytes);
-                    request.copy_content_type = Some(content_type);
-                }
-                Ok(_) => {
-                    tracing::error!(turn = %turn_id, "the copy's blob no longer matches its hash; asking without it")
-                }
+                Ok(bytes) => match spark_core::blob::verify_reader(&bytes[..], &sha256, size_bytes)
+                {
+                    Ok(()) => {
+                        request.copy = Some(bytes);
+                        request.copy_content_type = Some(content_type);
+                    }
+                    Err(fault) => {
+                        tracing::error!(turn = %turn_id, %fault, "the copy's blob no longer matches its op; asking without it")
+                    }
+                },
                 Err(e) => {
                     tracing::error!(turn = %turn_id, error = %e, "the copy's blob cannot be read; asking without it")
                 }
@@ -163,13 +165,25 @@ impl Runner {
             outcome,
             elapsed_ms,
         });
-        match self.engine.submit(command).await {
-            Ok(_) => {}
-            // Stopping: the turn stays running and is asked again at restart.
-            Err(EngineError::Unavailable(why)) => {
-                tracing::warn!(turn = %turn_id, %why, "turn outcome not recorded")
+        loop {
+            match self.engine.submit(command.clone()).await {
+                Ok(_) => {}
+                // Short of disk space: the outcome is kept here and offered
+                // again until space is back (writes resume by themselves,
+                // issue 19), not left for a restart.
+                Err(EngineError::InsufficientStorage(why)) => {
+                    tracing::warn!(turn = %turn_id, %why, "turn outcome waits for disk space");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    continue;
+                }
+                // Stopping: the turn stays running and is asked again at restart.
+                // Fenced: another engine took the archive's prefix over.
+                Err(EngineError::Unavailable(why) | EngineError::Fenced(why)) => {
+                    tracing::warn!(turn = %turn_id, %why, "turn outcome not recorded")
+                }
+                Err(e) => tracing::error!(turn = %turn_id, error = %e, "turn outcome refused"),
             }
-            Err(e) => tracing::error!(turn = %turn_id, error = %e, "turn outcome refused"),
+            break;
         }
     }
 }

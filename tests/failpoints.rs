@@ -111,9 +111,101 @@ async fn an_fsync_error_poisons_the_write_path_until_restart() {
 }
 
 #[tokio::test]
-async fn enospc_is_503_with_retry_after_and_loses_nothing() {
+async fn an_fsync_that_fails_with_enospc_is_still_fatal() {
     let _serial = SERIAL.lock().await;
-    check_poisoned_then_recovers("log.write", Action::Enospc).await;
+    check_poisoned_then_recovers("log.fsync", Action::Enospc).await;
+}
+
+/// A write (or the create of a roll) refused with ENOSPC answers `507` with
+/// `Retry-After` and acknowledges nothing; the log's tail is recovered in
+/// process and the next write succeeds with no restart (issue 19).
+async fn check_enospc_heals(name: &str, segment_size_bytes: Option<u64>) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), segment_size_bytes).await;
+    let mut acked = Vec::new();
+    for _ in 0..30 {
+        let (s, _, _, id) = create(&server).await;
+        assert_eq!(s, 201);
+        acked.push(id);
+    }
+    let heals_before = metric(&server, "spark_log_heals_total").await;
+    arm(name, Action::Enospc, Some(1));
+    let mut refused = None;
+    for _ in 0..60 {
+        let (s, v, h, id) = create(&server).await;
+        if s == 201 {
+            acked.push(id);
+            continue;
+        }
+        assert_eq!(
+            (s, v["code"].clone()),
+            (507, json!("insufficient_storage")),
+            "{name}: {v}"
+        );
+        assert!(
+            h.contains_key("retry-after"),
+            "{name}: 507 carries Retry-After"
+        );
+        refused = Some(id);
+        break;
+    }
+    let refused = refused.unwrap_or_else(|| panic!("{name}: the failpoint never fired"));
+    // No restart: the next write is taken, and the refused one was not kept.
+    let (s, v, _, id) = create(&server).await;
+    assert_eq!(s, 201, "{name}: writes resume by themselves: {v}");
+    acked.push(id);
+    let (s, _) = server.get(&format!("/api/moments/{refused}")).await;
+    assert_eq!(s, 404, "{name}: the refused write was not applied");
+    let (s, v) = server.get("/readyz").await;
+    assert_eq!(s, 200, "{name}: ready again: {v}");
+    assert_eq!(
+        metric(&server, "spark_log_heals_total").await,
+        heals_before + 1.0,
+        "{name}: one in-process recovery"
+    );
+    for id in &acked {
+        let (s, _) = server.get(&format!("/api/moments/{id}")).await;
+        assert_eq!(s, 200, "{name}: acknowledged {id} lost");
+    }
+    server.stop().await;
+    disarm_all();
+    // The log on disk is what the mirror held: every acknowledged write,
+    // gapless, nothing else.
+    let records = log_records(dir.path());
+    assert_eq!(records.len(), acked.len(), "{name}: records = acknowledged");
+    assert!(records
+        .iter()
+        .enumerate()
+        .all(|(i, (seq, _))| *seq == i as u64 + 1));
+    let server = start(dir.path(), segment_size_bytes).await;
+    for id in &acked {
+        let (s, _) = server.get(&format!("/api/moments/{id}")).await;
+        assert_eq!(s, 200, "{name}: acknowledged {id} lost after restart");
+    }
+    let (s, _, _, _) = create(&server).await;
+    assert_eq!(s, 201);
+    server.stop().await;
+}
+
+/// The value of an unlabelled sample in `/metrics`.
+async fn metric(server: &TestServer, name: &str) -> f64 {
+    let text = server.metrics_text().await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn enospc_on_a_write_is_507_and_heals_without_a_restart() {
+    let _serial = SERIAL.lock().await;
+    check_enospc_heals("log.write", None).await;
+}
+
+#[tokio::test]
+async fn enospc_on_a_roll_is_507_and_heals_without_a_restart() {
+    let _serial = SERIAL.lock().await;
+    check_enospc_heals("log.create", Some(4096)).await;
 }
 
 #[tokio::test]

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use crate::error::LogError;
 use crate::format::{
     decode_record, le_u16, le_u32, le_u64, parse_segment_file_name, RecordDecode, SegmentHeader,
-    Seq, HEADER_LEN, KIND_SEAL, RECORD_KIND_OFFSET, RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN,
-    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, RECORD_TS_OFFSET, SEAL_RECORD_BYTES,
+    Seq, COMMIT_KIND_VERSION, COMMIT_RECORD_BYTES, HEADER_LEN, KIND_SEAL, RECORD_KIND_OFFSET,
+    RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN, RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET,
+    RECORD_TS_OFFSET, SEAL_KIND_VERSION, SEAL_RECORD_BYTES,
 };
 use crate::fs::{Fs, OsFs};
 use crate::reader::{LogReader, ScanOptions};
@@ -60,13 +61,17 @@ pub enum DamageKind {
     /// and corrupt, exactly"). Recovery cuts it as a torn tail and keeps a
     /// copy; `spark-replay verify` reports it as a fault.
     DamagedOrTornLastFrame {
-        /// The frame reads as a seal (a seal's `len`, and kind 0 or the last
-        /// record's seq): it holds no record.
+        /// The frame reads as a seal by the rule of FORMAT.md, "Reading a
+        /// damaged last frame" (a seal's `len`, and two of kind 0,
+        /// kind_version 1, the last record's seq): it holds no record.
         seal: bool,
         /// Only zero bytes follow the frame, so its seq is the only one
         /// damaged; otherwise the non-zero bytes after it may be more
         /// records of the same torn batch.
         zeros_after: bool,
+        /// Version 2: the frame is the commit mark of the last batch, whose
+        /// records (the last good seq + 1 up to this seq) are cut with it.
+        batch_last: Option<Seq>,
     },
 }
 
@@ -105,7 +110,15 @@ impl DamageReport {
     /// bytes follow the frame, `None` when the frame is a seal.
     pub fn damaged_seqs(&self) -> Option<(Seq, Option<Seq>)> {
         let first = self.last_good_seq.saturating_add(1);
-        if let DamageKind::DamagedOrTornLastFrame { seal, zeros_after } = self.kind {
+        if let DamageKind::DamagedOrTornLastFrame {
+            seal,
+            zeros_after,
+            batch_last,
+        } = self.kind
+        {
+            if let Some(last) = batch_last {
+                return Some((first, Some(last)));
+            }
             return (!seal).then_some((first, zeros_after.then_some(first)));
         }
         match self.next_good_seq {
@@ -137,7 +150,7 @@ pub fn damage_report_with(
     // seq *expected* where the damage is at a segment header, so the last
     // good seq is taken from what was actually read instead.
     let mut last_read: Seq = 0;
-    let verdict = LogReader::open_visiting(dir, fs.clone(), max_record_bytes, |record| {
+    let verdict = LogReader::open_visiting(dir, fs.clone(), max_record_bytes, false, |record| {
         last_read = record.seq;
     })
     .and_then(|reader| {
@@ -152,7 +165,7 @@ pub fn damage_report_with(
             std::ops::ControlFlow::Continue(())
         })
     });
-    let (segment, offset, error) = match verdict {
+    let (segment, offset, error, walked) = match verdict {
         Ok(scan) => {
             return match &scan.torn_tail {
                 Some(torn) => {
@@ -163,16 +176,27 @@ pub fn damage_report_with(
         }
         Err(e @ LogError::Corrupt { .. }) => {
             let LogError::Corrupt {
-                segment, offset, ..
+                segment,
+                offset,
+                seq,
+                ..
             } = &e
             else {
                 return Err(e);
             };
-            (segment.clone(), *offset, e.to_string())
+            (segment.clone(), *offset, e.to_string(), *seq)
         }
         Err(other) => return Err(other),
     };
-    let last_good_seq = last_read;
+    // Past a header, the error's seq is the last whole record the walk read:
+    // in version 2 records of a batch are read (intact) before they are
+    // visited, which waits for the batch's commit mark. Cast: usize is at
+    // most 64 bits.
+    let last_good_seq = if offset >= HEADER_LEN as u64 {
+        last_read.max(walked)
+    } else {
+        last_read
+    };
     let map = fs
         .map(&dir.join(&segment))
         .map_err(|e| LogError::io("map", dir.join(&segment), e))?;
@@ -237,7 +261,7 @@ fn last_frame_report_with(
     let map = fs.map(&path).map_err(|e| LogError::io("map", &path, e))?;
     let bytes: &[u8] = (*map).as_ref();
     // Out of range (the file shrank since it was read) reads as nothing.
-    let at = usize::try_from(torn.offset).unwrap_or(usize::MAX);
+    let at = usize::try_from(torn.damage_offset).unwrap_or(usize::MAX);
     let len = le_u32(bytes, at);
     let frame_end = len
         .and_then(|len| usize::try_from(len).ok())
@@ -248,37 +272,65 @@ fn last_frame_report_with(
         .unwrap_or(&[])
         .iter()
         .all(|&b| b == 0);
-    // Cast: a seal frame is 60 bytes.
-    let seal_len = (SEAL_RECORD_BYTES - RECORD_SEQ_OFFSET) as u32;
-    let seal = len == Some(seal_len)
-        && (le_u16(bytes, at.saturating_add(RECORD_KIND_OFFSET)) == Some(KIND_SEAL)
-            || le_u64(bytes, at.saturating_add(RECORD_SEQ_OFFSET)) == Some(last_good_seq));
+    let fields = FrameFields {
+        len,
+        seq: le_u64(bytes, at.saturating_add(RECORD_SEQ_OFFSET)),
+        kind: le_u16(bytes, at.saturating_add(RECORD_KIND_OFFSET)),
+        kind_version: le_u16(bytes, at.saturating_add(RECORD_KIND_VERSION_OFFSET)),
+    };
+    // The commit mark of the tail's batch carries the seq of its last whole
+    // record (none: the tail holds no record, so no mark can close it).
+    let batch_last = torn
+        .seqs
+        .map(|(_, last)| last)
+        .filter(|_| torn.unacknowledged);
+    let role = damaged_frame_role(fields, last_good_seq, batch_last);
+    let seal = role == DamagedFrameRole::Seal;
+    let batch_last = batch_last.filter(|_| role == DamagedFrameRole::CommitMark);
     let seq = last_good_seq.saturating_add(1);
+    let place = format!(
+        "segment {} at offset {} (after seq {last_good_seq})",
+        torn.segment, torn.damage_offset
+    );
+    let cut = "The engine will cut it at its next start and keep a copy in the log directory";
     let (salvaged, error) = if seal {
         (
             Vec::new(),
             format!(
-                "segment {} at offset {} (after seq {last_good_seq}): the last frame, a seal, \
-                 is whole but fails its checksum ({}); it is either a torn write of the seal \
-                 or a damaged seal (the bytes cannot tell which), and holds no record. The \
-                 engine will cut it at its next start and keep a copy in the log directory",
-                torn.segment, torn.offset, torn.damage
+                "{place}: the last frame, a seal, is whole but fails its checksum ({}); it is \
+                 either a torn write of the seal or a damaged seal (the bytes cannot tell \
+                 which), and holds no record. {cut}",
+                torn.damage
+            ),
+        )
+    } else if let Some(last) = batch_last {
+        (
+            whole_records(bytes, torn.offset, at, max_record_bytes),
+            format!(
+                "{place}: the last frame, the commit mark of the batch of seqs {seq}..={last}, \
+                 is whole but fails its checksum ({}); it is either a torn write of that batch \
+                 (never acknowledged) or a damaged commit mark of an acknowledged batch (the \
+                 bytes cannot tell which). {cut}, with the batch's records",
+                torn.damage
             ),
         )
     } else {
         (
             walk(bytes, torn.offset, last_good_seq, max_record_bytes).0,
             format!(
-                "segment {} at offset {} (after seq {last_good_seq}): the last record (seq \
-                 {seq}) is whole but fails its checksum ({}); it is either a torn write (never \
-                 acknowledged) or a damaged acknowledged record (the bytes cannot tell which). \
-                 The engine will cut it at its next start and keep a copy in the log directory",
-                torn.segment, torn.offset, torn.damage
+                "{place}: the last record (seq {seq}) is whole but fails its checksum ({}); it \
+                 is either a torn write (never acknowledged) or a damaged acknowledged record \
+                 (the bytes cannot tell which). {cut}",
+                torn.damage
             ),
         )
     };
     Ok(Some(DamageReport {
-        kind: DamageKind::DamagedOrTornLastFrame { seal, zeros_after },
+        kind: DamageKind::DamagedOrTornLastFrame {
+            seal,
+            zeros_after,
+            batch_last,
+        },
         error,
         segment: torn.segment.clone(),
         offset: torn.offset,
@@ -286,6 +338,89 @@ fn last_frame_report_with(
         next_good_seq: None,
         salvaged,
     }))
+}
+
+/// The identifying fields of a frame that fails its checksum, as read
+/// (any of them may be damaged; `None` past the end of the file).
+#[derive(Clone, Copy, Debug)]
+struct FrameFields {
+    len: Option<u32>,
+    seq: Option<Seq>,
+    kind: Option<u16>,
+    kind_version: Option<u16>,
+}
+
+/// What a whole last frame that fails its checksum is read as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DamagedFrameRole {
+    /// A seal: it holds no record.
+    Seal,
+    /// The commit mark of the tail's batch.
+    CommitMark,
+    /// A record (seq `L + 1`).
+    Record,
+}
+
+/// The rule of FORMAT.md, "Reading a damaged last frame": a frame is read
+/// as a seal (or a commit mark) when its `len` field is a seal's, 52 (a
+/// commit mark's, 40), and at least two of its three other identifying
+/// fields hold a seal's values: `kind` 0, `kind_version` 1, `seq` = the
+/// last good seq `L` (a commit mark's: `kind` 0, `kind_version` 2, `seq` =
+/// `batch_last`, the last whole record of the tail's batch, when there is
+/// one). So damage to any one of those three fields never changes what the
+/// frame is read as; anything else is read as a record.
+fn damaged_frame_role(
+    fields: FrameFields,
+    last_good_seq: Seq,
+    batch_last: Option<Seq>,
+) -> DamagedFrameRole {
+    // Casts: a seal frame is 60 bytes, a commit mark 48.
+    let seal_len = (SEAL_RECORD_BYTES - RECORD_SEQ_OFFSET) as u32;
+    let commit_len = (COMMIT_RECORD_BYTES - RECORD_SEQ_OFFSET) as u32;
+    let agree = |kind_version: u16, seq: Option<Seq>| {
+        [
+            fields.kind == Some(KIND_SEAL),
+            fields.kind_version == Some(kind_version),
+            seq.is_some() && fields.seq == seq,
+        ]
+        .iter()
+        .filter(|&&holds| holds)
+        .count()
+            >= 2
+    };
+    if fields.len == Some(seal_len) && agree(SEAL_KIND_VERSION, Some(last_good_seq)) {
+        DamagedFrameRole::Seal
+    } else if batch_last.is_some()
+        && fields.len == Some(commit_len)
+        && agree(COMMIT_KIND_VERSION, batch_last)
+    {
+        DamagedFrameRole::CommitMark
+    } else {
+        DamagedFrameRole::Record
+    }
+}
+
+/// The whole records from `from` up to `to` (a batch whose commit mark at
+/// `to` fails its checksum: its records are intact, but cut with it).
+fn whole_records(bytes: &[u8], from: u64, to: usize, max_record_bytes: u32) -> Vec<SalvagedRecord> {
+    let mut records = Vec::new();
+    let mut at = usize::try_from(from).unwrap_or(usize::MAX);
+    while at < to {
+        let RecordDecode::Record { record, size } = decode_record(bytes, at, max_record_bytes)
+        else {
+            break;
+        };
+        records.push(SalvagedRecord {
+            seq: record.seq,
+            offset: record.offset,
+            ts_ms: record.ts_ms,
+            kind: record.kind,
+            kind_version: record.kind_version,
+            payload: record.payload.to_vec(),
+        });
+        at += size;
+    }
+    records
 }
 
 /// When the damage at `offset` of segment `name` is a seq gap at its header
@@ -360,4 +495,115 @@ fn walk(
     }
     let next = find_valid_record(bytes, at + 1, last_good, max_record_bytes).map(|(_, seq)| seq);
     (salvaged, next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields of a seal after seq 7 (`len` 52, kind 0, kind_version 1).
+    fn seal() -> FrameFields {
+        FrameFields {
+            len: Some(52),
+            seq: Some(7),
+            kind: Some(KIND_SEAL),
+            kind_version: Some(SEAL_KIND_VERSION),
+        }
+    }
+
+    /// The fields of the commit mark of a batch ending at seq 9.
+    fn mark() -> FrameFields {
+        FrameFields {
+            len: Some(40),
+            seq: Some(9),
+            kind: Some(KIND_SEAL),
+            kind_version: Some(COMMIT_KIND_VERSION),
+        }
+    }
+
+    #[test]
+    fn one_damaged_field_never_changes_what_a_frame_is_read_as() {
+        use DamagedFrameRole::*;
+        let role = |f: FrameFields| damaged_frame_role(f, 7, Some(9));
+        assert_eq!(role(seal()), Seal);
+        assert_eq!(
+            role(FrameFields {
+                kind: Some(4),
+                ..seal()
+            }),
+            Seal
+        );
+        assert_eq!(
+            role(FrameFields {
+                kind_version: Some(9),
+                ..seal()
+            }),
+            Seal
+        );
+        assert_eq!(
+            role(FrameFields {
+                seq: Some(1 << 40),
+                ..seal()
+            }),
+            Seal
+        );
+        assert_eq!(role(mark()), CommitMark);
+        assert_eq!(
+            role(FrameFields {
+                kind: Some(4),
+                ..mark()
+            }),
+            CommitMark
+        );
+        assert_eq!(
+            role(FrameFields {
+                kind_version: Some(1),
+                ..mark()
+            }),
+            CommitMark
+        );
+        assert_eq!(
+            role(FrameFields {
+                seq: Some(3),
+                ..mark()
+            }),
+            CommitMark
+        );
+        // A mark needs a batch in the tail to close.
+        assert_eq!(damaged_frame_role(mark(), 7, None), Record);
+    }
+
+    #[test]
+    fn a_record_of_a_seals_or_marks_length_is_a_record() {
+        use DamagedFrameRole::*;
+        // A record (seq L + 1, a non-zero kind, kind_version 1) whose
+        // payload happens to give it a seal's or a mark's length.
+        let record = |len| FrameFields {
+            len: Some(len),
+            seq: Some(8),
+            kind: Some(3),
+            kind_version: Some(1),
+        };
+        assert_eq!(damaged_frame_role(record(52), 7, Some(9)), Record);
+        assert_eq!(damaged_frame_role(record(40), 7, Some(9)), Record);
+        // Two fields damaged into a seal's values: read as a seal.
+        let two = FrameFields {
+            kind: Some(KIND_SEAL),
+            seq: Some(7),
+            ..record(52)
+        };
+        assert_eq!(damaged_frame_role(two, 7, Some(9)), Seal);
+        // A seal's fields with another length: not a seal.
+        assert_eq!(
+            damaged_frame_role(
+                FrameFields {
+                    len: Some(60),
+                    ..seal()
+                },
+                7,
+                None
+            ),
+            Record
+        );
+    }
 }

@@ -57,6 +57,19 @@ pub enum LogError {
         /// [`FORMAT_VERSION`](crate::FORMAT_VERSION) of this build.
         supported: u16,
     },
+    /// A `.seg` file in the log directory whose name is not exactly 20
+    /// decimal digits followed by `.seg` (FORMAT.md, "Files"): a stray file,
+    /// not a segment, so no seq is damaged; the log is refused until it is
+    /// moved out, because it may be a renamed segment. Nothing is changed.
+    #[error(
+        "stray file {name} in the log directory: a .seg file whose name is not 20 decimal \
+         digits followed by .seg is no segment; move it out of the log directory (nothing \
+         was read or changed)"
+    )]
+    StrayFile {
+        /// The file's name, e.g. `backup.seg`.
+        name: String,
+    },
     /// A record handed to the appender whose `len` field (20 + payload bytes)
     /// would exceed `max_record_bytes`. Nothing was written; not poisoning.
     #[error("record of {bytes} bytes is over the limit of {limit} bytes")]
@@ -82,16 +95,29 @@ pub enum LogError {
 
 /// `ENOSPC` on Linux and the BSDs (macOS included).
 const ENOSPC: i32 = 28;
+/// `EDQUOT` on Linux (a disk quota is used up: no space for this user).
+const EDQUOT: i32 = 122;
+
+/// True when `error` says the disk is full or a quota is used up
+/// (`ENOSPC`, `EDQUOT`, [`io::ErrorKind::StorageFull`],
+/// [`io::ErrorKind::QuotaExceeded`]): the one rule for "no space", used by
+/// the log and the media store.
+pub fn is_no_space_error(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(ENOSPC | EDQUOT))
+        || matches!(
+            error.kind(),
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+        )
+}
 
 impl LogError {
-    /// True when this is an `Io` error for a full disk (`ENOSPC`, or
-    /// [`io::ErrorKind::StorageFull`]), so the engine can say "disk full"
-    /// instead of a generic failure.
+    /// True when this is an `Io` error for a full disk or a used-up quota
+    /// ([`is_no_space_error`]), so the engine can say "disk full" instead
+    /// of a generic failure, and [`Log::heal`](crate::Log::heal) knows a
+    /// refused write from any other failure.
     pub fn is_no_space(&self) -> bool {
         match self {
-            LogError::Io { source, .. } => {
-                source.raw_os_error() == Some(ENOSPC) || source.kind() == io::ErrorKind::StorageFull
-            }
+            LogError::Io { source, .. } => is_no_space_error(source),
             _ => false,
         }
     }
@@ -154,6 +180,7 @@ impl LogError {
                 found: *found,
                 supported: *supported,
             },
+            LogError::StrayFile { name } => LogError::StrayFile { name: name.clone() },
             LogError::RecordTooLarge { bytes, limit } => LogError::RecordTooLarge {
                 bytes: *bytes,
                 limit: *limit,

@@ -1,5 +1,5 @@
-//! The bytes of format version 1: constants, the segment header, the record
-//! frame and the seal. FORMAT.md holds the same tables; the test vectors pin
+//! The bytes of format versions 1 and 2: constants, the segment header, the
+//! record frame, the seal and (version 2) the commit mark. FORMAT.md holds the same tables; the test vectors pin
 //! them.
 //!
 //! Little-endian everywhere. Every offset constant is built from the one
@@ -19,7 +19,9 @@ pub type Seq = u64;
 pub type ChainValue = [u8; 32];
 
 /// The format version this build writes and the newest it reads.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this build reads (FORMAT.md, "Versions").
+pub const FORMAT_VERSION_V1: u16 = 1;
 
 /// The first 8 bytes of every segment file.
 pub const MAGIC: [u8; 8] = *b"SPARKLOG";
@@ -30,7 +32,8 @@ pub const MAGIC: [u8; 8] = *b"SPARKLOG";
 pub const HEADER_MAGIC_OFFSET: usize = 0;
 /// Header: `format_version` (u16).
 pub const HEADER_VERSION_OFFSET: usize = HEADER_MAGIC_OFFSET + size_of::<[u8; 8]>();
-/// Header: `header_len` (u16), the header size in bytes (64 in version 1).
+/// Header: `header_len` (u16), the header size in bytes (64 in versions 1
+/// and 2).
 pub const HEADER_LEN_OFFSET: usize = HEADER_VERSION_OFFSET + size_of::<u16>();
 /// Header: `header_crc` (u32), CRC32 of the `header_len` header bytes with
 /// this field zeroed.
@@ -76,14 +79,31 @@ const _: () = assert!(RECORD_HEADER_LEN == 28);
 // Cast: 20 fits in u32.
 pub const RECORD_MIN_LEN: u32 = (RECORD_HEADER_LEN - RECORD_SEQ_OFFSET) as u32;
 
-/// The kind of the seal record; appenders may not use it.
+/// The kind of the log's own frames (the seal and, in version 2, the commit
+/// mark, told apart by `kind_version`); appenders may not use it.
 pub const KIND_SEAL: u16 = 0;
-/// The `kind_version` of a version-1 seal.
+/// The `kind_version` of a seal (kind [`KIND_SEAL`]).
 pub const SEAL_KIND_VERSION: u16 = 1;
+/// The `kind_version` of a commit mark (kind [`KIND_SEAL`]; version-2
+/// segments only).
+pub const COMMIT_KIND_VERSION: u16 = 2;
 /// Payload bytes of a seal: the segment's final chain value.
 pub const SEAL_PAYLOAD_LEN: usize = size_of::<ChainValue>();
 /// On-disk size of a seal record (60).
 pub const SEAL_RECORD_BYTES: usize = RECORD_HEADER_LEN + SEAL_PAYLOAD_LEN;
+
+/// Commit mark payload: `record_count` (u64), the records of its batch.
+pub const COMMIT_COUNT_OFFSET: usize = 0;
+/// Commit mark payload: `batch_bytes` (u64), the bytes of its batch's
+/// records: from the first record's `len` field to the mark's own.
+pub const COMMIT_BYTES_OFFSET: usize = COMMIT_COUNT_OFFSET + size_of::<u64>();
+/// Commit mark payload: `batch_crc` (u32), CRC32 of those `batch_bytes`.
+pub const COMMIT_CRC_OFFSET: usize = COMMIT_BYTES_OFFSET + size_of::<u64>();
+/// Payload bytes of a commit mark (20).
+pub const COMMIT_PAYLOAD_LEN: usize = COMMIT_CRC_OFFSET + size_of::<u32>();
+/// On-disk size of a commit mark (48).
+pub const COMMIT_RECORD_BYTES: usize = RECORD_HEADER_LEN + COMMIT_PAYLOAD_LEN;
+const _: () = assert!(COMMIT_RECORD_BYTES == 48);
 
 /// Default largest `len` a record may have (4 MiB).
 pub const DEFAULT_MAX_RECORD_BYTES: u32 = 4 << 20;
@@ -149,8 +169,8 @@ pub(crate) fn chain_at(bytes: &[u8], offset: usize) -> Option<ChainValue> {
 
 // ---- Header --------------------------------------------------------------
 
-/// The decoded fields of a version-1 segment header (see FORMAT.md for the
-/// table). `magic`, `format_version` and `header_len` are implied.
+/// The decoded fields of a segment header, the same in versions 1 and 2
+/// (see FORMAT.md for the table). `magic`, `format_version` and `header_len` are implied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentHeader {
     /// Seq of the first record this segment holds; equals the file name.
@@ -180,7 +200,7 @@ pub enum HeaderError {
     },
     /// Checksum valid, but `format_version` is 0.
     VersionZero,
-    /// Checksum valid, version 1, but `header_len` is not 64.
+    /// Checksum valid, version 1 or 2, but `header_len` is not 64.
     BadHeaderLen(u16),
     /// A newer format whose own header checksum (over its `header_len`
     /// bytes) is valid.
@@ -218,7 +238,10 @@ impl std::fmt::Display for HeaderError {
             ),
             HeaderError::VersionZero => write!(f, "format version 0"),
             HeaderError::BadHeaderLen(len) => {
-                write!(f, "header_len {len}, format version 1 has {HEADER_LEN}")
+                write!(
+                    f,
+                    "header_len {len}, format versions 1 and 2 have {HEADER_LEN}"
+                )
             }
             HeaderError::Unsupported { found } => write!(f, "format version {found}"),
         }
@@ -237,12 +260,20 @@ pub fn header_crc(header: &[u8]) -> u32 {
 }
 
 impl SegmentHeader {
-    /// The 64 header bytes of format version 1, checksum included.
+    /// The 64 header bytes of the current format version
+    /// ([`FORMAT_VERSION`]), checksum included.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
+        self.encode_version(FORMAT_VERSION)
+    }
+
+    /// The 64 header bytes declaring `format_version` (1 or 2: both have
+    /// the same header), checksum included. Version 1 is for tests and
+    /// tools that build old segments.
+    pub fn encode_version(&self, format_version: u16) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         out[HEADER_MAGIC_OFFSET..HEADER_VERSION_OFFSET].copy_from_slice(&MAGIC);
         out[HEADER_VERSION_OFFSET..HEADER_LEN_OFFSET]
-            .copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+            .copy_from_slice(&format_version.to_le_bytes());
         // Cast: HEADER_LEN is 64 (asserted above), which fits in u16.
         out[HEADER_LEN_OFFSET..HEADER_CRC_OFFSET]
             .copy_from_slice(&(HEADER_LEN as u16).to_le_bytes());
@@ -261,6 +292,12 @@ impl SegmentHeader {
     /// `Unsupported` only if its own checksum over its `header_len` bytes
     /// holds, else it is damage), checksum, version 0, `header_len`.
     pub fn decode(segment: &[u8]) -> Result<SegmentHeader, HeaderError> {
+        SegmentHeader::decode_versioned(segment).map(|(header, _)| header)
+    }
+
+    /// [`decode`](Self::decode), with the header's `format_version` (1 or
+    /// 2).
+    pub fn decode_versioned(segment: &[u8]) -> Result<(SegmentHeader, u16), HeaderError> {
         let short = HeaderError::Short { len: segment.len() };
         if segment.get(HEADER_MAGIC_OFFSET..HEADER_VERSION_OFFSET) != Some(&MAGIC[..]) {
             return Err(if segment.len() < HEADER_LEN {
@@ -293,11 +330,12 @@ impl SegmentHeader {
         if usize::from(header_len) != HEADER_LEN {
             return Err(HeaderError::BadHeaderLen(header_len));
         }
-        Ok(SegmentHeader {
+        let header = SegmentHeader {
             first_seq: le_u64(bytes, HEADER_FIRST_SEQ_OFFSET).ok_or(short)?,
             created_ms: le_u64(bytes, HEADER_CREATED_MS_OFFSET).ok_or(short)?,
             chain_start: chain_at(bytes, HEADER_CHAIN_START_OFFSET).ok_or(short)?,
-        })
+        };
+        Ok((header, version))
     }
 }
 
@@ -349,6 +387,12 @@ pub enum Damage {
     LenOverLimit(u32),
     /// The CRC does not match.
     BadCrc,
+    /// Version 2: records that no commit mark closes (the file ends, or
+    /// zeros start, after them): a batch whose write did not finish.
+    Uncommitted,
+    /// Version 2: a checksum-valid commit mark that does not close the
+    /// records before it (their count, bytes or batch checksum differ).
+    CommitMismatch,
 }
 
 impl std::fmt::Display for Damage {
@@ -359,6 +403,11 @@ impl std::fmt::Display for Damage {
             Damage::LenTooSmall(len) => write!(f, "len {len} below the minimum {RECORD_MIN_LEN}"),
             Damage::LenOverLimit(len) => write!(f, "len {len} over max_record_bytes"),
             Damage::BadCrc => write!(f, "record checksum mismatch"),
+            Damage::Uncommitted => write!(f, "records without a commit mark"),
+            Damage::CommitMismatch => write!(
+                f,
+                "commit mark that does not match the batch before it (count, bytes or checksum)"
+            ),
         }
     }
 }
@@ -493,6 +542,76 @@ pub fn encode_seal(out: &mut Vec<u8>, seq: Seq, ts_ms: u64, chain: &ChainValue) 
     };
     // Cast: SEAL_PAYLOAD_LEN is 32, so len is 52.
     encode_frame(out, RECORD_MIN_LEN + SEAL_PAYLOAD_LEN as u32, seq, &seal)
+}
+
+/// What a version-2 commit mark says about the batch it closes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitMark {
+    /// Records in the batch (at least 1).
+    pub record_count: u64,
+    /// Bytes of the batch's records, from the first record's `len` field to
+    /// the mark's own `len` field.
+    pub batch_bytes: u64,
+    /// CRC32 of those bytes.
+    pub batch_crc: u32,
+}
+
+impl CommitMark {
+    /// The mark that closes `batch` (the encoded records, back to back)
+    /// holding `record_count` records.
+    pub fn for_batch(batch: &[u8], record_count: u64) -> CommitMark {
+        CommitMark {
+            record_count,
+            // usize is at most 64 bits on every target Rust supports.
+            batch_bytes: batch.len() as u64,
+            batch_crc: crc32fast::hash(batch),
+        }
+    }
+
+    /// Reads the payload of a checksum-valid frame of kind [`KIND_SEAL`]
+    /// and kind_version [`COMMIT_KIND_VERSION`]; `None` when it is not
+    /// [`COMMIT_PAYLOAD_LEN`] bytes.
+    pub fn decode(payload: &[u8]) -> Option<CommitMark> {
+        if payload.len() != COMMIT_PAYLOAD_LEN {
+            return None;
+        }
+        Some(CommitMark {
+            record_count: le_u64(payload, COMMIT_COUNT_OFFSET)?,
+            batch_bytes: le_u64(payload, COMMIT_BYTES_OFFSET)?,
+            batch_crc: le_u32(payload, COMMIT_CRC_OFFSET)?,
+        })
+    }
+
+    /// True when this mark closes exactly `batch` (the bytes from its first
+    /// record to the mark) holding `record_count` records.
+    pub fn closes(&self, batch: &[u8], record_count: u64) -> bool {
+        *self == CommitMark::for_batch(batch, record_count)
+    }
+}
+
+/// Appends a commit mark to `out`: kind [`KIND_SEAL`], kind_version
+/// [`COMMIT_KIND_VERSION`], `seq` = the batch's last seq, `ts_ms` = the
+/// clock at the write, payload = `mark`. Returns its size (48).
+pub fn encode_commit(out: &mut Vec<u8>, seq: Seq, ts_ms: u64, mark: &CommitMark) -> usize {
+    let mut payload = [0u8; COMMIT_PAYLOAD_LEN];
+    payload[COMMIT_COUNT_OFFSET..COMMIT_BYTES_OFFSET]
+        .copy_from_slice(&mark.record_count.to_le_bytes());
+    payload[COMMIT_BYTES_OFFSET..COMMIT_CRC_OFFSET]
+        .copy_from_slice(&mark.batch_bytes.to_le_bytes());
+    payload[COMMIT_CRC_OFFSET..COMMIT_PAYLOAD_LEN].copy_from_slice(&mark.batch_crc.to_le_bytes());
+    let commit = RecordIn {
+        ts_ms,
+        kind: KIND_SEAL,
+        kind_version: COMMIT_KIND_VERSION,
+        payload: &payload,
+    };
+    // Cast: COMMIT_PAYLOAD_LEN is 20, so len is 40.
+    encode_frame(
+        out,
+        RECORD_MIN_LEN + COMMIT_PAYLOAD_LEN as u32,
+        seq,
+        &commit,
+    )
 }
 
 /// Appends one frame whose `len` field the caller computed from the payload.

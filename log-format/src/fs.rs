@@ -8,10 +8,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-/// A file system as the log needs it. Paths are absolute or relative to the
-/// process's working directory.
+/// A file system as the log and the media store need it. Paths are
+/// absolute or relative to the process's working directory.
 pub trait Fs: Send + Sync + 'static {
     /// Creates `path` and its missing parents (like `mkdir -p`).
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
@@ -25,6 +25,14 @@ pub trait Fs: Send + Sync + 'static {
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>>;
     /// Removes a file.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Renames the file `from` to `to`, replacing a file at `to` (POSIX
+    /// `rename`: atomic, the target never half there). The new entry is
+    /// durable once `to`'s directory is synced ([`Fs::sync_dir`]); until
+    /// then a power cut may keep either name.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// When the file's contents last changed (its mtime); what the media
+    /// store's orphan grace period is measured from.
+    fn modified(&self, path: &Path) -> io::Result<SystemTime>;
     /// Makes `dir`'s entries durable (fsync on the directory), so a created or
     /// removed file survives power loss.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
@@ -89,6 +97,14 @@ impl Fs for OsFs {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn modified(&self, path: &Path) -> io::Result<SystemTime> {
+        std::fs::metadata(path)?.modified()
     }
 
     #[cfg(unix)]
@@ -168,11 +184,13 @@ pub enum FaultOp {
     SyncDir,
     /// [`Fs::remove_file`].
     Remove,
+    /// [`Fs::rename`].
+    Rename,
 }
 
 impl FaultOp {
     /// Every operation, in counter order.
-    pub const ALL: [FaultOp; 7] = [
+    pub const ALL: [FaultOp; 8] = [
         FaultOp::Write,
         FaultOp::SyncData,
         FaultOp::SyncAll,
@@ -180,6 +198,7 @@ impl FaultOp {
         FaultOp::CreateNew,
         FaultOp::SyncDir,
         FaultOp::Remove,
+        FaultOp::Rename,
     ];
 
     fn index(self) -> usize {
@@ -191,6 +210,7 @@ impl FaultOp {
             FaultOp::CreateNew => 4,
             FaultOp::SyncDir => 5,
             FaultOp::Remove => 6,
+            FaultOp::Rename => 7,
         }
     }
 }
@@ -209,6 +229,13 @@ pub enum Fault {
         /// Bytes of the buffer that reach the file.
         written: usize,
     },
+    /// For [`FaultOp::Write`]: writes only the first `written` bytes, then
+    /// fails with `ENOSPC` (a disk that filled during the write). For other
+    /// operations: fails with `ENOSPC`.
+    ShortWriteNoSpace {
+        /// Bytes of the buffer that reach the file.
+        written: usize,
+    },
 }
 
 impl Fault {
@@ -220,6 +247,7 @@ impl Fault {
                 io::ErrorKind::WriteZero,
                 format!("injected short write after {written} bytes"),
             ),
+            Fault::ShortWriteNoSpace { .. } => io::Error::from_raw_os_error(28),
         }
     }
 }
@@ -229,11 +257,11 @@ impl Fault {
 #[derive(Debug, Default)]
 struct FaultState {
     /// Calls so far, per operation ([`FaultOp::index`]).
-    calls: [AtomicU64; 7],
+    calls: [AtomicU64; 8],
     /// `(op, nth call, fault)`, each taken once.
     planned: Mutex<Vec<(FaultOp, u64, Fault)>>,
     /// A sleep before every call of an operation, to widen races in tests.
-    delays: Mutex<[Option<Duration>; 7]>,
+    delays: Mutex<[Option<Duration>; 8]>,
 }
 
 impl FaultState {
@@ -349,6 +377,17 @@ impl Fs for FaultyFs {
         }
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        match self.state.enter(FaultOp::Rename) {
+            Some(fault) => Err(fault.error()),
+            None => self.inner.rename(from, to),
+        }
+    }
+
+    fn modified(&self, path: &Path) -> io::Result<SystemTime> {
+        self.inner.modified(path)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         match self.state.enter(FaultOp::SyncDir) {
             Some(fault) => Err(fault.error()),
@@ -369,7 +408,9 @@ impl LogFile for FaultyFile {
     fn write_all_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
         match self.state.enter(FaultOp::Write) {
             None => self.inner.write_all_at(offset, buf),
-            Some(fault @ Fault::ShortWrite { written }) => {
+            Some(
+                fault @ (Fault::ShortWrite { written } | Fault::ShortWriteNoSpace { written }),
+            ) => {
                 let prefix = buf.get(..written).unwrap_or(buf);
                 self.inner.write_all_at(offset, prefix)?;
                 Err(fault.error())

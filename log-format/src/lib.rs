@@ -9,8 +9,9 @@
 //!
 //! # Layout
 //!
-//! - [`format`](mod@format): the bytes of format version 1. Constants, the segment header,
-//!   the record frame and the seal, each offset built from the one before.
+//! - [`format`](mod@format): the bytes of format versions 1 and 2. Constants, the segment
+//!   header, the record frame, the seal and the commit mark, each offset built from the
+//!   one before.
 //! - [`fs`]: the file seam. All file access goes through [`Fs`] / [`LogFile`];
 //!   [`OsFs`] is the real one (std + memmap2), [`FaultyFs`] injects faults.
 //! - [`memfs`]: [`MemFs`], an in-memory [`Fs`] that keeps written bytes and
@@ -25,12 +26,15 @@
 //! - `reader`: [`LogReader`], a read-only mapped view for tools.
 //! - `error`: [`LogError`] and [`OpenError`].
 //!
-//! Integrity rules in one line: an invalid record at the very end of the last
-//! segment is a torn write and is cut off; anything else that does not verify
-//! is corruption and is refused, naming segment, offset and seq.
+//! Integrity rules in one line: what follows the last valid commit mark of the
+//! last segment was never acknowledged and is cut off (in a version-1
+//! segment: an invalid record at its very end, a torn write), unless it shows
+//! that it was acknowledged; anything else that does not verify is corruption
+//! and is refused, naming segment, offset and seq.
 
 #![warn(missing_docs)]
 
+pub mod archive;
 pub mod format;
 pub mod fs;
 pub mod memfs;
@@ -45,13 +49,13 @@ mod writer;
 pub use damage::{
     damage_report, damage_report_with, last_frame_report, DamageKind, DamageReport, SalvagedRecord,
 };
-pub use error::{LogError, OpenError};
+pub use error::{is_no_space_error, LogError, OpenError};
 pub use format::{
     ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES,
     FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, SEGMENT_SUFFIX,
 };
 pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
-pub use memfs::{CutMode, MemFs};
+pub use memfs::{CutMode, MemFs, PAGE_BYTES};
 pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo};
 pub use recovery::{RecoveryReport, TornTail};
 pub use writer::{record_fits, system_now_ms, GroupCommitAppender, Head, Log, LogConfig};

@@ -26,8 +26,9 @@
 //! - a power cut resets the file to its durable bytes, then applies the last
 //!   pending operation as the [`CutMode`] says.
 //!
-//! Directories: `create_dir_all`, `create_new` and `remove_file` change the
-//! current entries; `sync_dir(d)` makes the current entries directly in `d`
+//! Directories: `create_dir_all`, `create_new`, `remove_file` and `rename`
+//! change the current entries (a rename across directories changes an entry
+//! in each, and each is made durable by its own directory's sync); `sync_dir(d)` makes the current entries directly in `d`
 //! (files and subdirectories) durable. Root (`/`) and the working directory
 //! (`""`, `.`) always exist.
 
@@ -35,6 +36,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
 
 use crate::fs::{Fs, LogFile};
 
@@ -52,16 +54,56 @@ pub enum CutMode {
     Zeros,
     /// The write's range holds random bytes.
     Garbage,
+    /// Page-granular, in any order: each page ([`PAGE_BYTES`], aligned on
+    /// file offsets) the write touches reached the disk or not, a coin toss
+    /// per page (a suffix without its prefix, a hole in the middle, only the
+    /// last page...). A page that did not keeps its durable bytes; a page
+    /// past the durable end that did extends the file, and the pages
+    /// between read as zeros. See also [`MemFs::power_cut_pages`].
+    Pages,
 }
 
 impl CutMode {
     /// Every mode.
-    pub const ALL: [CutMode; 4] = [
+    pub const ALL: [CutMode; 5] = [
         CutMode::Drop,
         CutMode::Torn,
         CutMode::Zeros,
         CutMode::Garbage,
+        CutMode::Pages,
     ];
+}
+
+/// The page size of [`CutMode::Pages`] and [`MemFs::power_cut_pages`]
+/// (4 KiB, the Linux page cache's unit of write-back).
+pub const PAGE_BYTES: usize = 4096;
+
+/// Applies the write of `bytes` at `offset` page by page: page `i` of the
+/// `n` pages it touches reaches `data` only when `keep(i, n)`.
+fn write_pages(
+    data: &mut Vec<u8>,
+    offset: usize,
+    bytes: &[u8],
+    keep: &mut dyn FnMut(usize, usize) -> bool,
+) {
+    let end = offset.saturating_add(bytes.len());
+    if end == offset {
+        return;
+    }
+    let first_page = offset / PAGE_BYTES;
+    let pages = (end - 1) / PAGE_BYTES + 1 - first_page;
+    for i in 0..pages {
+        let page = first_page + i;
+        let from = (page * PAGE_BYTES).max(offset);
+        let to = ((page + 1) * PAGE_BYTES).min(end);
+        if keep(i, pages) {
+            write_at(
+                data,
+                from,
+                bytes.get(from - offset..to - offset).unwrap_or(&[]),
+            );
+        }
+    }
 }
 
 /// An operation on a file not yet made durable by a sync.
@@ -82,6 +124,8 @@ struct Inode {
     durable: Vec<u8>,
     /// Operations since that sync, oldest first.
     pending: Vec<Pending>,
+    /// When the contents last changed (`None`: never, read as the epoch).
+    modified: Option<SystemTime>,
 }
 
 /// Everything a [`MemFs`] and its open files share.
@@ -228,6 +272,7 @@ impl MemFs {
                 data: bytes.to_vec(),
                 durable: bytes.to_vec(),
                 pending: Vec::new(),
+                modified: Some(SystemTime::now()),
             },
         );
         state.files.insert(path.to_owned(), inode);
@@ -247,7 +292,7 @@ impl MemFs {
     }
 
     /// Mutating calls that succeeded so far (`create_dir_all`, `create_new`,
-    /// `remove_file`, `sync_dir`, and on files `write_all_at`, `sync_data`,
+    /// `remove_file`, `rename`, `sync_dir`, and on files `write_all_at`, `sync_data`,
     /// `sync_all`, `set_len`).
     pub fn ops(&self) -> u64 {
         self.lock().ops
@@ -285,6 +330,46 @@ impl MemFs {
     /// cut fail every call, and a planned crash is cleared. `seed` drives
     /// every random choice, so a cut is reproducible.
     pub fn power_cut(&self, mode: CutMode, seed: u64) {
+        self.cut(seed, &mut |rng, data, pending| match (pending, mode) {
+            (_, CutMode::Drop) => {}
+            (Pending::SetLen(len), _) => data.resize(len, 0),
+            (Pending::Write { offset, bytes }, CutMode::Torn) => {
+                let kept = rng.up_to(bytes.len());
+                write_at(data, offset, bytes.get(..kept).unwrap_or(&bytes));
+            }
+            (Pending::Write { offset, bytes }, CutMode::Zeros) => {
+                write_at(data, offset, &vec![0; bytes.len()]);
+            }
+            (Pending::Write { offset, bytes }, CutMode::Garbage) => {
+                // Truncation: keeps the low byte of a random word.
+                let garbage: Vec<u8> = bytes.iter().map(|_| rng.next() as u8).collect();
+                write_at(data, offset, &garbage);
+            }
+            (Pending::Write { offset, bytes }, CutMode::Pages) => {
+                write_pages(data, offset, &bytes, &mut |_, _| rng.coin());
+            }
+        });
+    }
+
+    /// [`power_cut`](Self::power_cut) where the last unsynced write of each
+    /// file persists page `i` of its `n` pages ([`PAGE_BYTES`], aligned on
+    /// file offsets) exactly when `keep(i, n)`: e.g. `|i, n| i + 1 == n`
+    /// (only the last page), `|i, _| i % 2 == 1` (every other page),
+    /// `|i, n| i >= n / 2` (a suffix without its prefix). A last unsynced
+    /// `set_len` is kept. Directory changes are decided by `seed`.
+    pub fn power_cut_pages(&self, seed: u64, keep: &dyn Fn(usize, usize) -> bool) {
+        self.cut(seed, &mut |_, data, pending| match pending {
+            Pending::SetLen(len) => data.resize(len, 0),
+            Pending::Write { offset, bytes } => {
+                write_pages(data, offset, &bytes, &mut |i, n| keep(i, n));
+            }
+        });
+    }
+
+    /// The power cut: directory changes by coin toss (from `seed`), then
+    /// every file reset to its durable bytes and its last unsynced
+    /// operation handed to `apply`.
+    fn cut(&self, seed: u64, apply: &mut dyn FnMut(&mut SplitMix, &mut Vec<u8>, Pending)) {
         let mut rng = SplitMix(seed);
         let mut state = self.lock();
         let state = &mut *state;
@@ -336,21 +421,8 @@ impl MemFs {
                 continue;
             };
             let mut data = std::mem::take(&mut inode.durable);
-            match (inode.pending.pop(), mode) {
-                (None, _) | (Some(_), CutMode::Drop) => {}
-                (Some(Pending::SetLen(len)), _) => data.resize(len, 0),
-                (Some(Pending::Write { offset, bytes }), CutMode::Torn) => {
-                    let kept = rng.up_to(bytes.len());
-                    write_at(&mut data, offset, bytes.get(..kept).unwrap_or(&bytes));
-                }
-                (Some(Pending::Write { offset, bytes }), CutMode::Zeros) => {
-                    write_at(&mut data, offset, &vec![0; bytes.len()]);
-                }
-                (Some(Pending::Write { offset, bytes }), CutMode::Garbage) => {
-                    // Truncation: keeps the low byte of a random word.
-                    let garbage: Vec<u8> = bytes.iter().map(|_| rng.next() as u8).collect();
-                    write_at(&mut data, offset, &garbage);
-                }
+            if let Some(pending) = inode.pending.pop() {
+                apply(&mut rng, &mut data, pending);
             }
             inode.pending.clear();
             inode.durable = data.clone();
@@ -432,7 +504,13 @@ impl Fs for MemFs {
             state.enter()?;
             let inode = state.next_inode;
             state.next_inode += 1;
-            state.inodes.insert(inode, Inode::default());
+            state.inodes.insert(
+                inode,
+                Inode {
+                    modified: Some(SystemTime::now()),
+                    ..Inode::default()
+                },
+            );
             state.files.insert(path.to_owned(), inode);
         }
         self.open(path)
@@ -449,6 +527,41 @@ impl Fs for MemFs {
         state.enter()?;
         state.files.remove(path);
         Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        let Some(&inode) = state.files.get(from) else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("MemFs: no file {}", from.display()),
+            ));
+        };
+        if !state.dir_exists(parent_of(to)) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("MemFs: no directory for {}", to.display()),
+            ));
+        }
+        state.enter()?;
+        state.files.remove(from);
+        state.files.insert(to.to_owned(), inode);
+        Ok(())
+    }
+
+    fn modified(&self, path: &Path) -> io::Result<SystemTime> {
+        let state = self.lock();
+        state
+            .files
+            .get(path)
+            .and_then(|inode| state.inodes.get(inode))
+            .map(|inode| inode.modified.unwrap_or(SystemTime::UNIX_EPOCH))
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("MemFs: no file {}", path.display()),
+                )
+            })
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -539,6 +652,7 @@ impl LogFile for MemFile {
         let offset = to_usize(offset)?;
         self.with(true, |inode| {
             write_at(&mut inode.data, offset, buf);
+            inode.modified = Some(SystemTime::now());
             inode.pending.push(Pending::Write {
                 offset,
                 bytes: buf.to_vec(),
@@ -563,6 +677,7 @@ impl LogFile for MemFile {
         let len = to_usize(len)?;
         self.with(true, |inode| {
             inode.data.resize(len, 0);
+            inode.modified = Some(SystemTime::now());
             inode.pending.push(Pending::SetLen(len));
             Ok(())
         })
@@ -605,10 +720,48 @@ mod tests {
                     CutMode::Torn => assert!(b"-pending".starts_with(tail)),
                     CutMode::Zeros => assert_eq!(tail, &[0; 8]),
                     CutMode::Garbage => assert_eq!(tail.len(), 8),
+                    // One page: all of it or none.
+                    CutMode::Pages => assert!(tail.is_empty() || tail == b"-pending"),
                 }
                 assert!(file.write_all_at(0, b"x").is_err(), "stale handle wrote");
             }
         }
+    }
+
+    #[test]
+    fn pages_persist_in_any_order() {
+        let fs = setup();
+        let path = dir().join("f");
+        let mut file = fs.create_new(&path).unwrap();
+        fs.sync_dir(&dir()).unwrap();
+        file.write_all_at(0, &[1; 100]).unwrap();
+        file.sync_data().unwrap();
+        // 100 durable bytes, then a write over the rest of page 0 and pages
+        // 1 and 2.
+        let write: Vec<u8> = (0..2 * PAGE_BYTES as u32 + 50)
+            .map(|i| 2 + (i % 7) as u8)
+            .collect();
+        file.write_all_at(100, &write).unwrap();
+        let whole = fs.read(&path).unwrap();
+        fs.power_cut_pages(0, &|i, n| {
+            assert_eq!(n, 3);
+            i == 2
+        });
+        let got = fs.read(&path).unwrap();
+        assert_eq!(got.len(), whole.len(), "the last page extends the file");
+        assert_eq!(&got[..100], &[1; 100]);
+        assert!(got[100..2 * PAGE_BYTES].iter().all(|&b| b == 0), "a hole");
+        assert_eq!(got[2 * PAGE_BYTES..], whole[2 * PAGE_BYTES..]);
+        // Only the first page: the file ends where it ends.
+        let mut file = fs.open_rw(&path).unwrap();
+        file.write_all_at(PAGE_BYTES as u64, &[9; PAGE_BYTES])
+            .unwrap();
+        fs.power_cut_pages(0, &|i, _| i == 1);
+        assert_eq!(
+            fs.read(&path).unwrap(),
+            got,
+            "a write inside one page keeps or drops it"
+        );
     }
 
     #[test]
@@ -660,5 +813,41 @@ mod tests {
         assert_eq!(fs.list(&dir()).unwrap(), vec![path]);
         fs.power_cut(CutMode::Drop, 0);
         assert!(!fs.crashed());
+    }
+
+    #[test]
+    fn a_rename_is_durable_once_its_target_directory_is_synced() {
+        let fs = setup();
+        let tmp = dir().join("tmp");
+        let blobs = dir().join("blobs");
+        fs.create_dir_all(&tmp).unwrap();
+        fs.create_dir_all(&blobs).unwrap();
+        fs.sync_dir(&dir()).unwrap();
+        let (from, to) = (tmp.join("upload"), blobs.join("blob"));
+        for seed in 0..32 {
+            let mut file = fs.create_new(&from).unwrap();
+            file.write_all_at(0, b"bytes").unwrap();
+            file.sync_all().unwrap();
+            fs.rename(&from, &to).unwrap();
+            assert_eq!(fs.read(&from), None);
+            assert_eq!(fs.read(&to).as_deref(), Some(&b"bytes"[..]));
+            assert!(fs.modified(&to).unwrap() > SystemTime::UNIX_EPOCH);
+            fs.sync_dir(&blobs).unwrap();
+            fs.power_cut(CutMode::Garbage, seed);
+            // The target survives whole; the source entry may come back
+            // (its directory was not synced), with the same bytes.
+            assert_eq!(fs.read(&to).as_deref(), Some(&b"bytes"[..]));
+            assert!(matches!(fs.read(&from).as_deref(), None | Some(b"bytes")));
+            if fs.read(&from).is_some() {
+                fs.remove_file(&from).unwrap();
+            }
+            fs.remove_file(&to).unwrap();
+            fs.sync_dir(&tmp).unwrap();
+            fs.sync_dir(&blobs).unwrap();
+        }
+        assert_eq!(
+            fs.rename(&from, &to).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
     }
 }

@@ -12,7 +12,7 @@ use crate::format::{RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES};
 use crate::fs::{Fs, OsFs};
 use crate::recovery::TornTail;
 use crate::segment::{
-    decode_segment, segment_files, DecodeOptions, Decoded, Expect, Role, SegmentEnd,
+    decode_segment, map_segment, segment_files, DecodeOptions, Decoded, Expect, Role, SegmentEnd,
 };
 use crate::writer::Head;
 
@@ -92,6 +92,9 @@ pub struct LogReader {
     infos: Vec<SegmentInfo>,
     /// The tail found at open.
     torn_tail: Option<TornTail>,
+    /// Opened with [`LogReader::open_live`]: the last segment is read only
+    /// as far as it continues.
+    live: bool,
 }
 
 impl std::fmt::Debug for LogReader {
@@ -100,6 +103,17 @@ impl std::fmt::Debug for LogReader {
             .field("segments", &self.infos)
             .field("torn_tail", &self.torn_tail)
             .finish()
+    }
+}
+
+/// How a segment is read: every one but the last must be sealed; the last
+/// is judged as recovery would, or, in a live log, only as far as it
+/// continues.
+fn last_role(is_last: bool, live: bool) -> Role {
+    match (is_last, live) {
+        (false, _) => Role::Sealed,
+        (true, false) => Role::Last,
+        (true, true) => Role::Live,
     }
 }
 
@@ -126,7 +140,23 @@ impl LogReader {
         fs: Arc<dyn Fs>,
         max_record_bytes: u32,
     ) -> Result<LogReader, LogError> {
-        LogReader::open_visiting(dir, fs, max_record_bytes, |_| {})
+        LogReader::open_visiting(dir, fs, max_record_bytes, false, |_| {})
+    }
+
+    /// Opens the log in `dir`, which a writer may be appending to right now
+    /// (a server's own catch-up of its event stream, the tools on a running
+    /// server's data directory): as [`open_with_limit`](Self::open_with_limit),
+    /// but the last segment ends where the log stops continuing after its
+    /// last valid commit mark, and nothing past that is judged: a batch may
+    /// be half copied in there (with pre-allocated segments the map covers
+    /// those bytes), which is neither a torn tail nor damage. No torn tail is
+    /// reported; recovery, which runs alone, judges the tail.
+    pub fn open_live(
+        dir: &Path,
+        fs: Arc<dyn Fs>,
+        max_record_bytes: u32,
+    ) -> Result<LogReader, LogError> {
+        LogReader::open_visiting(dir, fs, max_record_bytes, true, |_| {})
     }
 
     /// [`open_with_limit`](Self::open_with_limit), calling `visit` with every
@@ -137,6 +167,7 @@ impl LogReader {
         dir: &Path,
         fs: Arc<dyn Fs>,
         max_record_bytes: u32,
+        live: bool,
         mut visit: impl FnMut(RecordRef<'_>),
     ) -> Result<LogReader, LogError> {
         let listing = fs.list(dir).map_err(|e| LogError::io("list", dir, e))?;
@@ -146,14 +177,10 @@ impl LogReader {
         let mut expect = Expect::FIRST;
         for (index, file) in files.iter().enumerate() {
             let is_last = index + 1 == files.len();
-            let map = fs
-                .map(&file.path)
-                .map_err(|e| LogError::io("map", &file.path, e))?;
+            let (map, file_len) = map_segment(fs.as_ref(), file)?;
             let bytes: &[u8] = (*map).as_ref();
-            // usize is at most 64 bits on every target Rust supports.
-            let file_len = bytes.len() as u64;
             let opts = DecodeOptions {
-                role: if is_last { Role::Last } else { Role::Sealed },
+                role: last_role(is_last, live),
                 max_record_bytes,
                 verify_seal: false,
             };
@@ -169,20 +196,16 @@ impl LogReader {
                         damage: "interrupted roll (no valid header)".to_owned(),
                         whole_frame: false,
                         quarantine: None,
+                        unacknowledged: false,
+                        seqs: None,
+                        damage_offset: 0,
                     });
                     continue;
                 }
                 Decoded::Segment(segment) => segment,
             };
-            if let Some(torn) = segment.torn {
-                torn_tail = Some(TornTail {
-                    segment: file.name.clone(),
-                    offset: torn.offset,
-                    bytes_dropped: file_len - torn.offset,
-                    damage: torn.describe(),
-                    whole_frame: torn.damage == crate::format::Damage::BadCrc,
-                    quarantine: None,
-                });
+            if let Some(torn) = &segment.torn {
+                torn_tail = Some(TornTail::new(&file.name, torn, file_len, None));
             }
             if let SegmentEnd::Sealed { chain } = segment.tail {
                 expect = Expect {
@@ -207,6 +230,7 @@ impl LogReader {
             segments,
             infos,
             torn_tail,
+            live,
         })
     }
 
@@ -244,12 +268,19 @@ impl LogReader {
         for (index, segment) in self.segments.iter().enumerate() {
             let is_last = index + 1 == self.segments.len();
             let opts = DecodeOptions {
-                role: if is_last { Role::Last } else { Role::Sealed },
+                role: last_role(is_last, self.live),
                 max_record_bytes: options.max_record_bytes,
                 verify_seal: options.verify_chain,
             };
             let info = &segment.info;
-            let bytes: &[u8] = (*segment.bytes).as_ref();
+            let mut bytes: &[u8] = (*segment.bytes).as_ref();
+            if is_last {
+                // What open found valid, and no more: a writer may have
+                // appended since (into pre-allocated bytes the map already
+                // covers), and a scan reports the log as it was at open.
+                // Cast: `info.bytes` is at most the map's length.
+                bytes = &bytes[..(info.bytes as usize).min(bytes.len())];
+            }
             let decoded = decode_segment(&info.name, bytes, expect, opts, |record| {
                 visit(info, record)
             })?;

@@ -1,19 +1,21 @@
 //! Recovery: what [`Log::open`](crate::Log::open) does before the first
 //! append. It walks every segment once with the shared decoder, feeding each
-//! whole record to the caller's visitor, and then repairs only the two
-//! states a crash can leave behind: a torn tail in the last segment
-//! (truncated) and a roll interrupted before its header was durable (the
-//! file removed). Everything else that does not verify is refused.
+//! acknowledged record to the caller's visitor, and then repairs only the
+//! two states a crash can leave behind: a torn or unacknowledged tail in the
+//! last segment (truncated, a copy kept) and a roll interrupted before its
+//! header was durable (the file removed). Everything else that does not
+//! verify is refused.
 
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{LogError, OpenError};
-use crate::format::{chain_hex, RecordRef};
+use crate::format::{chain_hex, RecordRef, Seq};
 use crate::fs::Fs;
 use crate::segment::{
-    decode_segment, parent_dir, segment_files, DecodeOptions, Decoded, Expect, Role, SegmentEnd,
+    decode_segment, map_segment, parent_dir, segment_files, DecodeOptions, Decoded, Expect, Role,
+    Segment, SegmentEnd, SegmentFile, Torn,
 };
 use crate::writer::{ActiveSegment, Head, LogConfig};
 
@@ -48,10 +50,22 @@ pub struct TornTail {
     /// checksum mismatch", or "100 zero bytes, then non-zero bytes from
     /// offset 900: not a clean end of written data".
     pub damage: String,
-    /// True when a whole frame (its `len` fits the file) fails its checksum:
-    /// a torn write cannot be told apart from damage to the last record, so
+    /// True when a whole frame (its `len` fits the file) fails its checksum
+    /// (in version 2, with no unwritten sector in it): a torn write cannot
+    /// be told apart from damage to the last record or commit mark, so
     /// `spark-replay verify` reports it as a fault, not a note.
     pub whole_frame: bool,
+    /// Version 2: the tail comes after the last valid commit mark, so none
+    /// of its bytes was ever acknowledged: an "unacknowledged tail", reported
+    /// as cut, not as damage (FORMAT.md, "Acknowledged bytes").
+    pub unacknowledged: bool,
+    /// Seqs (first, last) of the whole records or commit marks found in the
+    /// dropped bytes (never acknowledged in version 2), if any.
+    pub seqs: Option<(Seq, Seq)>,
+    /// Offset of the first frame that is not valid (equal to `offset` in
+    /// version 1; in version 2 whole records of the unacknowledged batch
+    /// may come first).
+    pub damage_offset: u64,
     /// Where recovery kept a copy of the dropped bytes before cutting them
     /// (a file name in the log directory), when any of them was not zero.
     pub quarantine: Option<String>,
@@ -118,18 +132,51 @@ fn quarantine(fs: &Arc<dyn Fs>, dir: &Path, name: &str, bytes: &[u8]) -> Result<
     ))
 }
 
-/// Runs recovery on `dir` (see FORMAT.md, "Recovery").
-pub(crate) fn recover<E>(
-    dir: &Path,
-    config: &LogConfig,
-    fs: &Arc<dyn Fs>,
-    mut visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
-) -> Result<Recovered, OpenError<E>> {
-    let listing = match fs.list(dir) {
-        Ok(listing) => listing,
+impl TornTail {
+    /// The report of the tail `torn` of segment `name`, a file of
+    /// `file_len` bytes.
+    pub(crate) fn new(name: &str, torn: &Torn, file_len: u64, quarantine: Option<String>) -> Self {
+        TornTail {
+            segment: name.to_owned(),
+            offset: torn.offset,
+            bytes_dropped: file_len.saturating_sub(torn.offset),
+            damage: torn.describe(),
+            whole_frame: torn.whole_frame,
+            quarantine,
+            unacknowledged: torn.after_commit_mark,
+            seqs: torn.unacknowledged_seqs,
+            damage_offset: torn.damage_offset,
+        }
+    }
+
+    /// One line for logs and tools: "unacknowledged tail cut: ..." for a
+    /// version-2 tail, "torn tail: ..." for a version-1 one; the segment,
+    /// offset, bytes, seqs and what was found.
+    pub fn summary(&self) -> String {
+        let what = if self.unacknowledged {
+            "unacknowledged tail cut"
+        } else {
+            "torn tail"
+        };
+        let seqs = match self.seqs {
+            Some((first, last)) if first == last => format!("seq {first}"),
+            Some((first, last)) => format!("seqs {first}..={last}"),
+            None => "no whole record".to_owned(),
+        };
+        format!(
+            "{what}: segment {} at offset {}, {} bytes, {seqs} ({})",
+            self.segment, self.offset, self.bytes_dropped, self.damage
+        )
+    }
+}
+
+/// The log directory's listing; a missing directory is created, with every
+/// missing parent, each made durable in its own parent, top down (a fresh
+/// data directory must survive power loss too), and lists as empty.
+fn list_or_create(dir: &Path, fs: &Arc<dyn Fs>) -> Result<Vec<std::path::PathBuf>, LogError> {
+    match fs.list(dir) {
+        Ok(listing) => Ok(listing),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // Every directory this creates is made durable in its parent,
-            // top down: a fresh data directory must survive power loss too.
             let mut missing = vec![dir];
             let mut at = dir;
             loop {
@@ -147,72 +194,34 @@ pub(crate) fn recover<E>(
                 fs.sync_dir(parent)
                     .map_err(|e| LogError::io("sync_dir", parent, e))?;
             }
-            Vec::new()
+            Ok(Vec::new())
         }
-        Err(e) => return Err(LogError::io("list", dir, e).into()),
-    };
-    let files = segment_files(listing)?;
+        Err(e) => Err(LogError::io("list", dir, e)),
+    }
+}
 
+/// Runs recovery on `dir` (see FORMAT.md, "Recovery").
+pub(crate) fn recover<E>(
+    dir: &Path,
+    config: &LogConfig,
+    fs: &Arc<dyn Fs>,
+    mut visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
+) -> Result<Recovered, OpenError<E>> {
+    let files = segment_files(list_or_create(dir, fs)?)?;
     let mut report = RecoveryReport::default();
     let mut head = Head::empty();
     let mut active = None;
     let mut expect = Expect::FIRST;
-    let mut refused: Option<E> = None;
     for (index, file) in files.iter().enumerate() {
-        let is_last = index + 1 == files.len();
-        let map = fs
-            .map(&file.path)
-            .map_err(|e| LogError::io("map", &file.path, e))?;
-        let bytes: &[u8] = (*map).as_ref();
-        // usize is at most 64 bits on every target Rust supports.
-        let file_len = bytes.len() as u64;
-        let opts = DecodeOptions {
-            role: if is_last { Role::Last } else { Role::Sealed },
-            max_record_bytes: config.max_record_bytes,
-            verify_seal: true,
+        let role = if index + 1 == files.len() {
+            Role::Last
+        } else {
+            Role::Sealed
         };
-        let decoded = decode_segment(&file.name, bytes, expect, opts, |record| {
-            match visit(record) {
-                Ok(()) => ControlFlow::Continue(()),
-                Err(e) => {
-                    refused = Some(e);
-                    ControlFlow::Break(())
-                }
-            }
-        })?;
-        // Keep what recovery is about to cut, unless it is all zeros.
-        let cut_bytes: Option<Vec<u8>> = match &decoded {
-            Decoded::InterruptedRoll { .. } => Some(bytes.to_vec()),
-            Decoded::Segment(segment) => segment
-                .torn
-                .and_then(|t| usize::try_from(t.offset).ok())
-                .and_then(|offset| bytes.get(offset..))
-                .map(<[u8]>::to_vec),
-        }
-        .filter(|cut| cut.iter().any(|&b| b != 0));
-        drop(map);
-        if let Some(e) = refused.take() {
-            return Err(OpenError::Visit(e));
-        }
-        let segment = match decoded {
-            Decoded::InterruptedRoll { reason } => {
-                if let Some(cut) = &cut_bytes {
-                    quarantine(fs, dir, &format!("{}.torn-roll", file.name), cut)?;
-                }
-                fs.remove_file(&file.path)
-                    .map_err(|e| LogError::io("remove_file", &file.path, e))?;
-                fs.sync_dir(dir)
-                    .map_err(|e| LogError::io("sync_dir", dir, e))?;
-                tracing::warn!(
-                    segment = %file.name,
-                    %reason,
-                    bytes = file_len,
-                    "removed the segment of an interrupted roll (no valid header, no valid record)"
-                );
-                report.removed_segment = Some(file.name.clone());
-                continue;
-            }
-            Decoded::Segment(segment) => segment,
+        let Some((segment, cut, file_len)) =
+            decode_and_keep_cut(dir, config, fs, file, expect, role, &mut visit, &mut report)?
+        else {
+            continue;
         };
         report.segments += 1;
         report.records += segment.records;
@@ -232,53 +241,25 @@ pub(crate) fn recover<E>(
             // Only the last segment may be open (the decoder refuses an
             // unsealed earlier one).
             SegmentEnd::Open { hasher, .. } => {
-                let mut handle = fs
+                let handle = fs
                     .open_rw(&file.path)
                     .map_err(|e| LogError::io("open_rw", &file.path, e))?;
-                if let Some(torn) = segment.torn {
-                    let kept = match &cut_bytes {
-                        Some(cut) => {
-                            let name = format!("{}.torn-{:012}", file.name, torn.offset);
-                            Some(quarantine(fs, dir, &name, cut)?)
-                        }
-                        None => None,
-                    };
-                    handle
-                        .set_len(torn.offset)
-                        .map_err(|e| LogError::io("set_len", &file.path, e))?;
-                    handle
-                        .sync_all()
-                        .map_err(|e| LogError::io("sync_all", &file.path, e))?;
-                    let dropped = file_len - torn.offset;
-                    tracing::warn!(
-                        segment = %file.name,
-                        offset = torn.offset,
-                        bytes_dropped = dropped,
-                        damage = %torn.damage,
-                        last_seq = segment.last_seq,
-                        "truncated a torn tail"
-                    );
-                    report.truncated = Some(TornTail {
-                        segment: file.name.clone(),
-                        offset: torn.offset,
-                        bytes_dropped: dropped,
-                        damage: torn.describe(),
-                        whole_frame: torn.damage == crate::format::Damage::BadCrc,
-                        quarantine: kept,
-                    });
-                }
-                // After a cut the file ends at the last whole record; else
-                // it keeps any zero fill after it (pre-allocated space).
-                let allocated = segment.torn.map_or(file_len, |torn| torn.offset);
-                active = Some(ActiveSegment {
+                let mut segment = ActiveSegment {
                     name: file.name.clone(),
                     path: file.path.clone(),
                     file: handle,
                     len: segment.end,
-                    allocated,
+                    // The file's size, zero fill after the last record
+                    // (pre-allocated space) included, unless cut below.
+                    allocated: file_len,
                     records: segment.records,
+                    format_version: segment.format_version,
                     hasher,
-                });
+                };
+                if let Some((torn, cut)) = cut {
+                    report.truncated = Some(cut_tail(fs, dir, &mut segment, &torn, cut)?);
+                }
+                active = Some(segment);
             }
         }
     }
@@ -295,4 +276,129 @@ pub(crate) fn recover<E>(
         head,
         active,
     })
+}
+
+/// A decoded segment, with its tail to cut (if any: the tail and the bytes
+/// to keep a copy of, `None` when they are all zero), and its file length.
+type KeptSegment = (Segment, Option<(Torn, Option<Vec<u8>>)>, u64);
+
+/// Decodes one segment file that must continue `expect`, feeding its
+/// records to `visit`. An interrupted roll's file is removed here (a copy
+/// kept) and `None` returned. For a segment, the bytes of its tail to cut
+/// are copied out of the map (the cut comes after the map is dropped).
+#[allow(clippy::too_many_arguments)]
+fn decode_and_keep_cut<E>(
+    dir: &Path,
+    config: &LogConfig,
+    fs: &Arc<dyn Fs>,
+    file: &SegmentFile,
+    expect: Expect,
+    role: Role,
+    visit: &mut impl FnMut(RecordRef<'_>) -> Result<(), E>,
+    report: &mut RecoveryReport,
+) -> Result<Option<KeptSegment>, OpenError<E>> {
+    let (map, file_len) = map_segment(fs.as_ref(), file)?;
+    let bytes: &[u8] = (*map).as_ref();
+    let opts = DecodeOptions {
+        role,
+        max_record_bytes: config.max_record_bytes,
+        verify_seal: true,
+    };
+    let mut refused: Option<E> = None;
+    let decoded = decode_segment(&file.name, bytes, expect, opts, |record| {
+        match visit(record) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                refused = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    })?;
+    if let Some(e) = refused {
+        return Err(OpenError::Visit(e));
+    }
+    let nonzero = |cut: &[u8]| cut.iter().any(|&b| b != 0).then(|| cut.to_vec());
+    match decoded {
+        Decoded::InterruptedRoll { reason } => {
+            let cut = nonzero(bytes);
+            drop(map);
+            remove_interrupted_roll(fs, dir, file, cut.as_deref(), &reason, file_len)?;
+            report.removed_segment = Some(file.name.clone());
+            Ok(None)
+        }
+        Decoded::Segment(segment) => {
+            let cut = segment.torn.map(|torn| {
+                let from = usize::try_from(torn.offset).unwrap_or(usize::MAX);
+                (torn, nonzero(bytes.get(from..).unwrap_or(&[])))
+            });
+            Ok(Some((segment, cut, file_len)))
+        }
+    }
+}
+
+/// Removes the file of an interrupted roll (FORMAT.md, "Recovery" step 4),
+/// keeping a copy of its bytes first unless they are all zero (`cut` is
+/// `None`), then syncs the directory.
+fn remove_interrupted_roll(
+    fs: &Arc<dyn Fs>,
+    dir: &Path,
+    file: &SegmentFile,
+    cut: Option<&[u8]>,
+    reason: &str,
+    file_len: u64,
+) -> Result<(), LogError> {
+    if let Some(cut) = cut {
+        quarantine(fs, dir, &format!("{}.torn-roll", file.name), cut)?;
+    }
+    fs.remove_file(&file.path)
+        .map_err(|e| LogError::io("remove_file", &file.path, e))?;
+    fs.sync_dir(dir)
+        .map_err(|e| LogError::io("sync_dir", dir, e))?;
+    tracing::warn!(
+        segment = %file.name,
+        %reason,
+        bytes = file_len,
+        "removed the segment of an interrupted roll (no valid header, no valid record)"
+    );
+    Ok(())
+}
+
+/// Cuts the tail `torn` off the active segment (FORMAT.md, "Recovery" step
+/// 3): keeps a copy of `cut` (its bytes, unless all zero), truncates the
+/// file to `torn.offset` and fsyncs it. Returns the report.
+fn cut_tail(
+    fs: &Arc<dyn Fs>,
+    dir: &Path,
+    segment: &mut ActiveSegment,
+    torn: &Torn,
+    cut: Option<Vec<u8>>,
+) -> Result<TornTail, LogError> {
+    let kept = match &cut {
+        Some(cut) => {
+            let name = format!("{}.torn-{:012}", segment.name, torn.offset);
+            Some(quarantine(fs, dir, &name, cut)?)
+        }
+        None => None,
+    };
+    let path = &segment.path;
+    segment
+        .file
+        .set_len(torn.offset)
+        .map_err(|e| LogError::io("set_len", path, e))?;
+    segment
+        .file
+        .sync_all()
+        .map_err(|e| LogError::io("sync_all", path, e))?;
+    let tail = TornTail::new(&segment.name, torn, segment.allocated, kept);
+    // After the cut the file ends at the last acknowledged frame.
+    segment.allocated = torn.offset;
+    tracing::warn!(
+        segment = %segment.name,
+        offset = torn.offset,
+        bytes_dropped = tail.bytes_dropped,
+        damage = %tail.damage,
+        "{}",
+        tail.summary()
+    );
+    Ok(tail)
 }

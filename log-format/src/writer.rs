@@ -8,6 +8,14 @@
 //! fsync the kernel may have dropped the dirty pages and a retry could
 //! "succeed" without the data (the PostgreSQL fsync lesson). Restart, and
 //! recovery rebuilds the truth from disk.
+//!
+//! One exception: a *write* or *create* of the append path refused for want
+//! of space (`ENOSPC`, `EDQUOT`) wrote nothing that was ever acknowledged
+//! and left no fsync in doubt, so [`Log::heal`] may recover the tail in
+//! process (zero what follows the acknowledged end, run recovery, check the
+//! head) and lift the poison. A failed fsync stays fatal whatever its errno,
+//! `ENOSPC` included: the kernel may have dropped the pages it could not
+//! write, and nothing can tell which.
 
 use std::collections::VecDeque;
 use std::io;
@@ -17,9 +25,10 @@ use std::thread::JoinHandle;
 
 use crate::error::{LogError, OpenError};
 use crate::format::{
-    chain_hasher, chain_hex, encode_record, encode_seal, record_size, segment_file_name,
-    ChainValue, RecordIn, RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES,
-    DEFAULT_SEGMENT_SIZE_BYTES, HEADER_LEN, KIND_SEAL, RECORD_MIN_LEN, SEAL_RECORD_BYTES,
+    chain_hasher, chain_hex, encode_commit, encode_record, encode_seal, record_size,
+    segment_file_name, ChainValue, CommitMark, RecordIn, RecordRef, SegmentHeader, Seq,
+    DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES, FORMAT_VERSION, HEADER_LEN, KIND_SEAL,
+    RECORD_MIN_LEN, SEAL_RECORD_BYTES,
 };
 use crate::fs::{Fs, LogFile};
 use crate::recovery::{recover, RecoveryReport};
@@ -120,6 +129,10 @@ pub(crate) struct ActiveSegment {
     pub allocated: u64,
     /// Records in it (seal excluded); a segment is rolled only if non-zero.
     pub records: u64,
+    /// Its header's `format_version`: [`FORMAT_VERSION`], or 1 for a
+    /// version-1 segment found at open, which the first append seals (or,
+    /// holding no record, re-heads as version 2) before writing.
+    pub format_version: u16,
     /// BLAKE3 state after `chain_start` and bytes `0..len`.
     pub hasher: Box<blake3::Hasher>,
 }
@@ -138,8 +151,9 @@ pub struct Log {
     active: Option<ActiveSegment>,
     /// Seq, segment and chain after the last durable record.
     head: Head,
-    /// Set by the first failed write-path call; the reason, for `Poisoned`.
-    poisoned: Option<String>,
+    /// Set by the first failed write-path call: the reason, for `Poisoned`,
+    /// and whether [`Log::heal`] may lift it.
+    poisoned: Option<Poison>,
     /// Encoding buffer, reused between batches.
     buf: Vec<u8>,
 }
@@ -180,18 +194,58 @@ fn check_record(record: &RecordIn<'_>, max_record_bytes: u32) -> Result<(), LogE
     Ok(())
 }
 
+/// Why the write path stopped.
+#[derive(Clone, Debug)]
+struct Poison {
+    /// The failed call, in words (for `Poisoned`).
+    reason: String,
+    /// True when the failure was a write or create of the append path
+    /// refused for want of space: [`Log::heal`] may lift it.
+    healable: bool,
+}
+
 /// Turns a write-path error into `Io` and poisons: every later append
-/// returns `Poisoned` with this reason.
+/// returns `Poisoned` with this reason, until a restart.
 fn poison<T>(
-    poisoned: &mut Option<String>,
+    poisoned: &mut Option<Poison>,
     op: &'static str,
     path: &Path,
     result: io::Result<T>,
 ) -> Result<T, LogError> {
+    poison_as(poisoned, op, path, result, false)
+}
+
+/// Like [`poison`], for a write or create of the append path (the batch's
+/// write, the seal's write, the next segment's create and header write):
+/// one refused for want of space leaves a poison that [`Log::heal`] lifts.
+fn poison_write<T>(
+    poisoned: &mut Option<Poison>,
+    op: &'static str,
+    path: &Path,
+    result: io::Result<T>,
+) -> Result<T, LogError> {
+    poison_as(poisoned, op, path, result, true)
+}
+
+fn poison_as<T>(
+    poisoned: &mut Option<Poison>,
+    op: &'static str,
+    path: &Path,
+    result: io::Result<T>,
+    heal_no_space: bool,
+) -> Result<T, LogError> {
     result.map_err(|source| {
         let error = LogError::io(op, path, source);
-        tracing::error!(%error, "log write path poisoned; restart to recover");
-        *poisoned = Some(error.to_string());
+        let healable = heal_no_space && error.is_no_space();
+        if healable {
+            tracing::warn!(%error, "log write refused for want of space; the tail is recovered in process once space is back");
+        } else {
+            tracing::error!(%error, "log write path poisoned; restart to recover");
+        }
+        *poisoned = Some(Poison {
+            reason: error.to_string(),
+            healable,
+        });
         error
     })
 }
@@ -226,18 +280,21 @@ impl Log {
         Ok((log, recovered.report))
     }
 
-    /// Appends every record of `batch` with consecutive seqs: one write call
-    /// and one `fdatasync` for the batch, after a roll if one is due (see
+    /// Appends every record of `batch` with consecutive seqs, then the
+    /// batch's commit mark (FORMAT.md, "Commit mark"): one write call and one
+    /// `fdatasync` for the batch, after a roll if one is due (see
     /// [`LogConfig::segment_size_bytes`]). Returns the seq of the last record.
     ///
     /// Errors without writing (and without poisoning): `RecordTooLarge`,
     /// `ReservedKind`. After any write, fsync, create or directory-sync error
     /// the Log is poisoned: that call returns the `Io` error, every later one
-    /// `Poisoned`, and nothing is written again. An empty batch returns the
-    /// current last seq without I/O.
+    /// `Poisoned`, and nothing is written again; but a write or create
+    /// refused for want of space ([`LogError::is_no_space`]) can be lifted
+    /// by [`Log::heal`]. An empty batch returns the current last seq without
+    /// I/O.
     pub fn append_batch(&mut self, batch: &[RecordIn<'_>]) -> Result<Seq, LogError> {
-        if let Some(reason) = &self.poisoned {
-            return Err(LogError::Poisoned(reason.clone()));
+        if let Some(poison) = &self.poisoned {
+            return Err(LogError::Poisoned(poison.reason.clone()));
         }
         if batch.is_empty() {
             return Ok(self.head.seq);
@@ -256,11 +313,14 @@ impl Log {
             self.config.max_record_bytes
         ));
         // Cast: usize is at most 64 bits on every target Rust supports.
-        let batch_bytes = buf.len() as u64;
-        // Cast: as above.
         let count = batch.len() as u64;
         let last = self.head.seq + count;
+        let mark = CommitMark::for_batch(&buf, count);
+        encode_commit(&mut buf, last, (self.config.now_ms)(), &mark);
+        // Cast: as above.
+        let batch_bytes = buf.len() as u64;
 
+        self.upgrade_v1_segment()?;
         self.roll_if_due(batch_bytes)?;
         let Some(active) = self.active.as_mut() else {
             return Err(LogError::Poisoned(
@@ -273,7 +333,7 @@ impl Log {
             // Cast: at most `preallocate_bytes` more than a batch in memory.
             buf.resize(buf.len() + (fill_to - end) as usize, 0);
         }
-        poison(
+        poison_write(
             &mut self.poisoned,
             "write",
             &active.path,
@@ -285,8 +345,9 @@ impl Log {
             &active.path,
             active.file.sync_data(),
         )?;
-        // The chain covers the records, not the zero fill after them.
-        // Cast: `batch_bytes` is `buf.len()` before the fill.
+        // The chain covers the records and the commit mark, not the zero
+        // fill after them. Cast: `batch_bytes` is `buf.len()` before the
+        // fill.
         active.hasher.update(&buf[..batch_bytes as usize]);
         active.len = end;
         active.allocated = active.allocated.max(fill_to);
@@ -302,22 +363,67 @@ impl Log {
         Ok(last)
     }
 
+    /// New batches are written in the current format only: a version-1
+    /// active segment found at open is sealed by the roll that
+    /// [`roll_if_due`](Self::roll_if_due) then makes due, or, when it holds
+    /// no record (nothing to seal), gets a version-2 header in place (the
+    /// same 64 bytes but the version and checksum; `fsync`ed before any
+    /// record; a torn header there is an interrupted roll, FORMAT.md).
+    fn upgrade_v1_segment(&mut self) -> Result<(), LogError> {
+        let Some(active) = self.active.as_mut() else {
+            return Ok(());
+        };
+        if active.format_version == FORMAT_VERSION || active.records > 0 {
+            return Ok(());
+        }
+        let bytes = self.fs.map(&active.path);
+        let bytes = poison(&mut self.poisoned, "map", &active.path, bytes)?;
+        let header = SegmentHeader::decode((*bytes).as_ref()).map_err(|e| {
+            LogError::corrupt(&active.name, e.offset(), self.head.seq + 1, e.to_string())
+        })?;
+        drop(bytes);
+        let encoded = header.encode();
+        poison(
+            &mut self.poisoned,
+            "write",
+            &active.path,
+            active.file.write_all_at(0, &encoded),
+        )?;
+        poison(
+            &mut self.poisoned,
+            "sync_all",
+            &active.path,
+            active.file.sync_all(),
+        )?;
+        let mut hasher = chain_hasher(&header.chain_start);
+        hasher.update(&encoded);
+        *active.hasher = hasher;
+        active.format_version = FORMAT_VERSION;
+        tracing::info!(segment = %active.name, "version-1 segment without records re-headed as version 2");
+        Ok(())
+    }
+
     /// Seals the active segment and starts the next one when the batch would
-    /// push it past `segment_size_bytes`; starts one when there is none.
+    /// push it past `segment_size_bytes`, or when it is a version-1 segment
+    /// (new records go into version-2 segments only); starts one when there
+    /// is none.
     fn roll_if_due(&mut self, batch_bytes: u64) -> Result<(), LogError> {
         let due = match &self.active {
             None => true,
             Some(active) => {
                 active.records > 0
-                    && active.len.saturating_add(batch_bytes) > self.config.segment_size_bytes
+                    && (active.len.saturating_add(batch_bytes) > self.config.segment_size_bytes
+                        || active.format_version != FORMAT_VERSION)
             }
         };
         if !due {
             return Ok(());
         }
-        if let Some(mut active) = self.active.take() {
+        if let Some(active) = self.active.as_mut() {
             // Roll step 1: the seal, holding the chain value at its offset
-            // (the head chain: the segment holds at least one record).
+            // (the head chain: the segment holds at least one record). The
+            // segment stays active until its seal is durable, so that
+            // [`Log::heal`] knows where its acknowledged bytes end.
             debug_assert_eq!(self.head.chain, <[u8; 32]>::from(active.hasher.finalize()));
             let mut seal = Vec::with_capacity(SEAL_RECORD_BYTES);
             encode_seal(
@@ -326,7 +432,7 @@ impl Log {
                 (self.config.now_ms)(),
                 &self.head.chain,
             );
-            poison(
+            poison_write(
                 &mut self.poisoned,
                 "write",
                 &active.path,
@@ -339,6 +445,7 @@ impl Log {
                 active.file.sync_data(),
             )?;
             tracing::debug!(segment = %active.name, last_seq = self.head.seq, "sealed segment");
+            self.active = None;
         }
         self.start_segment()
     }
@@ -357,8 +464,8 @@ impl Log {
         }
         .encode();
         let created = self.fs.create_new(&path);
-        let mut file = poison(&mut self.poisoned, "create_new", &path, created)?;
-        poison(
+        let mut file = poison_write(&mut self.poisoned, "create_new", &path, created)?;
+        poison_write(
             &mut self.poisoned,
             "write",
             &path,
@@ -379,6 +486,7 @@ impl Log {
             len: HEADER_LEN as u64,
             allocated: HEADER_LEN as u64,
             records: 0,
+            format_version: FORMAT_VERSION,
             hasher: Box::new(hasher),
         });
         Ok(())
@@ -405,9 +513,109 @@ impl Log {
     }
 
     /// True once a write-path call failed; every append then returns
-    /// `Poisoned`.
+    /// `Poisoned` (until [`Log::heal`] lifts a healable poison).
     pub fn is_poisoned(&self) -> bool {
         self.poisoned.is_some()
+    }
+
+    /// True when the write path is poisoned by a write or create refused
+    /// for want of space, which [`Log::heal`] may lift; false when it is
+    /// not poisoned, or poisoned for good (a failed fsync, any other error).
+    pub fn is_healable(&self) -> bool {
+        self.poisoned.as_ref().is_some_and(|p| p.healable)
+    }
+
+    /// Recovers the log's tail in process after a write or create refused
+    /// for want of space, and lifts the poison (issue 19): overwrites with
+    /// zeros whatever the failed write left after the active segment's
+    /// acknowledged end (the bytes of a batch or seal that was never
+    /// acknowledged: with a zero tail the file ends where it did, and a
+    /// reader mapping it never sees it shrink), `fdatasync`s that, then runs
+    /// the same recovery as [`Log::open`] (it removes a next segment whose
+    /// create or header write failed, and verifies every chain) and checks
+    /// that the recovered head is exactly the head before the failure.
+    ///
+    /// Returns `Ok(None)` when the log is not poisoned. Errors: `Poisoned`
+    /// when the poison is not healable (a failed fsync is never retried);
+    /// an `Io` error for want of space leaves the poison healable (call
+    /// again once there is space); any other error, or a recovered head that
+    /// differs, makes the poison permanent (restart).
+    pub fn heal(&mut self) -> Result<Option<RecoveryReport>, LogError> {
+        let Some(poison) = self.poisoned.clone() else {
+            return Ok(None);
+        };
+        if !poison.healable {
+            return Err(LogError::Poisoned(poison.reason));
+        }
+        match self.recover_tail() {
+            Ok(report) => {
+                tracing::info!(
+                    seq = self.head.seq,
+                    segment = %self.head.segment,
+                    was = %poison.reason,
+                    "log tail recovered in process; writes resume"
+                );
+                self.poisoned = None;
+                Ok(Some(report))
+            }
+            Err(e) => {
+                let healable = e.is_no_space();
+                if !healable {
+                    tracing::error!(error = %e, "in-process recovery of the log failed; restart to recover");
+                }
+                self.poisoned = Some(Poison {
+                    reason: format!("{}; recovering the tail failed: {e}", poison.reason),
+                    healable,
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Log::heal`]'s work: zero the unacknowledged tail, recover, compare.
+    fn recover_tail(&mut self) -> Result<RecoveryReport, LogError> {
+        if let Some(active) = self.active.as_mut() {
+            let file_len = active
+                .file
+                .len()
+                .map_err(|e| LogError::io("len", &active.path, e))?;
+            if file_len > active.len {
+                static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+                let mut at = active.len;
+                while at < file_len {
+                    // Cast: at most 64 KiB.
+                    let n = (file_len - at).min(ZEROS.len() as u64) as usize;
+                    active
+                        .file
+                        .write_all_at(at, &ZEROS[..n])
+                        .map_err(|e| LogError::io("write", &active.path, e))?;
+                    at += n as u64;
+                }
+                active
+                    .file
+                    .sync_data()
+                    .map_err(|e| LogError::io("sync_data", &active.path, e))?;
+            }
+        }
+        // The file handle is dropped before recovery maps and may cut files.
+        self.active = None;
+        let recovered = recover(&self.dir, &self.config, &self.fs, |_| {
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .map_err(LogError::from)?;
+        if recovered.head != self.head {
+            return Err(LogError::Poisoned(format!(
+                "recovery found the log's head at seq {} in {} (chain {}), not the acknowledged seq {} in {} (chain {})",
+                recovered.head.seq,
+                recovered.head.segment,
+                recovered.head.chain_hex(),
+                self.head.seq,
+                self.head.segment,
+                self.head.chain_hex()
+            )));
+        }
+        self.active = recovered.active;
+        Ok(recovered.report)
     }
 }
 

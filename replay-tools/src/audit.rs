@@ -7,8 +7,8 @@ use std::ops::ControlFlow;
 
 use clap::Subcommand;
 use serde_json::json;
-use spark_engine::ids::Id;
-use spark_engine::op::Op;
+use spark_core::ids::Id;
+use spark_core::op::Op;
 
 use crate::scan::{open, replay_all, scan};
 use crate::{exit, Common, Failure, Outcome};
@@ -49,15 +49,21 @@ pub enum AuditCmd {
     /// clients holding those captures can send them again). A whole last
     /// record that fails its checksum (a torn write or a damaged
     /// acknowledged record, which `verify` reports as a fault) is reported
-    /// too. Exit 1 when the log is damaged, 0 when it is whole (a torn write
-    /// at the tail included, which `verify` only notes).
+    /// too, and so is a record whose bytes verify but whose op does not
+    /// decode or fold (kind `op_does_not_replay`), as `verify` checks.
+    /// Exit 1 when the log is damaged, 0 when it is whole (a torn write
+    /// at the tail included, which `verify` only notes; a version-2 tail
+    /// after the last valid commit mark is reported as "unacknowledged tail
+    /// cut" with its seqs, not as damage).
     Damage {
         #[command(flatten)]
         common: Common,
     },
     /// Every media.put has its blob with the right size and SHA-256; blobs
-    /// that no op names (a crash between blob and op) are listed as orphans.
-    /// Exit 1 on any missing or damaged blob (orphans alone exit 0).
+    /// that no op names (a crash between blob and op) are listed as orphans,
+    /// with how many are past the grace period (the server removes those at
+    /// its next start, `media.orphan_grace_ms`). Exit 1 on any missing or
+    /// damaged blob (orphans alone exit 0).
     Media {
         #[command(flatten)]
         common: Common,
@@ -69,6 +75,20 @@ pub enum AuditCmd {
         /// running server; they are never removed.
         #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
         grace_seconds: u64,
+    },
+    /// Whether the local log and an archive agree up to the archive's
+    /// shipped seq (every archived segment's and chunk's bytes equal the
+    /// local segment's bytes there, and the chain at that seq), and how
+    /// far behind the archive is: ops and bytes the local log holds past
+    /// it, and the age of its latest manifest. Exit 0 when they agree
+    /// (however far behind), 1 when they differ (naming the first archived
+    /// object, local segment, offset and seq that differ), 2 on bad usage,
+    /// 3 when the log or the store cannot be read.
+    Archive {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        from: crate::archive::From,
     },
 }
 
@@ -85,6 +105,7 @@ pub fn run(cmd: AuditCmd) -> Outcome {
             remove_orphans,
             grace_seconds,
         } => crate::media::audit(&common, remove_orphans, grace_seconds),
+        AuditCmd::Archive { common, from } => crate::archive_audit::audit(&common, &from),
     }
 }
 
@@ -123,7 +144,7 @@ fn entity(common: &Common, id: &str) -> Outcome {
             println!(
                 "seq {:>8}  {}  {:<14} request {}  device {}",
                 op.seq,
-                spark_engine::time::format_rfc3339_ms(op.ts_ms as i64),
+                spark_core::time::format_rfc3339_ms(op.ts_ms as i64),
                 op.body.kind().name(),
                 op.body.request_id().unwrap_or("-"),
                 op.body.device()
@@ -224,17 +245,45 @@ fn duplicates(common: &Common) -> Outcome {
 }
 
 fn damage(common: &Common) -> Outcome {
-    let dir = spark_engine::config::log_dir(&common.data);
+    let dir = spark_core::layout::log_dir(&common.data);
     if !dir.is_dir() {
         return Err(Failure::unreadable(format!("no log at {}", dir.display())));
     }
     let report = spark_log_format::damage_report(&dir, spark_log_format::DEFAULT_MAX_RECORD_BYTES)
-        .map_err(|e| Failure::unreadable(e.to_string()))?;
+        .map_err(crate::scan::log_failure)?;
     let Some(report) = report else {
+        // The bytes verify; like `verify`, every op must also decode and
+        // fold with the engine's code, or the engine refuses to start.
+        if let Err(failure) = replay_all(common) {
+            if failure.code != exit::DAMAGE {
+                return Err(failure);
+            }
+            if common.json {
+                println!(
+                    "{}",
+                    json!({"damaged": true, "kind": "op_does_not_replay", "error": failure.message})
+                );
+            } else {
+                println!(
+                    "damaged: {}\nthe record's bytes verify but its op does not decode or fold \
+                     with the engine's code (the engine refuses to start on it)",
+                    failure.message
+                );
+            }
+            return Ok(exit::DAMAGE);
+        }
+        // No damage; a version-2 tail after the last valid commit mark is
+        // reported apart, as bytes no client was promised.
+        let reader = crate::scan::open_log(&common.data).map_err(crate::scan::log_failure)?;
+        let tail = crate::scan::unacknowledged_tail(reader.torn_tail());
         if common.json {
-            println!("{}", json!({"damaged": false}));
+            let tail = tail.map(crate::scan::unacknowledged_json);
+            println!("{}", json!({"damaged": false, "unacknowledged_tail": tail}));
         } else {
             println!("no damage: every checksum, seq, header, seal and the chain verify");
+            if let Some(tail) = tail {
+                println!("{}", crate::scan::unacknowledged_text(tail));
+            }
         }
         return Ok(exit::OK);
     };
@@ -257,11 +306,11 @@ fn damage(common: &Common) -> Outcome {
             "last_good_seq": report.last_good_seq,
             "next_good_seq": report.next_good_seq,
             "damaged_seqs": {"first": first, "last": last},
-            "records": spark_engine::damage::salvage(&report),
+            "records": spark_core::damage::salvage(&report),
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
-        println!("{}", spark_engine::damage::summary(&report));
+        println!("{}", spark_core::damage::summary(&report));
     }
     Ok(exit::DAMAGE)
 }

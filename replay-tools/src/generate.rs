@@ -1,12 +1,12 @@
 //! `generate`: a synthetic log for measuring replay and startup (issue 7),
-//! written by the engine's own log writer ([`spark_engine::synth`]).
+//! written by the engine's own log writer ([`spark_core::synth`]).
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use spark_log_format::LogConfig;
 
 use crate::{Common, Failure, Outcome};
-use spark_engine::config::log_dir;
+use spark_core::layout::log_dir;
 
 /// Writes `ops` synthetic moment creates into `--data DIR` (which must hold
 /// no log yet), with the server's default segment size; prints the ops,
@@ -25,7 +25,7 @@ pub fn run(common: &Common, ops: u64) -> Outcome {
         ProgressBar::hidden()
     };
     let generated =
-        spark_engine::synth::generate(&dir, ops, LogConfig::default(), |n| bar.set_position(n))
+        spark_core::synth::generate(&dir, ops, LogConfig::default(), |n| bar.set_position(n))
             .map_err(|e| {
                 Failure::unreadable(format!("cannot generate into {}: {e}", dir.display()))
             })?;

@@ -1,12 +1,14 @@
 //! `spark-replay`: verify, dump, rebuild, audit and count a Spark data
 //! directory offline (SPEC section 7).
 //!
-//! Every subcommand but `generate` is read-only, takes `--data DIR`
+//! Every subcommand but `generate` and `restore` is read-only, takes `--data DIR`
 //! (default `./spark-data`) and works beside a running server: it takes no
 //! lock and reads up to the last whole record. `generate` writes a
 //! synthetic log into a new data directory, for measurements. Ops are decoded and folded with the
-//! engine's own code ([`spark_engine::engine::replay_record`]), never a copy.
+//! engine's own code ([`spark_core::replay::replay_record`]), never a copy.
 
+mod archive;
+mod archive_audit;
 mod audit;
 mod generate;
 mod media;
@@ -38,7 +40,8 @@ const EXIT_CODES: &str = "Exit codes:
   0  clean (for verify and audits: nothing wrong found)
   1  damage found: the message names segment, offset and seq
   2  bad usage
-  3  the data directory cannot be read, or an output file cannot be written";
+  3  the data directory cannot be read, an output file cannot be written, or
+     the archive's store (--from) cannot be reached";
 
 /// Offline tools for a Spark data directory: verify, dump, rebuild, audit,
 /// stats. Read-only; safe beside a running server.
@@ -74,6 +77,43 @@ enum Cmd {
     Verify {
         #[command(flatten)]
         common: Common,
+        /// Verify an archive instead (`s3://BUCKET/PREFIX`): the manifest
+        /// history (each manifest extends the one before it, its epoch never
+        /// older; a fork names both manifests), then every object the latest
+        /// manifest names, its chain from the first op, and every blob; the
+        /// first fault names the object.
+        #[arg(long = "from", value_name = "URL")]
+        from: Option<String>,
+        /// The archive store's endpoint (with `--from`).
+        #[arg(long, value_name = "URL", env = "SPARK_ARCHIVE_ENDPOINT")]
+        endpoint: Option<String>,
+        /// The archive store's region (with `--from`).
+        #[arg(long, default_value = "us-east-1", env = "SPARK_ARCHIVE_REGION")]
+        region: String,
+    },
+    /// Build a new data directory (`--data`, which must be empty or absent)
+    /// from an archive: every record's checksum and the chain from the
+    /// first op are verified, then every blob a kept op names (SHA-256).
+    /// Objects are fetched several at once and written as they come; a
+    /// failed restore removes what it wrote. Shows a progress bar on a
+    /// terminal; `--json` prints the summary. The engine starts on the
+    /// result.
+    #[command(after_help = EXIT_CODES)]
+    Restore {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        from: archive::From,
+        /// Restore up to this point: a seq (a whole number; it must be the
+        /// last seq of a batch) or a time (RFC 3339): the ops `rebuild --at`
+        /// keeps (every op before the first one stamped after TIME), cut at
+        /// the last commit mark before that op. The engine stamps a batch's
+        /// ops with one time, so this is the last batch whose ops are all at
+        /// or before TIME, the same point as `rebuild --at TIME` on the
+        /// original (a batch with ops on both sides is left out, with a
+        /// note). Exit 2 when the archive holds no op at or before it.
+        #[arg(long, value_name = "SEQ|TIME")]
+        at: Option<String>,
     },
     /// Print ops as JSON lines: seq, ts_ms, kind, request_id, entity_id,
     /// device and the payload. Filters combine with AND.
@@ -90,8 +130,10 @@ enum Cmd {
     Rebuild {
         #[command(flatten)]
         common: Common,
-        /// Stop at this point: a seq (a whole number) or a time (RFC 3339);
-        /// ops after it are not applied.
+        /// Stop at this point: a seq (a whole number: ops after it are not
+        /// applied) or a time (RFC 3339: every op before the first one
+        /// stamped after it; the engine stamps a batch's ops with one
+        /// time, so this is the last batch at or before the time).
         #[arg(long, value_name = "SEQ|TIME")]
         at: Option<String>,
         /// Write the rebuilt mirror as JSON to FILE.
@@ -125,7 +167,23 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Cmd::Verify { common } => scan::verify(&common),
+        Cmd::Verify {
+            common, from: None, ..
+        } => scan::verify(&common),
+        Cmd::Verify {
+            common,
+            from: Some(url),
+            endpoint,
+            region,
+        } => archive::verify(
+            &common,
+            &archive::From {
+                url,
+                endpoint,
+                region,
+            },
+        ),
+        Cmd::Restore { common, from, at } => archive::restore(&common, &from, at.as_deref()),
         Cmd::Dump { common, filter } => scan::dump(&common, &filter),
         Cmd::Rebuild { common, at, export } => {
             scan::rebuild(&common, at.as_deref(), export.as_deref())

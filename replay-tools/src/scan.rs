@@ -8,12 +8,14 @@ use std::path::Path;
 
 use clap::Args;
 use serde_json::json;
-use spark_engine::config::log_dir;
-use spark_engine::engine::replay_record;
-use spark_engine::ids::Id;
-use spark_engine::mirror::Mirror;
-use spark_engine::op::{Entity, Op, OpKind};
-use spark_log_format::{LogError, LogReader, RecordRef, ScanOptions, ScanReport, SegmentInfo};
+use spark_core::ids::Id;
+use spark_core::layout::log_dir;
+use spark_core::mirror::Mirror;
+use spark_core::op::{Entity, Op, OpKind};
+use spark_core::replay::replay_record;
+use spark_log_format::{
+    LogError, LogReader, RecordRef, ScanOptions, ScanReport, SegmentInfo, TornTail,
+};
 
 use crate::{exit, progress, Common, Failure, Outcome};
 
@@ -26,15 +28,44 @@ pub fn open(common: &Common) -> Result<LogReader, Failure> {
             dir.display()
         )));
     }
-    LogReader::open(&dir).map_err(log_failure)
+    open_log(&common.data).map_err(log_failure)
 }
 
-/// Maps a log error to a failure: damage exits 1, the rest 3.
+/// Opens the log of the data directory `data`: as a live log
+/// ([`LogReader::open_live`]) when an engine holds the directory's `LOCK`
+/// (it may be appending right now), else as recovery would read it.
+pub fn open_log(data: &Path) -> Result<LogReader, LogError> {
+    let dir = log_dir(data);
+    if engine_running(data) {
+        LogReader::open_live(
+            &dir,
+            std::sync::Arc::new(spark_log_format::OsFs),
+            spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        )
+    } else {
+        LogReader::open(&dir)
+    }
+}
+
+/// Whether an engine holds `<data>/LOCK` (its exclusive lock while it
+/// runs). A missing or unreadable lock file means no engine.
+fn engine_running(data: &Path) -> bool {
+    let Ok(file) = std::fs::File::open(data.join("LOCK")) else {
+        return false;
+    };
+    matches!(
+        file.try_lock_shared(),
+        Err(std::fs::TryLockError::WouldBlock)
+    )
+}
+
+/// Maps a log error to a failure: damage (and a stray `.seg` file, named)
+/// exits 1, the rest 3.
 pub fn log_failure(error: LogError) -> Failure {
     match error {
-        LogError::Corrupt { .. } | LogError::UnsupportedVersion { .. } => {
-            Failure::damage(error.to_string())
-        }
+        LogError::Corrupt { .. }
+        | LogError::UnsupportedVersion { .. }
+        | LogError::StrayFile { .. } => Failure::damage(error.to_string()),
         other => Failure::unreadable(other.to_string()),
     }
 }
@@ -105,7 +136,8 @@ fn fold(mirror: &mut Mirror, segment: &SegmentInfo, record: &RecordRef<'_>) -> R
     })
 }
 
-fn print_json(value: &serde_json::Value) {
+/// Prints `value` as one line of JSON.
+pub fn print_json(value: &serde_json::Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_default()
@@ -115,9 +147,41 @@ fn print_json(value: &serde_json::Value) {
 fn torn_json(report: &ScanReport) -> serde_json::Value {
     match &report.torn_tail {
         Some(t) => json!({"segment": t.segment, "offset": t.offset, "bytes": t.bytes_dropped,
-                          "damage": t.damage, "whole_frame": t.whole_frame}),
+                          "damage": t.damage, "whole_frame": t.whole_frame,
+                          "unacknowledged": t.unacknowledged}),
         None => serde_json::Value::Null,
     }
+}
+
+/// A format-version-2 tail after the last valid commit mark that is not a
+/// possibly damaged whole frame: bytes no client was ever promised
+/// (FORMAT.md, "Acknowledged bytes"), which the engine cuts at its next
+/// start. Reported as "unacknowledged tail cut", never as damage.
+pub fn unacknowledged_tail(tail: Option<&TornTail>) -> Option<&TornTail> {
+    tail.filter(|t| t.unacknowledged && !t.whole_frame)
+}
+
+/// The JSON of an unacknowledged tail: what, where, how many bytes, and the
+/// seqs of the whole records in it (`null` when it holds none).
+pub fn unacknowledged_json(tail: &TornTail) -> serde_json::Value {
+    let (first, last) = tail.seqs.map_or((None, None), |(f, l)| (Some(f), Some(l)));
+    json!({
+        "what": "unacknowledged tail cut",
+        "segment": tail.segment,
+        "offset": tail.offset,
+        "bytes": tail.bytes_dropped,
+        "seqs": {"first": first, "last": last},
+        "found": tail.damage,
+    })
+}
+
+/// The line of an unacknowledged tail: "unacknowledged tail cut: ...".
+pub fn unacknowledged_text(tail: &TornTail) -> String {
+    format!(
+        "{}: never acknowledged (after the last valid commit mark); the engine cuts it at its \
+         next start and keeps a copy beside the segment",
+        tail.summary()
+    )
 }
 
 /// `verify`: the whole log, checksums and chain, every op decoded and folded.
@@ -139,6 +203,7 @@ pub fn verify(common: &Common) -> Outcome {
     // A whole last record that fails its checksum may be an acknowledged
     // record that was damaged, not only a torn write: a fault, not a note.
     let damaged_tail = report.torn_tail.as_ref().filter(|t| t.whole_frame);
+    let unacknowledged = unacknowledged_tail(report.torn_tail.as_ref());
     if common.json {
         print_json(&json!({
             "ok": damaged_tail.is_none(),
@@ -148,58 +213,76 @@ pub fn verify(common: &Common) -> Outcome {
             "seq": report.head.seq,
             "chain": report.head.chain_hex(),
             "torn_tail": torn_json(&report),
+            "unacknowledged_tail": unacknowledged.map(unacknowledged_json),
         }));
-    } else {
-        if report.records == 0 {
-            println!(
-                "ok: empty log ({} segments, {} bytes)",
-                report.segments, report.bytes
-            );
-        } else {
-            println!(
-                "ok: {} records in {} segments ({} bytes), seq 1..={}, chain {}",
-                report.records,
-                report.segments,
-                report.bytes,
-                report.head.seq,
-                report.head.chain_hex()
-            );
-        }
-        if let Some(t) = report.torn_tail.as_ref().filter(|t| !t.whole_frame) {
-            println!(
-                "note: {} bytes after the last whole record in segment {} at offset {} ({}): \
-                 a torn write, or a write in progress on a running server; the engine cuts \
-                 it at its next start and keeps a copy beside the segment",
-                t.bytes_dropped, t.segment, t.offset, t.damage
-            );
-        }
+    } else if damaged_tail.is_none() {
+        // A damaged last record is a fault: only the fault is reported
+        // (below, on stderr), never an `ok:` line before it.
+        print_verified(&report, unacknowledged);
     }
     match damaged_tail {
         None => Ok(exit::OK),
         // The same words as `audit damage`, which reports the same frame.
-        Some(t) => Err(Failure::damage(
-            spark_log_format::last_frame_report(
-                &log_dir(&common.data),
-                t,
-                report.head.seq,
-                ScanOptions::default().max_record_bytes,
-            )
-            .ok()
-            .flatten()
-            .map_or_else(
-                || {
-                    format!(
-                        "segment {} at offset {} (after seq {}): the last record is whole but \
-                         fails its checksum ({}); it is either a torn write (never acknowledged) \
-                         or a damaged acknowledged record. The engine will cut it at its next \
-                         start and keep a copy in the log directory",
-                        t.segment, t.offset, report.head.seq, t.damage
-                    )
-                },
-                |damage| damage.error,
-            ),
-        )),
+        Some(t) => Err(damaged_tail_failure(common, &report, t)),
     }
+}
+
+/// `verify`'s `ok:` line for a log without a damaged last record, and a
+/// note on a tail that was never acknowledged or is torn.
+fn print_verified(report: &ScanReport, unacknowledged: Option<&TornTail>) {
+    if report.records == 0 {
+        println!(
+            "ok: empty log ({} segments, {} bytes)",
+            report.segments, report.bytes
+        );
+    } else {
+        println!(
+            "ok: {} records in {} segments ({} bytes), seq 1..={}, chain {}",
+            report.records,
+            report.segments,
+            report.bytes,
+            report.head.seq,
+            report.head.chain_hex()
+        );
+    }
+    if let Some(t) = unacknowledged {
+        println!("note: {}", unacknowledged_text(t));
+    } else if let Some(t) = report.torn_tail.as_ref().filter(|t| !t.whole_frame) {
+        println!(
+            "note: {} bytes after the last whole record in segment {} at offset {} ({}): \
+             a torn write, or a write in progress on a running server; the engine cuts \
+             it at its next start and keeps a copy beside the segment",
+            t.bytes_dropped, t.segment, t.offset, t.damage
+        );
+    }
+}
+
+/// The fault for a whole last record `t` that fails its checksum: the
+/// words of `audit damage` when the frame can be read, else a description
+/// of the place.
+fn damaged_tail_failure(common: &Common, report: &ScanReport, t: &TornTail) -> Failure {
+    Failure::damage(
+        spark_log_format::last_frame_report(
+            &log_dir(&common.data),
+            t,
+            report.head.seq,
+            ScanOptions::default().max_record_bytes,
+        )
+        .ok()
+        .flatten()
+        .map_or_else(
+            || {
+                format!(
+                    "segment {} at offset {} (after seq {}): the last record is whole but \
+                     fails its checksum ({}); it is either a torn write (never acknowledged) \
+                     or a damaged acknowledged record. The engine will cut it at its next \
+                     start and keep a copy in the log directory",
+                    t.segment, t.offset, report.head.seq, t.damage
+                )
+            },
+            |damage| damage.error,
+        ),
+    )
 }
 
 /// Filters of `dump` (combined with AND).
@@ -243,7 +326,7 @@ pub fn parse_time_ms(text: &str) -> Result<u64, Failure> {
     if let Ok(ms) = text.parse::<u64>() {
         return Ok(ms);
     }
-    spark_engine::time::parse_rfc3339_ms(text)
+    spark_core::time::parse_rfc3339_ms(text)
         .and_then(|ms| u64::try_from(ms).map_err(|_| format!("{text:?} is before 1970")))
         .map_err(|e| Failure {
             message: e,
@@ -251,7 +334,8 @@ pub fn parse_time_ms(text: &str) -> Result<u64, Failure> {
         })
 }
 
-fn usage(message: String) -> Failure {
+/// A usage failure (exit 2).
+pub fn usage(message: String) -> Failure {
     Failure {
         message,
         code: exit::USAGE,
@@ -306,22 +390,49 @@ pub fn dump(common: &Common, filter: &Filter) -> Outcome {
     Ok(exit::OK)
 }
 
-/// Where `rebuild --at` stops.
-enum At {
+/// A point in the log given as `--at SEQ|TIME` (`rebuild --at`,
+/// `restore --at`): the one rule for which ops it keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum At {
+    /// Up to and including this seq.
     Seq(u64),
+    /// Every op up to the first one stamped after this time (Unix ms): ops
+    /// at or before it are kept, and the first op with `ts_ms` past it and
+    /// everything after it are left out. The engine stamps all ops of a
+    /// batch with one time, never earlier than the batch before, so this is
+    /// the last batch whose ops are at or before the time.
     TimeMs(u64),
 }
 
+impl At {
+    /// Parses `--at`: a whole number is a seq, anything else a time (RFC
+    /// 3339, as [`parse_time_ms`] takes it). Bad input is a usage failure.
+    pub fn parse(text: &str) -> Result<At, Failure> {
+        match text.parse::<u64>() {
+            Ok(seq) => Ok(At::Seq(seq)),
+            Err(_) => Ok(At::TimeMs(parse_time_ms(text)?)),
+        }
+    }
+
+    /// Whether the op with `seq` and `ts_ms`, met in seq order, is past the
+    /// point: it and every op after it are left out.
+    pub fn excludes(&self, seq: u64, ts_ms: u64) -> bool {
+        match *self {
+            At::Seq(at) => seq > at,
+            At::TimeMs(at) => ts_ms > at,
+        }
+    }
+}
+
 /// Replays the whole log (or up to `at`) into a mirror with the engine's fold.
-fn replay(reader: &LogReader, at: Option<&At>) -> Result<(Mirror, ScanReport), Failure> {
+fn replay(
+    reader: &LogReader,
+    at: Option<&At>,
+    verify_chain: bool,
+) -> Result<(Mirror, ScanReport), Failure> {
     let mut mirror = Mirror::new();
-    let report = scan(reader, false, "rebuild", |segment, record| {
-        let stop = match at {
-            Some(At::Seq(seq)) => record.seq > *seq,
-            Some(At::TimeMs(ms)) => record.ts_ms > *ms,
-            None => false,
-        };
-        if stop {
+    let report = scan(reader, verify_chain, "rebuild", |segment, record| {
+        if at.is_some_and(|at| at.excludes(record.seq, record.ts_ms)) {
             return Ok(ControlFlow::Break(()));
         }
         fold(&mut mirror, segment, record).map(|_| ControlFlow::Continue(()))
@@ -332,21 +443,22 @@ fn replay(reader: &LogReader, at: Option<&At>) -> Result<(Mirror, ScanReport), F
 /// Replays a data directory fully; for the audits.
 pub fn replay_all(common: &Common) -> Result<(Mirror, ScanReport), Failure> {
     let reader = open(common)?;
-    replay(&reader, None)
+    replay(&reader, None, false)
+}
+
+/// Replays a data directory fully and checks every sealed segment's chain
+/// against its seal too (the chain from the first op); for restore.
+pub fn replay_verified(common: &Common) -> Result<(Mirror, ScanReport), Failure> {
+    let reader = open(common)?;
+    replay(&reader, None, true)
 }
 
 /// `rebuild`: counts and digest of the mirror, optionally as of `--at`, and
 /// optionally exported as JSON.
 pub fn rebuild(common: &Common, at: Option<&str>, export: Option<&Path>) -> Outcome {
-    let at = match at {
-        None => None,
-        Some(text) => Some(match text.parse::<u64>() {
-            Ok(seq) => At::Seq(seq),
-            Err(_) => At::TimeMs(parse_time_ms(text)?),
-        }),
-    };
+    let at = at.map(At::parse).transpose()?;
     let reader = open(common)?;
-    let (mirror, _report) = replay(&reader, at.as_ref())?;
+    let (mirror, _report) = replay(&reader, at.as_ref(), false)?;
     if let Some(At::Seq(seq)) = at {
         if seq > mirror.seq {
             return Err(usage(format!(
@@ -451,8 +563,8 @@ pub fn stats(common: &Common) -> Outcome {
         if report.records > 0 {
             println!(
                 "time      {} .. {}",
-                spark_engine::time::format_rfc3339_ms(first_ts as i64),
-                spark_engine::time::format_rfc3339_ms(last_ts as i64)
+                spark_core::time::format_rfc3339_ms(first_ts as i64),
+                spark_core::time::format_rfc3339_ms(last_ts as i64)
             );
         }
     }

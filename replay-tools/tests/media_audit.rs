@@ -43,7 +43,7 @@ async fn orphans_are_reported_and_damage_fails_the_audit() {
         ..Settings::default()
     };
     let engine = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap();
-    let store = MediaStore::open(data).unwrap();
+    let store = MediaStore::open(data, Arc::new(OsFs)).unwrap();
     let moment = Id::from_parts(1_767_225_600_000, 1);
     engine
         .submit(EngineCommand::CreateMoment(CreateMoment {

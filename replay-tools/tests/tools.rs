@@ -1,6 +1,19 @@
 //! `spark-replay` end to end: every subcommand against a data directory
 //! written by the real engine, beside a live engine, and on damaged copies.
 
+#[path = "tools/archive_kill9.rs"]
+mod archive_kill9;
+#[path = "tools/archive_s3.rs"]
+mod archive_s3;
+#[path = "tools/archive_sync.rs"]
+mod archive_sync;
+#[path = "tools/archive_takeover.rs"]
+mod archive_takeover;
+#[path = "tools/s3_common.rs"]
+mod s3_common;
+#[path = "tools/weed.rs"]
+mod weed;
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -275,6 +288,8 @@ async fn verify_tells_a_torn_tail_from_a_damaged_last_record() {
         err.contains("00000000000000000001.seg") && err.contains("checksum"),
         "{err}"
     );
+    // The fault only: no `ok:` line before it.
+    assert_eq!(out, "", "{err}");
 
     // The engine cuts it at its next start, and keeps a copy of what it cut.
     let settings = Settings {
@@ -356,14 +371,7 @@ async fn audit_damage_names_the_damaged_seqs_and_what_they_were() {
     assert_eq!(report["records"][0]["kind"], "moment.create");
 
     // The server refuses to start, and says the same.
-    let settings = Settings {
-        data_dir: data.clone(),
-        ..Settings::default()
-    };
-    let error = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock))
-        .err()
-        .expect("a damaged log is refused")
-        .to_string();
+    let error = refused_open(&data);
     assert!(error.contains("damaged: seq 2"), "{error}");
     assert!(
         error.contains("request r-1") && error.contains(&ids[1].to_string()),
@@ -497,14 +505,18 @@ async fn audit_damage_and_verify_agree_on_the_last_record() {
     let (segment, whole, end) = one_segment_log(&data).await;
     let whole = whole[..end].to_vec();
 
-    // The last record (seq 5) whole, its checksum failing: verify says it
-    // may be a damaged acknowledged record; so does audit damage.
+    // The last frame (the commit mark of the batch of seq 5) whole, its
+    // checksum failing: verify says it may be the damaged mark of an
+    // acknowledged batch; so does audit damage.
     let mut flipped = whole.clone();
     flipped[end - 3] ^= 0x01;
     std::fs::write(&segment, &flipped).unwrap();
     let (code, out, err) = run(&["verify"], &data);
     assert_eq!(code, 1, "{out}{err}");
-    assert!(err.contains("damaged acknowledged record"), "{err}");
+    assert!(
+        err.contains("damaged commit mark of an acknowledged batch"),
+        "{err}"
+    );
     let (code, out, err) = run(&["audit", "damage", "--json"], &data);
     assert_eq!(code, 1, "{out}{err}");
     let report = json(&out);
@@ -524,19 +536,50 @@ async fn audit_damage_and_verify_agree_on_the_last_record() {
         "damaged: seq 5",
         "00000000000000000001.seg",
         "torn write",
-        "damaged acknowledged record",
+        "damaged commit mark of an acknowledged batch",
         "next start",
     ] {
         assert!(out.contains(words), "{words:?}: {out}");
     }
     assert!(!out.contains("no damage"), "{out}");
 
-    // Cut short instead: a torn write, which verify only notes. No damage.
+    // Cut short instead: a torn write, which verify only notes. No damage:
+    // the batch after the last valid commit mark was never acknowledged,
+    // and both tools name it so, with its seqs.
     std::fs::write(&segment, &whole[..end - 5]).unwrap();
     let (code, out, err) = run(&["verify"], &data);
     assert_eq!((code, out.contains("note:")), (0, true), "{out}{err}");
+    assert!(
+        out.contains("unacknowledged tail cut") && out.contains("seq 5"),
+        "{out}"
+    );
+    assert!(out.starts_with("ok: 4 records"), "{out}");
+    let (code, out, err) = run(&["verify", "--json"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(report["ok"], true);
+    assert_eq!(
+        report["unacknowledged_tail"]["what"],
+        "unacknowledged tail cut"
+    );
+    assert_eq!(
+        report["unacknowledged_tail"]["seqs"],
+        serde_json::json!({"first": 5, "last": 5})
+    );
     let (code, out, err) = run(&["audit", "damage"], &data);
     assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("no damage") && out.contains("unacknowledged tail cut"),
+        "{out}"
+    );
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(report["damaged"], false);
+    assert_eq!(
+        report["unacknowledged_tail"]["seqs"],
+        serde_json::json!({"first": 5, "last": 5})
+    );
 }
 
 /// A stopped engine's one-segment log of a few ops under `data`: the
@@ -553,4 +596,79 @@ async fn one_segment_log(data: &std::path::Path) -> (std::path::PathBuf, Vec<u8>
         .segments()[0]
         .bytes as usize;
     (segment, whole, end)
+}
+
+#[tokio::test]
+async fn audit_damage_and_verify_agree_on_an_op_that_does_not_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, _) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    // A record whose bytes verify (CRC, commit mark, chain) but whose
+    // payload is no op: appended with the log's own writer.
+    let (mut log, _) = spark_log_format::Log::open(
+        &data.join("log"),
+        spark_log_format::LogConfig::default(),
+        Arc::new(OsFs),
+        |_| Ok::<(), std::convert::Infallible>(()),
+    )
+    .unwrap();
+    log.append_batch(&[spark_log_format::RecordIn {
+        ts_ms: 1_767_225_700_000,
+        kind: 1,
+        kind_version: 1,
+        payload: b"not an op",
+    }])
+    .unwrap();
+    drop(log);
+
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(!out.contains("no damage"), "{out}");
+    assert!(
+        out.contains("damaged:") && out.contains("00000000000000000001.seg"),
+        "{out}"
+    );
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(report["damaged"], true);
+    assert_eq!(report["kind"], "op_does_not_replay");
+}
+
+#[tokio::test]
+async fn a_seg_file_with_a_bad_name_is_a_stray_file_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, _) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    std::fs::write(data.join("log/backup.seg"), b"whatever").unwrap();
+    for args in [&["verify"][..], &["audit", "damage"][..]] {
+        let (code, out, err) = run(args, &data);
+        assert_eq!(code, 1, "{args:?}: {out}{err}");
+        assert!(
+            err.contains("stray file backup.seg") && !err.contains("seq 1"),
+            "{args:?}: {err}"
+        );
+        assert!(!out.contains("damaged: seq"), "{args:?}: {out}");
+    }
+    // The engine refuses to start, naming the file.
+    let error = refused_open(&data);
+    assert!(error.contains("stray file backup.seg"), "{error}");
+}
+
+/// Why the engine refuses to open the data directory `data`.
+fn refused_open(data: &Path) -> String {
+    let settings = Settings {
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    };
+    Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock))
+        .err()
+        .expect("the engine refuses the data directory")
+        .to_string()
 }

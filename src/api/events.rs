@@ -7,28 +7,46 @@
 //! follows live commits. A subscriber that falls behind the live buffer
 //! (`log.change_buffer_batches`) gets an `overflow` event naming the seq to
 //! resume after, and the stream ends; the writer never waits for anyone.
+//!
+//! Memory under a slow reader (issue 19) is bounded per subscriber: the
+//! events queued between the log or the live feed and the socket hold at
+//! most [`SUBSCRIBER_BUFFER_BYTES`] (and [`SUBSCRIBER_BUFFER_EVENTS`]); the
+//! catch-up and the live follower wait for room, so a reader at 1 KB/s
+//! holds one budget, not the log. Beyond it only hyper's bounded write
+//! buffer and the kernel's socket buffers hold bytes; the live buffer is
+//! shared by all subscribers and bounded by `log.change_buffer_batches`.
+//! `spark_event_subscribers` and `spark_event_buffered_bytes` (`/metrics`)
+//! count the open streams and the bytes they have queued.
 
 use std::ops::ControlFlow;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
 use serde::Deserialize;
 use spark_log_format::{LogReader, ScanOptions};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit, Semaphore};
 use warp::http::Method;
 use warp::reply::{Reply, Response};
 use warp::sse::Event;
+
+use spark_core::wire::events::{Overflow, EVENT_ERROR, EVENT_OVERFLOW};
+use spark_core::wire::problem as wire;
 
 use crate::engine::ChangeNotice;
 use crate::op::Op;
 
 use super::{ApiError, AppState, Request};
 
-/// Events buffered per subscriber between the log or the live feed and the
-/// socket.
-const SUBSCRIBER_BUFFER_EVENTS: usize = 256;
+/// Events queued per subscriber between the log or the live feed and the
+/// socket, at most.
+pub const SUBSCRIBER_BUFFER_EVENTS: usize = 1024;
+
+/// Bytes of events (their SSE text) queued per subscriber, at most: the
+/// catch-up and the live follower wait for room. An event larger than this
+/// takes the whole budget.
+pub const SUBSCRIBER_BUFFER_BYTES: usize = 32 * 1024;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,22 +54,140 @@ struct Query {
     after: Option<String>,
 }
 
+/// One queued event and the bytes of the budget it holds until the stream
+/// hands it to hyper.
+struct Queued {
+    event: Event,
+    _held: Held,
+}
+
+/// Bytes of a subscriber's budget held by one queued event; given back
+/// (and taken off `spark_event_buffered_bytes`) when dropped.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Cast: at most SUBSCRIBER_BUFFER_BYTES.
+        crate::metrics::get()
+            .event_buffered_bytes
+            .dec_by(self.bytes as i64);
+    }
+}
+
+/// The subscriber gone (its stream dropped).
+struct Gone;
+
+/// The sending side of one subscriber: a bounded queue with a byte budget.
+#[derive(Clone)]
+struct Subscriber {
+    tx: mpsc::Sender<Queued>,
+    budget: Arc<Semaphore>,
+    /// True once the server stops: a sender waiting for room gives up, so
+    /// a slow reader of the catch-up holds the stop for what is queued, not
+    /// for the rest of the log.
+    stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Subscriber {
+    /// Queues `event` of `bytes` once the budget has room; `Gone` when the
+    /// subscriber left or the server stops (also while waiting for room).
+    async fn send(&self, event: Event, bytes: usize) -> Result<(), Gone> {
+        let bytes = bytes.clamp(1, SUBSCRIBER_BUFFER_BYTES);
+        // Cast: at most SUBSCRIBER_BUFFER_BYTES.
+        let wanted = Arc::clone(&self.budget).acquire_many_owned(bytes as u32);
+        let mut stopping = self.stopping.clone();
+        let permit = tokio::select! {
+            permit = wanted => permit.map_err(|_| Gone)?,
+            _ = self.tx.closed() => return Err(Gone),
+            _ = stopping.wait_for(|stop| *stop) => return Err(Gone),
+        };
+        crate::metrics::get()
+            .event_buffered_bytes
+            .inc_by(bytes as i64);
+        let held = Held {
+            _permit: permit,
+            bytes,
+        };
+        self.tx
+            .send(Queued { event, _held: held })
+            .await
+            .map_err(|_| Gone)
+    }
+
+    async fn send_notice(&self, notice: &ChangeNotice) -> Result<(), Gone> {
+        let (event, bytes) = event(notice);
+        self.send(event, bytes).await
+    }
+
+    /// Whether the subscriber left.
+    async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
+
+/// The budgets of the open subscribers, to report what each holds.
+static OPEN: parking_lot::Mutex<Vec<Weak<Semaphore>>> = parking_lot::Mutex::new(Vec::new());
+
+/// Bytes each open subscriber of this process has queued now (one entry
+/// per open stream, in no particular order); each is at most
+/// [`SUBSCRIBER_BUFFER_BYTES`].
+pub fn queued_bytes_per_subscriber() -> Vec<usize> {
+    OPEN.lock()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .map(|budget| SUBSCRIBER_BUFFER_BYTES - budget.available_permits())
+        .collect()
+}
+
+/// A new subscriber (`stopping` becomes true when the server stops): its
+/// sending side and its stream.
+fn subscriber(stopping: tokio::sync::watch::Receiver<bool>) -> (Subscriber, Events) {
+    let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER_EVENTS);
+    let budget = Arc::new(Semaphore::new(SUBSCRIBER_BUFFER_BYTES));
+    let mut open = OPEN.lock();
+    open.retain(|b| b.strong_count() > 0);
+    open.push(Arc::downgrade(&budget));
+    crate::metrics::get().event_subscribers.inc();
+    let sender = Subscriber {
+        tx,
+        budget,
+        stopping,
+    };
+    (sender, Events(rx))
+}
+
 /// The events of one subscriber, as a stream for warp's SSE reply.
-struct Events(mpsc::Receiver<Event>);
+struct Events(mpsc::Receiver<Queued>);
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        crate::metrics::get().event_subscribers.dec();
+    }
+}
 
 impl Stream for Events {
     type Item = Result<Event, std::convert::Infallible>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx).map(|e| e.map(Ok))
+        // The budget the event held is given back here: hyper has it now.
+        self.0.poll_recv(cx).map(|q| q.map(|q| Ok(q.event)))
     }
 }
 
-fn event(notice: &ChangeNotice) -> Event {
-    Event::default()
-        .id(notice.seq.to_string())
-        .json_data(notice)
-        .unwrap_or_else(|_| Event::default().comment("unencodable notice"))
+/// A notice's event and the bytes of its SSE text (`id:`, `data:`, the
+/// line ends and the blank line).
+fn event(notice: &ChangeNotice) -> (Event, usize) {
+    let id = notice.seq.to_string();
+    match serde_json::to_string(notice) {
+        Ok(data) => {
+            let bytes = "id:\ndata:\n\n".len() + id.len() + data.len();
+            (Event::default().id(id).data(data), bytes)
+        }
+        Err(_) => (Event::default().comment("unencodable notice"), 32),
+    }
 }
 
 /// `GET /api/events`.
@@ -79,21 +215,36 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
     // live, every op up to it comes from the log.
     let live = state.engine.subscribe_changes();
     let committed = state.engine.head().seq;
-    let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER_EVENTS);
+    if after > committed {
+        return Err(cursor_ahead(after, committed));
+    }
+    let (tx, events) = subscriber(state.shutdown.clone());
     let log_dir = state.settings.log_dir();
+    let max_record_bytes = state.settings.log.max_record_bytes;
     let mut shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         let mut last = after;
         if after < committed {
             let catch_up = tx.clone();
+            let runtime = tokio::runtime::Handle::current();
             let read = tokio::task::spawn_blocking(move || {
-                catch_up_from_log(&log_dir, after, committed, &catch_up)
+                catch_up_from_log(
+                    &log_dir,
+                    max_record_bytes,
+                    after,
+                    committed,
+                    &catch_up,
+                    &runtime,
+                )
             })
             .await;
             match read {
                 Ok(Ok(sent)) => last = sent,
                 Ok(Err(e)) => {
-                    let _ = tx.send(Event::default().event("error").data(e)).await;
+                    let bytes = e.len() + 32;
+                    let _ = tx
+                        .send(Event::default().event(EVENT_ERROR).data(e), bytes)
+                        .await;
                     return;
                 }
                 Err(_) => return,
@@ -101,18 +252,44 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
         }
         follow(live, last, &tx, &mut shutdown).await;
     });
-    Ok(warp::sse::reply(warp::sse::keep_alive().stream(Events(rx))).into_response())
+    Ok(warp::sse::reply(warp::sse::keep_alive().stream(events)).into_response())
 }
 
-/// Sends the notices of the ops in `(after, upto]` from the log on disk;
-/// returns the last seq sent.
+/// `409 cursor_ahead`: a cursor beyond the head would otherwise wait in
+/// silence for seqs that, after a restore from an archive that was behind,
+/// name other ops than the client saw (issue 15 item 5).
+fn cursor_ahead(after: u64, head_seq: u64) -> ApiError {
+    let mut error = ApiError::new(
+        warp::http::StatusCode::CONFLICT,
+        wire::CURSOR_AHEAD,
+        format!(
+            "the cursor {after} is beyond the log's head {head_seq}: this server's log ends \
+             before what you saw (restored from an archive that was behind?); resynchronise \
+             and follow after {head_seq}"
+        ),
+    );
+    let members = wire::CursorAheadMembers { after, head_seq };
+    if let Ok(serde_json::Value::Object(members)) = serde_json::to_value(members) {
+        error.extra.extend(members);
+    }
+    error
+}
+
+/// Sends the notices of the ops in `(after, upto]` from the log on disk
+/// (read as a live log: the journal may be appending); returns the last seq
+/// sent. Runs on a blocking thread and waits (on `runtime`) for room in the
+/// subscriber's budget: a slow reader slows the scan, nothing piles up.
 fn catch_up_from_log(
     log_dir: &std::path::Path,
+    max_record_bytes: u32,
     after: u64,
     upto: u64,
-    tx: &mpsc::Sender<Event>,
+    tx: &Subscriber,
+    runtime: &tokio::runtime::Handle,
 ) -> Result<u64, String> {
-    let reader = LogReader::open(log_dir).map_err(|e| e.to_string())?;
+    // The journal may be appending while this reads: a live log.
+    let reader = LogReader::open_live(log_dir, Arc::new(spark_log_format::OsFs), max_record_bytes)
+        .map_err(|e| e.to_string())?;
     let mut last = after;
     let mut failure = None;
     let options = ScanOptions {
@@ -129,7 +306,10 @@ fn catch_up_from_log(
             }
             match Op::decode(&record) {
                 Ok(op) => {
-                    if tx.blocking_send(event(&ChangeNotice::of(&op))).is_err() {
+                    if runtime
+                        .block_on(tx.send_notice(&ChangeNotice::of(&op)))
+                        .is_err()
+                    {
                         return ControlFlow::Break(());
                     }
                     last = op.seq;
@@ -153,7 +333,7 @@ fn catch_up_from_log(
 async fn follow(
     mut live: broadcast::Receiver<Arc<Vec<ChangeNotice>>>,
     mut last: u64,
-    tx: &mpsc::Sender<Event>,
+    tx: &Subscriber,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -168,17 +348,18 @@ async fn follow(
                     if notice.seq <= last {
                         continue;
                     }
-                    if tx.send(event(notice)).await.is_err() {
+                    if tx.send_notice(notice).await.is_err() {
                         return;
                     }
                     last = notice.seq;
                 }
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
-                let resume = serde_json::json!({ "resume_after": last });
-                let _ = tx
-                    .send(Event::default().event("overflow").data(resume.to_string()))
-                    .await;
+                let resume =
+                    serde_json::to_string(&Overflow { resume_after: last }).unwrap_or_default();
+                let bytes = resume.len() + 32;
+                let overflow = Event::default().event(EVENT_OVERFLOW).data(resume);
+                let _ = tx.send(overflow, bytes).await;
                 return;
             }
             Err(broadcast::error::RecvError::Closed) => return,
@@ -193,7 +374,7 @@ mod tests {
     fn notice(seq: u64) -> ChangeNotice {
         ChangeNotice {
             seq,
-            kind: "moment.create",
+            kind: "moment.create".into(),
             upserted: vec![format!("m{seq}")],
             removed: Vec::new(),
         }
@@ -202,8 +383,8 @@ mod tests {
     #[tokio::test]
     async fn a_subscriber_that_falls_behind_is_told_where_to_resume() {
         let (writer, live) = broadcast::channel(2);
-        let (tx, mut rx) = mpsc::channel(16);
         let (_closing, mut shutdown) = tokio::sync::watch::channel(false);
+        let (tx, mut rx) = subscriber(shutdown.clone());
         // The writer commits five batches while the subscriber is away; it
         // never waits (send on a broadcast does not block).
         for seq in 1..=5 {
@@ -213,8 +394,8 @@ mod tests {
         follow(live, 0, &tx, &mut shutdown).await;
         drop(tx);
         let mut events = Vec::new();
-        while let Some(e) = rx.recv().await {
-            events.push(format!("{e:?}"));
+        while let Some(q) = rx.0.recv().await {
+            events.push(format!("{:?}", q.event));
         }
         assert_eq!(events.len(), 1, "{events:?}");
         assert!(
@@ -226,8 +407,8 @@ mod tests {
     #[tokio::test]
     async fn live_notices_after_the_last_sent_are_forwarded_once() {
         let (writer, live) = broadcast::channel(8);
-        let (tx, mut rx) = mpsc::channel(16);
         let (_closing, mut shutdown) = tokio::sync::watch::channel(false);
+        let (tx, mut rx) = subscriber(shutdown.clone());
         writer.send(Arc::new(vec![notice(3), notice(4)])).unwrap();
         writer.send(Arc::new(vec![notice(5)])).unwrap();
         drop(writer);
@@ -235,10 +416,71 @@ mod tests {
         follow(live, 3, &tx, &mut shutdown).await;
         drop(tx);
         let mut ids = Vec::new();
-        while let Some(e) = rx.recv().await {
-            ids.push(format!("{e:?}"));
+        while let Some(q) = rx.0.recv().await {
+            ids.push(format!("{:?}", q.event));
         }
         assert_eq!(ids.len(), 2);
         assert!(ids[0].contains("\"4\"") || ids[0].contains("id: 4") || ids[0].contains('4'));
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_queues_at_most_its_byte_budget_and_waits_for_room() {
+        let (closing, stopping) = tokio::sync::watch::channel(false);
+        let (tx, mut rx) = subscriber(stopping);
+        let budget = Arc::clone(&tx.budget);
+        let queued = || SUBSCRIBER_BUFFER_BYTES - budget.available_permits();
+        let big = |seq: u64| ChangeNotice {
+            seq,
+            kind: "moment.create".into(),
+            upserted: vec!["x".repeat(1000)],
+            removed: Vec::new(),
+        };
+        let (_, largest) = event(&big(1000));
+        let sender = tokio::spawn(async move {
+            for seq in 1..=1000 {
+                if tx.send_notice(&big(seq)).await.is_err() {
+                    return seq;
+                }
+            }
+            0
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // The sender waits for room: what is queued is within the budget,
+        // and the budget is full (no room for one more event).
+        let full = |queued: usize| {
+            queued <= SUBSCRIBER_BUFFER_BYTES && queued + largest > SUBSCRIBER_BUFFER_BYTES
+        };
+        assert!(!sender.is_finished());
+        assert!(full(queued()), "{}", queued());
+        assert!(queued_bytes_per_subscriber().contains(&queued()));
+        // Reading events makes room for as many more, no more.
+        for _ in 0..10 {
+            drop(rx.0.recv().await.unwrap());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(full(queued()), "{}", queued());
+        assert!(!sender.is_finished());
+        // A subscriber that leaves ends the wait and gives the budget back.
+        drop(rx);
+        let stopped_at = sender.await.unwrap();
+        assert!(stopped_at > 10 && stopped_at < 100, "{stopped_at}");
+        assert_eq!(queued(), 0);
+        drop(closing);
+    }
+
+    #[tokio::test]
+    async fn a_sender_waiting_for_room_gives_up_when_the_server_stops() {
+        let (closing, stopping) = tokio::sync::watch::channel(false);
+        let (tx, rx) = subscriber(stopping);
+        let filler = "x".repeat(SUBSCRIBER_BUFFER_BYTES);
+        tx.send(Event::default().data(filler.clone()), filler.len())
+            .await
+            .unwrap_or_else(|_| panic!("the first event fits"));
+        let waiting = tokio::spawn(async move { tx.send(Event::default(), 1).await.is_err() });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished());
+        closing.send_replace(true);
+        assert!(waiting.await.unwrap());
+        drop(rx);
     }
 }

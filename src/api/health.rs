@@ -21,17 +21,47 @@ pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, Ap
 /// `GET /readyz`: `200 {"status":"ready"}` once the log is replayed (the
 /// server only listens after that) and while writes are accepted;
 /// `503 unavailable` once the write path is stopped by an I/O error (it
-/// stays so until a restart).
+/// stays so until a restart); `507 insufficient_storage` while writes are
+/// refused for want of disk space, saying why (below the reserve, or the
+/// log waiting for space to recover its tail); ready again by itself once
+/// space is back (issue 19). With `[archive]`, the body has an `archive`
+/// member: `status` (`shipping`, `behind`, `failing` or `fenced`), `epoch`,
+/// `shipped_seq`, `lag_seconds`, the last `error`, and the blobs recorded
+/// lost (`blobs_missing`, `missing_blobs`) (SPEC section 11; see
+/// [`crate::archive::ArchiveStatus::to_json`]); once another engine took
+/// the prefix over, `503 fenced` (not ready, until a restart).
+/// In `sync` mode a failing archive (writes wait for it) or a closed
+/// archive gate answers `503 unavailable`, saying why.
 pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET && req.method != Method::HEAD {
         return Err(ApiError::method_not_allowed("GET, HEAD"));
     }
-    match state.engine.poisoned() {
-        None => Ok(json_response(StatusCode::OK, &json!({"status": "ready"}))),
-        Some(reason) => Err(ApiError::from(crate::engine::EngineError::Unavailable(
+    if let Some(reason) = state.engine.poisoned() {
+        return Err(ApiError::from(crate::engine::EngineError::Unavailable(
             reason,
-        ))),
+        )));
     }
+    if let Some(reason) = state.engine.fenced() {
+        return Err(ApiError::from(crate::engine::EngineError::Fenced(reason)));
+    }
+    if let Some(short) = state.engine.short_of_space() {
+        return Err(ApiError::from(short));
+    }
+    if let Some(gate) = state.engine.archive_gate() {
+        if let Some(closed) = gate.closed() {
+            return Err(ApiError::from(closed));
+        }
+        if let Some(failing) = state.archive.as_ref().and_then(|a| a.failing()) {
+            return Err(ApiError::from(crate::engine::EngineError::Unavailable(
+                format!("archive mode \"sync\": writes wait for the archive, whose shipping fails: {failing}"),
+            )));
+        }
+    }
+    let mut body = json!({"status": "ready"});
+    if let Some(archive) = &state.archive {
+        body["archive"] = archive.to_json();
+    }
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 /// `GET /metrics`: every metric of [`crate::metrics`], mirror sizes as of

@@ -19,6 +19,15 @@ struct HeadView {
     segment: String,
     /// The chain value, 64 lower-case hex characters.
     chain: String,
+    /// With `[archive]`: the last seq a stored manifest names (SPEC
+    /// section 11). Left out without an archive, so that the answer stays
+    /// byte for byte what it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    archived_seq: Option<u64>,
+    /// With `[archive]`: `shipping`, `failing` or `fenced` (another engine
+    /// took the prefix over; this one acknowledges no write any more).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    archive_status: Option<&'static str>,
 }
 
 /// `GET /api/log/head`.
@@ -33,6 +42,8 @@ pub async fn head(state: Arc<AppState>, req: Request) -> Result<Response, ApiErr
             seq: head.seq,
             segment: head.segment.clone(),
             chain: head.chain_hex(),
+            archived_seq: state.archive.as_ref().map(|a| a.shipped_seq()),
+            archive_status: state.archive.as_ref().map(|a| a.status_name()),
         },
     ))
 }

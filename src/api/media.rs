@@ -2,39 +2,39 @@
 //! answer by content, and downloads with `ETag`, `If-None-Match` and one
 //! `Range`.
 
+use spark_core::wire::problem as wire;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::Stream;
-use serde::Serialize;
+use futures_util::{Stream, TryStreamExt};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use spark_core::wire::{
+    HEADER_CONTENT_SHA256, HEADER_MEDIA_ROLE, HEADER_MOMENT_ID, MEDIA_ROLE_COPY,
+    MEDIA_ROLE_ORIGINAL,
+};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc;
 use warp::http::{header, HeaderValue, Method, StatusCode};
 use warp::reply::{Reply, Response};
 
-use crate::engine::{Command, EngineError, Outcome, PutMedia};
+use crate::engine::PutMedia;
 use crate::ids::Id;
-use crate::media::{hex_digest, parse_hex_digest, ReceiveError, Sha256Digest};
-use crate::mirror::MediaView;
+use crate::media::{hex_digest, parse_hex_digest, PutError, ReceiveError, Received, Sha256Digest};
+use crate::mirror::Media;
 use crate::op::MediaRole;
+use spark_core::blob::BlobFault;
+use spark_core::rules::media as media_rules;
 
-use super::{json_response, ApiError, AppState, Request};
+use super::{ApiError, AppState, Request};
 
 /// Longest `Content-Type` kept with a blob, in bytes.
 const CONTENT_TYPE_MAX_BYTES: usize = 255;
 
 /// Size of the chunks a download is streamed in, in bytes.
 const CHUNK_BYTES: usize = 64 * 1024;
-
-#[derive(Serialize)]
-struct PutAnswer<'a> {
-    created: bool,
-    media: &'a MediaView,
-}
 
 /// `PUT`, `GET` and `HEAD` on `/api/media/{id}`.
 pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Response, ApiError> {
@@ -52,12 +52,20 @@ fn required<'r>(req: &'r Request, name: &str) -> Result<&'r str, ApiError> {
         .ok_or_else(|| ApiError::invalid_request(format!("header {name} is required")))
 }
 
-async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, ApiError> {
-    let moment_id = Id::parse(required(&req, "x-moment-id")?)
+/// What an upload's headers say: where the blob goes and what it is.
+struct UploadHeaders {
+    moment_id: Id,
+    role: MediaRole,
+    content_type: String,
+    declared_sha256: Option<Sha256Digest>,
+}
+
+fn upload_headers(req: &Request) -> Result<UploadHeaders, ApiError> {
+    let moment_id = Id::parse(required(req, HEADER_MOMENT_ID)?)
         .map_err(|e| ApiError::invalid_id("X-Moment-Id", e))?;
-    let role = match required(&req, "x-media-role")? {
-        "copy" => MediaRole::Copy,
-        "original" => MediaRole::Original,
+    let role = match required(req, HEADER_MEDIA_ROLE)? {
+        MEDIA_ROLE_COPY => MediaRole::Copy,
+        MEDIA_ROLE_ORIGINAL => MediaRole::Original,
         other => {
             return Err(ApiError::invalid_request(format!(
                 "X-Media-Role {other:?} is neither copy nor original"
@@ -73,153 +81,166 @@ async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, Api
             "Content-Type {content_type:.60?} is not a media type of at most {CONTENT_TYPE_MAX_BYTES} bytes"
         )));
     }
-    let declared = match req.header("x-content-sha256")? {
+    let declared_sha256 = match req.header(HEADER_CONTENT_SHA256)? {
         None => None,
         Some(text) => Some(parse_hex_digest(text).ok_or_else(|| {
             ApiError::invalid_request("X-Content-SHA256 is not 64 hex characters")
         })?),
     };
-    // Fail fast, before reading a byte, on what the bytes cannot change. The
-    // sequencer checks all of it again when the op is decided.
-    state.engine.read(|mirror| {
-        if let Some(known) = mirror.media.get(&id) {
-            if known.moment_id != moment_id || known.role != role {
-                return Err(ApiError::from(EngineError::Conflict(format!(
-                    "media {id} belongs to moment {} as its {}",
-                    known.moment_id,
-                    known.role.name()
-                ))));
-            }
-            return Ok(());
-        }
-        match mirror.moment(moment_id) {
-            None => Err(ApiError::from(EngineError::NotFound(moment_id))),
-            Some(m) if m.deleted => Err(ApiError::from(EngineError::Deleted(moment_id))),
-            Some(_) => Ok(()),
-        }
-    })?;
+    Ok(UploadHeaders {
+        moment_id,
+        role,
+        content_type,
+        declared_sha256,
+    })
+}
+
+/// `400 digest_mismatch`: `X-Content-SHA256` names other bytes.
+fn digest_mismatch(declared: &Sha256Digest, actual: &Sha256Digest) -> ApiError {
+    let mut error = ApiError::new(
+        StatusCode::BAD_REQUEST,
+        wire::DIGEST_MISMATCH,
+        format!(
+            "X-Content-SHA256 says {} but the bytes hash to {}",
+            hex_digest(declared),
+            hex_digest(actual)
+        ),
+    );
+    error
+        .extra
+        .insert("declared_sha256".into(), Value::from(hex_digest(declared)));
+    error
+        .extra
+        .insert("actual_sha256".into(), Value::from(hex_digest(actual)));
+    error
+}
+
+/// A media body must not be empty (issue 19: curl sends 0 bytes for a
+/// file that does not exist): `400 invalid_request`, nothing written.
+const EMPTY_BODY: &str = "the media body is empty (0 bytes): send the file's bytes";
+
+/// Streams the body into the store (refusing past the limit, or an empty
+/// body, by `Content-Length` before a byte is read, and below the disk
+/// reserve, counting the declared length: `507 insufficient_storage`).
+async fn receive_body(state: &AppState, req: &mut Request) -> Result<Received, ApiError> {
     let limit_bytes = state.settings.limits.media_limit_bytes;
-    if let Some(length) = req
+    let declared = req
         .header("content-length")?
-        .and_then(|v| v.parse::<u64>().ok())
-    {
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(length) = declared {
         if length > limit_bytes {
             return Err(ApiError::too_large(limit_bytes));
         }
+        if length == 0 {
+            return Err(ApiError::invalid_request(EMPTY_BODY));
+        }
     }
-    let body = std::mem::replace(&mut req.body, Box::pin(futures_util::stream::empty()));
-    let received = state
+    if let Err(refusal) = state.engine.disk().admit(declared.unwrap_or(0)) {
+        crate::metrics::get()
+            .writes_refused
+            .get_or_create(&crate::metrics::label("reason", "disk_reserve"))
+            .inc();
+        return Err(refusal.into());
+    }
+    let body = std::mem::replace(&mut req.body, Box::pin(futures_util::stream::empty()))
+        .map_err(std::io::Error::other);
+    state
         .media
         .receive(body, limit_bytes)
         .await
         .map_err(|e| match e {
             ReceiveError::TooLarge { limit_bytes } => ApiError::too_large(limit_bytes),
             ReceiveError::Body(why) => ApiError::invalid_request(why),
-            ReceiveError::Io(e) => unavailable(format!("the media store cannot write: {e}")),
-        })?;
-    if let Some(declared) = declared {
+            ReceiveError::Io(e) => store_error(state, &e),
+        })
+}
+
+/// The answer to a media store write that failed: `507
+/// insufficient_storage` for a full disk or quota (the upload was not kept;
+/// it can be sent again once space is back), else `503 unavailable`.
+fn store_error(state: &AppState, e: &std::io::Error) -> ApiError {
+    if !spark_log_format::is_no_space_error(e) {
+        return unavailable(format!("the media store cannot write: {e}"));
+    }
+    state.engine.disk().note_full();
+    crate::metrics::get()
+        .writes_refused
+        .get_or_create(&crate::metrics::label("reason", "disk_full"))
+        .inc();
+    crate::engine::EngineError::InsufficientStorage(format!(
+        "the disk is full ({e}); the upload was not kept, send it again once space is freed"
+    ))
+    .into()
+}
+
+/// `PUT /api/media/{id}`: the rules of `spark_core::rules::media` admit the
+/// upload before a byte is read and again before the blob is put in place
+/// (so a refused upload leaves no orphan); the sequencer decides last, and
+/// an upload it refuses removes its blob unless the bytes are named
+/// elsewhere ([`crate::media::MediaStore::spawn_put`]).
+async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, ApiError> {
+    let headers = upload_headers(&req)?;
+    // Fail fast, before reading a byte, on what the bytes cannot change.
+    state.engine.read(|mirror| {
+        media_rules::admit_target(mirror, id, headers.moment_id, headers.role).map(|_| ())
+    })?;
+    let received = receive_body(state, &mut req).await?;
+    if received.size_bytes == 0 {
+        // A chunked body without a length, found empty once read.
+        state.media.discard(received).await;
+        return Err(ApiError::invalid_request(EMPTY_BODY));
+    }
+    if let Some(declared) = headers.declared_sha256 {
         if declared != received.sha256 {
             let actual = received.sha256;
             state.media.discard(received).await;
-            let mut error = ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "digest_mismatch",
-                format!(
-                    "X-Content-SHA256 says {} but the bytes hash to {}",
-                    hex_digest(&declared),
-                    hex_digest(&actual)
-                ),
-            );
-            error
-                .extra
-                .insert("declared_sha256".into(), Value::from(hex_digest(&declared)));
-            error
-                .extra
-                .insert("actual_sha256".into(), Value::from(hex_digest(&actual)));
-            return Err(error);
+            return Err(digest_mismatch(&declared, &actual));
         }
     }
-    // A replay of a known upload: answer by content, keep nothing.
-    let known = state
-        .engine
-        .read(|mirror| mirror.media.get(&id).map(|m| mirror.media_view(m)));
-    if let Some(existing) = known {
-        let actual = received.sha256;
-        let same = existing.sha256 == hex_digest(&actual);
-        state.media.discard(received).await;
-        return if same {
-            Ok(json_response(
-                StatusCode::OK,
-                &PutAnswer {
-                    created: false,
-                    media: &existing,
-                },
-            ))
-        } else {
-            Err(ApiError::from(EngineError::Conflict(format!(
-                "media {id} was uploaded with sha256 {}; these bytes hash to {}",
-                existing.sha256,
-                hex_digest(&actual)
-            ))))
-        };
-    }
-    // Another media already fills this role: refuse before the blob is put
-    // in place, so no orphan is left (the sequencer checks again).
-    let taken = state.engine.read(|mirror| {
-        let moment = mirror.moment(moment_id)?;
-        moment
-            .media()
-            .iter()
-            .filter_map(|m| mirror.media.get(m))
-            .find(|m| m.role == role)
-            .map(|m| m.id)
-    });
-    if let Some(other) = taken {
-        state.media.discard(received).await;
-        return Err(ApiError::from(EngineError::Conflict(format!(
-            "moment {moment_id} already has its {}: media {other}",
-            role.name()
-        ))));
-    }
-    state
-        .media
-        .commit(&received)
-        .await
-        .map_err(|e| unavailable(format!("the media store cannot write: {e}")))?;
-    // The blob is durable; a crash here leaves an orphan, never an op
-    // without its blob.
-    crate::failpoints::check("media.before_op")
-        .map_err(|e| unavailable(format!("the media store cannot write: {e}")))?;
-    let command = Command::PutMedia(PutMedia {
+    let command = PutMedia {
         id,
-        moment_id,
-        role,
+        moment_id: headers.moment_id,
+        role: headers.role,
         sha256: received.sha256,
         size_bytes: received.size_bytes,
-        content_type,
+        content_type: headers.content_type,
         device: req.device.clone(),
+    };
+    // A replay of a known upload answers by content and keeps nothing; a
+    // refused one keeps nothing either.
+    let admitted = state.engine.read(|mirror| {
+        media_rules::admit_bytes(mirror, &command)
+            .map(|known| known.map(|m| media_rules::known_upload(mirror, m)))
     });
-    match state.engine.submit(command).await? {
-        Outcome::MediaPut { created, media } => {
-            let status = if created {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            };
-            Ok(json_response(
-                status,
-                &PutAnswer {
-                    created,
-                    media: &media,
-                },
-            ))
+    match admitted {
+        Ok(None) => {}
+        Ok(Some(known)) => {
+            state.media.discard(received).await;
+            // In `sync` mode a replay waits until its original is archived.
+            let known = state.engine.acknowledge(known).await?;
+            return Ok(super::outcome_response(known));
         }
-        other => Err(super::unexpected(other)),
+        Err(e) => {
+            state.media.discard(received).await;
+            return Err(e.into());
+        }
+    }
+    // The blob goes in place and the op is submitted by a task of its own,
+    // which holds the digest until the engine answers: a request timeout or
+    // a closed connection drops this handler, never that task.
+    let put = state
+        .media
+        .spawn_put(Arc::clone(&state.engine), received, command);
+    match put.await {
+        Ok(Ok(outcome)) => Ok(super::outcome_response(outcome)),
+        Ok(Err(PutError::Engine(e))) => Err(e.into()),
+        Ok(Err(PutError::Store(e))) => Err(store_error(state, &e)),
+        Err(e) => Err(unavailable(format!("the upload task failed: {e}"))),
     }
 }
 
 fn unavailable(detail: String) -> ApiError {
-    let mut error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail);
+    let mut error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, wire::UNAVAILABLE, detail);
     error.retry_after_s = Some(5);
     error
 }
@@ -281,158 +302,47 @@ impl Stream for BlobBody {
     }
 }
 
+/// `GET`/`HEAD`: the blob with `ETag`, `If-None-Match` and one `Range`;
+/// a blob that no longer is what its op recorded is a `500`, never served.
 async fn get(state: &AppState, id: Id, req: &Request) -> Result<Response, ApiError> {
-    let (media, moment_deleted) = state
-        .engine
-        .read(|mirror| {
-            mirror.media.get(&id).map(|m| {
-                let deleted = mirror.moment(m.moment_id).is_none_or(|x| x.deleted);
-                (m.clone(), deleted)
-            })
-        })
-        .ok_or_else(|| ApiError::not_found(format!("media {id} does not exist")))?;
-    if moment_deleted {
-        return Err(ApiError::new(
-            StatusCode::GONE,
-            "deleted",
-            format!("the moment of media {id} is deleted"),
-        ));
-    }
+    let media = stored_media(state, id)?;
     let digest: Sha256Digest = media.sha256.0;
     let etag = format!("\"{}\"", hex_digest(&digest));
-    if let Some(tags) = req.header("if-none-match")? {
-        if tags == "*"
-            || tags
-                .split(',')
-                .any(|t| t.trim().trim_start_matches("W/") == etag)
-        {
-            let mut response = Response::new(Default::default());
-            *response.status_mut() = StatusCode::NOT_MODIFIED;
-            set_header(&mut response, header::ETAG, &etag);
-            return Ok(response);
-        }
+    if let Some(response) = not_modified(req, &etag)? {
+        return Ok(response);
     }
     let path = state.media.blob_path(&digest);
-    let damaged = |detail: String| {
-        tracing::error!(media = %id, %detail, "blob damaged");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "unavailable",
-            format!("media {id} is damaged on the server: {detail}"),
-        )
-    };
-    let mut file = tokio::fs::File::open(&path)
-        .await
-        .map_err(|e| damaged(format!("its blob cannot be opened ({})", e.kind())))?;
-    let on_disk = file
-        .metadata()
-        .await
-        .map_err(|e| damaged(format!("its blob cannot be read ({})", e.kind())))?
-        .len();
-    if on_disk != media.size_bytes {
-        return Err(damaged(format!(
-            "{on_disk} bytes on disk, {} recorded",
-            media.size_bytes
-        )));
-    }
+    let file = open_blob(id, &path, media.size_bytes).await?;
     let size = media.size_bytes;
     let range = match parse_range(req.header("range")?, size) {
         Ok(r) => r,
-        Err(()) => {
-            let mut response = ApiError::new(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "invalid_request",
-                format!("the range is outside the {size} bytes of media {id}"),
-            )
-            .into_response();
-            set_header(
-                &mut response,
-                header::CONTENT_RANGE,
-                &format!("bytes */{size}"),
-            );
-            return Ok(response);
-        }
+        Err(()) => return Ok(unsatisfiable(id, size)),
     };
     let verified = state.verified_blobs.lock().contains(&digest);
     if range.is_some() && !verified {
         // A part of a blob cannot be checked alone: check the whole once.
-        let ok = hash_file(&path).await.map_err(|e| damaged(e.to_string()))? == digest;
-        if !ok {
-            return Err(damaged(
-                "its bytes no longer hash to the recorded sha256".into(),
-            ));
-        }
+        verify_whole(id, path, digest, size).await?;
         state.verified_blobs.lock().insert(digest);
     }
     let (first, last) = range.map_or((0, size.saturating_sub(1)), |r| (r.first, r.last));
     let length = if size == 0 { 0 } else { last - first + 1 };
-    let (tx, rx) = mpsc::channel(4);
-    let expected = digest;
-    let whole = range.is_none();
-    let verified_blobs = Arc::clone(&state.verified_blobs);
-    if req.method == Method::GET && length > 0 {
-        tokio::spawn(async move {
-            let mut hasher = Sha256::new();
-            let mut left = length;
-            if first > 0 {
-                if let Err(e) = file.seek(std::io::SeekFrom::Start(first)).await {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            }
-            let mut buffer = vec![0u8; CHUNK_BYTES];
-            while left > 0 {
-                // Cast: the minimum is at most CHUNK_BYTES, a usize.
-                let want = left.min(CHUNK_BYTES as u64) as usize;
-                match file.read(&mut buffer[..want]).await {
-                    Ok(0) => {
-                        let _ = tx
-                            .send(Err(std::io::Error::other("blob shorter than recorded")))
-                            .await;
-                        return;
-                    }
-                    Ok(n) => {
-                        hasher.update(&buffer[..n]);
-                        left -= n as u64;
-                        if left == 0
-                            && whole
-                            && <[u8; 32]>::from(hasher.clone().finalize()) != expected
-                        {
-                            tracing::error!(media = %id, "blob no longer hashes to its op; response aborted");
-                            verified_blobs.lock().remove(&expected);
-                            let _ = tx
-                                .send(Err(std::io::Error::other("blob hash mismatch")))
-                                .await;
-                            return;
-                        }
-                        if tx
-                            .send(Ok(Bytes::copy_from_slice(&buffer[..n])))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                }
-            }
-            if whole {
-                verified_blobs.lock().insert(expected);
-            }
-        });
+    let part = Part {
+        first,
+        length,
+        whole: range.is_none(),
+        expected: digest,
+    };
+    let rx = if req.method == Method::GET && length > 0 {
+        stream_blob(file, part, Arc::clone(&state.verified_blobs), id)
     } else {
-        drop(tx);
-    }
+        mpsc::channel(1).1
+    };
     let mut response = warp::reply::stream(BlobBody(rx)).into_response();
-    let status = if range.is_some() {
+    *response.status_mut() = if range.is_some() {
         StatusCode::PARTIAL_CONTENT
     } else {
         StatusCode::OK
     };
-    *response.status_mut() = status;
     set_header(&mut response, header::CONTENT_TYPE, &media.content_type);
     set_header(&mut response, header::CONTENT_LENGTH, &length.to_string());
     set_header(&mut response, header::ETAG, &etag);
@@ -448,25 +358,202 @@ async fn get(state: &AppState, id: Id, req: &Request) -> Result<Response, ApiErr
     Ok(response)
 }
 
+/// The media record, unless it is unknown (`404`) or its moment is
+/// deleted (`410`).
+fn stored_media(state: &AppState, id: Id) -> Result<Media, ApiError> {
+    let (media, moment_deleted) = state
+        .engine
+        .read(|mirror| {
+            mirror.media.get(&id).map(|m| {
+                let deleted = mirror.moment(m.moment_id).is_none_or(|x| x.deleted);
+                (m.clone(), deleted)
+            })
+        })
+        .ok_or_else(|| ApiError::not_found(format!("media {id} does not exist")))?;
+    if moment_deleted {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            wire::DELETED,
+            format!("the moment of media {id} is deleted"),
+        ));
+    }
+    Ok(media)
+}
+
+/// `304` when `If-None-Match` names the blob's `ETag` (or is `*`).
+fn not_modified(req: &Request, etag: &str) -> Result<Option<Response>, ApiError> {
+    let Some(tags) = req.header("if-none-match")? else {
+        return Ok(None);
+    };
+    let matches = tags == "*"
+        || tags
+            .split(',')
+            .any(|t| t.trim().trim_start_matches("W/") == etag);
+    if !matches {
+        return Ok(None);
+    }
+    let mut response = Response::new(Default::default());
+    *response.status_mut() = StatusCode::NOT_MODIFIED;
+    set_header(&mut response, header::ETAG, etag);
+    Ok(Some(response))
+}
+
+/// `500 unavailable` for a blob that is not what its op recorded (logged).
+fn damaged(id: Id, detail: String) -> ApiError {
+    tracing::error!(media = %id, %detail, "blob damaged");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        wire::UNAVAILABLE,
+        format!("media {id} is damaged on the server: {detail}"),
+    )
+}
+
+/// Opens the blob and checks its length against the op's.
+async fn open_blob(
+    id: Id,
+    path: &std::path::Path,
+    size_bytes: u64,
+) -> Result<tokio::fs::File, ApiError> {
+    let file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| damaged(id, format!("its blob cannot be opened ({})", e.kind())))?;
+    let on_disk = file
+        .metadata()
+        .await
+        .map_err(|e| damaged(id, format!("its blob cannot be read ({})", e.kind())))?
+        .len();
+    if on_disk != size_bytes {
+        return Err(damaged(
+            id,
+            format!("{on_disk} bytes on disk, {size_bytes} recorded"),
+        ));
+    }
+    Ok(file)
+}
+
+/// `416` with `Content-Range: bytes */<size>`.
+fn unsatisfiable(id: Id, size: u64) -> Response {
+    let mut response = ApiError::new(
+        StatusCode::RANGE_NOT_SATISFIABLE,
+        wire::INVALID_REQUEST,
+        format!("the range is outside the {size} bytes of media {id}"),
+    )
+    .into_response();
+    set_header(
+        &mut response,
+        header::CONTENT_RANGE,
+        &format!("bytes */{size}"),
+    );
+    response
+}
+
+/// The whole blob against its op, with the one `verify`.
+async fn verify_whole(
+    id: Id,
+    path: std::path::PathBuf,
+    digest: Sha256Digest,
+    size: u64,
+) -> Result<(), ApiError> {
+    let verified =
+        tokio::task::spawn_blocking(move || spark_core::blob::verify(&path, &digest, size))
+            .await
+            .map_err(|e| damaged(id, e.to_string()))?;
+    match verified {
+        Ok(()) => Ok(()),
+        Err(BlobFault::Hash { .. }) => Err(damaged(
+            id,
+            "its bytes no longer hash to the recorded sha256".into(),
+        )),
+        Err(fault) => Err(damaged(id, fault.to_string())),
+    }
+}
+
+/// What part of a blob a download sends.
+#[derive(Clone, Copy)]
+struct Part {
+    /// First byte.
+    first: u64,
+    /// Bytes to send.
+    length: u64,
+    /// True when the part is the whole blob (then it is hashed as it goes).
+    whole: bool,
+    /// The op's SHA-256.
+    expected: Sha256Digest,
+}
+
+/// Streams a part of the blob in [`CHUNK_BYTES`] chunks. A whole blob is
+/// hashed as it goes: one that no longer hashes to its op aborts the body
+/// before its last chunk; one that does is remembered as verified.
+fn stream_blob(
+    mut file: tokio::fs::File,
+    part: Part,
+    verified_blobs: Arc<parking_lot::Mutex<std::collections::HashSet<Sha256Digest>>>,
+    id: Id,
+) -> mpsc::Receiver<Result<Bytes, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut hasher = Sha256::new();
+        let Part {
+            first,
+            length,
+            whole,
+            expected,
+        } = part;
+        let mut left = length;
+        if first > 0 {
+            if let Err(e) = file.seek(std::io::SeekFrom::Start(first)).await {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        }
+        let mut buffer = vec![0u8; CHUNK_BYTES];
+        while left > 0 {
+            // Cast: the minimum is at most CHUNK_BYTES, a usize.
+            let want = left.min(CHUNK_BYTES as u64) as usize;
+            match file.read(&mut buffer[..want]).await {
+                Ok(0) => {
+                    let _ = tx
+                        .send(Err(std::io::Error::other("blob shorter than recorded")))
+                        .await;
+                    return;
+                }
+                Ok(n) => {
+                    hasher.update(&buffer[..n]);
+                    left -= n as u64;
+                    if left == 0 && whole && <[u8; 32]>::from(hasher.clone().finalize()) != expected
+                    {
+                        tracing::error!(media = %id, "blob no longer hashes to its op; response aborted");
+                        verified_blobs.lock().remove(&expected);
+                        let _ = tx
+                            .send(Err(std::io::Error::other("blob hash mismatch")))
+                            .await;
+                        return;
+                    }
+                    if tx
+                        .send(Ok(Bytes::copy_from_slice(&buffer[..n])))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+        if whole {
+            verified_blobs.lock().insert(expected);
+        }
+    });
+    rx
+}
+
 fn set_header(response: &mut Response, name: header::HeaderName, value: &str) {
     if let Ok(value) = HeaderValue::from_str(value) {
         response.headers_mut().insert(name, value);
     }
-}
-
-/// SHA-256 of a whole file, read in chunks.
-pub async fn hash_file(path: &std::path::Path) -> std::io::Result<Sha256Digest> {
-    let mut file = tokio::fs::File::open(path).await?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; CHUNK_BYTES];
-    loop {
-        let n = file.read(&mut buffer).await?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buffer[..n]);
-    }
-    Ok(hasher.finalize().into())
 }
 
 #[cfg(test)]

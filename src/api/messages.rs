@@ -1,33 +1,25 @@
 //! `/api/messages`: a moment's thread (SPEC sections 4 and 5).
 //!
 //! Message ids are minted at the send attempt, so the server accepts one
-//! only when the time in its ULID is within 5 minutes of the server clock,
-//! inclusive (`400 clock_skew` otherwise, with the server time, the id time
-//! and the skew). A known id is answered `202` with the stored message and
+//! only when the time in its ULID is within the clock window of the server
+//! clock, inclusive (`400 clock_skew` otherwise, with the server time, the
+//! id time and the skew); the rule and its value live in
+//! `spark_core::rules::messages`. A known id is answered `202` with the stored message and
 //! writes nothing; the same id with another body is `409`.
 
+use spark_core::wire::problem as wire;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use spark_core::wire::bodies::PostMessageBody as PostBody;
 use warp::http::{Method, StatusCode};
 use warp::reply::Response;
 
-use crate::engine::{Command, Outcome, PostMessage};
+use crate::engine::{Command, PostMessage};
 use crate::ids::Id;
 use crate::mirror::MessageView;
 
 use super::{json_response, ApiError, AppState, Request};
-
-/// The clock window of SPEC section 5 (seed ADR-036), in milliseconds.
-pub const MESSAGE_CLOCK_WINDOW_MS: u64 = 5 * 60 * 1000;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PostBody {
-    id: String,
-    thread_id: String,
-    body: String,
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,12 +27,6 @@ struct ListQuery {
     thread: String,
     after: Option<String>,
     limit: Option<String>,
-}
-
-#[derive(Serialize)]
-struct PostAnswer<'a> {
-    created: bool,
-    message: &'a MessageView,
 }
 
 #[derive(Serialize)]
@@ -72,7 +58,7 @@ async fn post(state: &AppState, req: &mut Request) -> Result<Response, ApiError>
     if chars > limit {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
+            wire::TOO_LARGE,
             format!("the message body is {chars} characters; the limit is {limit}"),
         ));
     }
@@ -80,20 +66,10 @@ async fn post(state: &AppState, req: &mut Request) -> Result<Response, ApiError>
         id,
         thread_id,
         body: body.body,
-        window_ms: MESSAGE_CLOCK_WINDOW_MS,
         device: req.device.clone(),
     });
-    match state.engine.submit(command).await? {
-        // New or known, the answer is 202 with the stored message.
-        Outcome::MessagePosted { created, message } => Ok(json_response(
-            StatusCode::ACCEPTED,
-            &PostAnswer {
-                created,
-                message: &message,
-            },
-        )),
-        other => Err(super::unexpected(other)),
-    }
+    let outcome = state.engine.submit(command).await?;
+    Ok(super::outcome_response(outcome))
 }
 
 fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
@@ -105,7 +81,8 @@ fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
         .map(|a| Id::parse(a).map_err(|e| ApiError::invalid_id("after", e)))
         .transpose()?;
     let limits = &state.settings.limits;
-    let limit = super::page_limit(query.limit.as_deref(), limits)?;
+    let page_limit = super::page_limit(query.limit.as_deref(), limits)?;
+    let limit = page_limit.items;
     let page = state.engine.read(|mirror| {
         if mirror.moment(thread).is_none() {
             return Err(ApiError::not_found(format!(
@@ -134,5 +111,5 @@ fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
         };
         Ok(Page { messages, next })
     })?;
-    Ok(json_response(StatusCode::OK, &page))
+    Ok(page_limit.mark(json_response(StatusCode::OK, &page)))
 }

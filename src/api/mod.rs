@@ -6,6 +6,7 @@
 //! into a problem+json `404`. Bodies are read through [`Request::json`],
 //! which enforces the size limit before parsing.
 
+mod answer;
 pub mod events;
 pub mod health;
 pub mod jobs;
@@ -19,6 +20,7 @@ pub mod problem;
 pub mod recall;
 pub mod turns;
 
+use spark_core::wire::problem as wire;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,15 +31,16 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use warp::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use warp::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use warp::reply::Response;
 use warp::Filter;
 
 use crate::config::Settings;
-use crate::engine::{Engine, Outcome};
+use crate::engine::Engine;
 use crate::ids::{check_request_id, REQUEST_ID_MAX_BYTES};
 use crate::media::{MediaStore, Sha256Digest};
 
+pub(crate) use answer::outcome_response;
 pub use problem::ApiError;
 
 /// The device recorded on ops while no access tokens exist (SPEC section 9:
@@ -61,6 +64,8 @@ pub struct AppState {
     /// Becomes true when the server stops: open event streams end, so the
     /// graceful shutdown is not held up by them.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The archive shipper's status, with `[archive]` (SPEC section 11).
+    pub archive: Option<Arc<crate::archive::ArchiveStatus>>,
 }
 
 /// The body of a request as a stream of chunks, not yet read.
@@ -172,7 +177,9 @@ impl Request {
     /// different is `400 invalid_request`; each is checked against the
     /// 80-byte cap and the character rules.
     pub fn request_id(&self, from_body: Option<String>) -> Result<Option<String>, ApiError> {
-        let from_header = self.header("idempotency-key")?.map(str::to_owned);
+        let from_header = self
+            .header(spark_core::wire::HEADER_IDEMPOTENCY_KEY)?
+            .map(str::to_owned);
         let request_id = match (from_body, from_header) {
             (Some(body), Some(head)) if body != head => {
                 return Err(ApiError::invalid_request(
@@ -189,17 +196,57 @@ impl Request {
     }
 }
 
+/// The header that says a list route's `limit` was clamped, with the page
+/// size used instead (documented in `openapi.json`, `LimitClamped`).
+pub use spark_core::wire::HEADER_LIMIT_CLAMPED as LIMIT_CLAMPED_HEADER;
+
+/// A list route's page size, and whether the `limit` asked for was above
+/// `list_limit_max` and clamped to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageLimit {
+    /// Items per page.
+    pub items: usize,
+    /// The asked `limit` was larger and cut to `items`.
+    pub clamped: bool,
+}
+
+impl PageLimit {
+    /// `response`, with `Spark-Limit-Clamped: <items>` when the limit was
+    /// clamped.
+    pub fn mark(self, mut response: Response) -> Response {
+        if self.clamped {
+            response.headers_mut().insert(
+                HeaderName::from_static(LIMIT_CLAMPED_HEADER),
+                HeaderValue::from(self.items),
+            );
+        }
+        response
+    }
+}
+
 /// The page size of a list route: `limit` from the query (a whole number
-/// from 1; larger than `list_limit_max` is clamped, not refused), else the
-/// default.
-pub fn page_limit(limit: Option<&str>, limits: &crate::config::Limits) -> Result<usize, ApiError> {
+/// from 1 to `list_limit_max`; larger is clamped, not refused, and the
+/// answer says so), else the default. Anything else is `400
+/// invalid_request` naming the accepted range.
+pub fn page_limit(
+    limit: Option<&str>,
+    limits: &crate::config::Limits,
+) -> Result<PageLimit, ApiError> {
+    let max = limits.list_limit_max;
     match limit {
-        None => Ok(limits.list_limit_default),
+        None => Ok(PageLimit {
+            items: limits.list_limit_default,
+            clamped: false,
+        }),
         Some(text) => match text.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n.min(limits.list_limit_max)),
+            Ok(n) if n > 0 => Ok(PageLimit {
+                items: n.min(max),
+                clamped: n > max,
+            }),
             _ => Err(ApiError::invalid_request(format!(
-                "limit {text:?} is not a whole number from 1 (values above {} are clamped)",
-                limits.list_limit_max
+                "limit {text:?} is not accepted: give a whole number from 1 to {max} (larger \
+                 numbers are clamped to {max}; without limit a page holds {})",
+                limits.list_limit_default
             ))),
         },
     }
@@ -219,7 +266,7 @@ pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
         }
         Err(e) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "unavailable",
+            wire::UNAVAILABLE,
             format!("the answer did not encode: {e}"),
         )
         .into_response(),
@@ -260,7 +307,7 @@ pub fn authorize(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
         return Ok(());
     }
     let unauthorized =
-        |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", why.to_owned());
+        |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, wire::UNAUTHORIZED, why.to_owned());
     let presented = req
         .headers
         .get(header::AUTHORIZATION)
@@ -331,7 +378,7 @@ fn timed_out(limit: Duration, body_done: bool) -> ApiError {
     if body_done {
         let mut error = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "timeout",
+            wire::TIMEOUT,
             format!(
                 "no answer within {} ms; a write already accepted still commits, retry with the same ids",
                 limit.as_millis()
@@ -342,7 +389,7 @@ fn timed_out(limit: Duration, body_done: bool) -> ApiError {
     } else {
         ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
+            wire::REQUEST_TIMEOUT,
             format!(
                 "the request was not received within {} ms",
                 limit.as_millis()
@@ -499,15 +546,6 @@ pub fn routes(
                 "request"
             );
         }))
-}
-
-/// The answer when the engine returned an outcome of another route (a bug).
-pub(crate) fn unexpected(outcome: Outcome) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "unavailable",
-        format!("the engine answered with an outcome of another route: {outcome:?}"),
-    )
 }
 
 fn into_response(result: Result<Response, ApiError>) -> Response {

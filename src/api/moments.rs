@@ -2,48 +2,18 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Deserializer, Serialize};
-use warp::http::{header, HeaderValue, Method, StatusCode};
+use serde::{Deserialize, Serialize};
+use spark_core::wire::bodies::{
+    CreateMomentBody as CreateBody, DeleteMomentBody as DeleteBody, EditMomentBody as EditBody,
+};
+use warp::http::{Method, StatusCode};
 use warp::reply::Response;
 
-use crate::engine::{Command, CreateMoment, DeleteMoment, EditMoment, FieldChange, Outcome};
+use crate::engine::{Command, CreateMoment, DeleteMoment, EditMoment};
 use crate::ids::Id;
 use crate::mirror::MomentView;
 
 use super::{json_response, ApiError, AppState, Request};
-
-/// Body of `POST /api/moments`. Unknown members are refused.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateBody {
-    id: Option<String>,
-    client_request_id: Option<String>,
-    text: Option<String>,
-    caption: Option<String>,
-    lang: Option<String>,
-    captured_at: Option<String>,
-}
-
-/// Body of `PATCH /api/moments/{id}`: a member left out is left alone, a
-/// member set to `null` is cleared (JSON merge patch).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EditBody {
-    #[serde(default, deserialize_with = "present")]
-    text: FieldChange,
-    #[serde(default, deserialize_with = "present")]
-    caption: FieldChange,
-    #[serde(default, deserialize_with = "present")]
-    lang: FieldChange,
-    client_request_id: Option<String>,
-}
-
-/// Optional body of `DELETE /api/moments/{id}`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DeleteBody {
-    client_request_id: Option<String>,
-}
 
 /// Query of `GET /api/moments`.
 #[derive(Debug, Deserialize)]
@@ -51,29 +21,6 @@ struct DeleteBody {
 struct ListQuery {
     after: Option<String>,
     limit: Option<String>,
-}
-
-/// Marks a member that was sent (even as `null`) as `Some`.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<FieldChange, D::Error> {
-    Option::<String>::deserialize(d).map(Some)
-}
-
-#[derive(Serialize)]
-struct CreatedAnswer<'a> {
-    created: bool,
-    moment: &'a MomentView,
-}
-
-#[derive(Serialize)]
-struct ChangedAnswer<'a> {
-    changed: bool,
-    moment: &'a MomentView,
-}
-
-#[derive(Serialize)]
-struct DeletedAnswer<'a> {
-    deleted: bool,
-    moment: &'a MomentView,
 }
 
 #[derive(Serialize)]
@@ -87,13 +34,6 @@ fn parse_id(text: &str, what: &str) -> Result<Id, ApiError> {
 }
 
 /// `ETag: "<version>"` (SPEC section 10), what `If-Match` takes.
-fn with_etag(mut response: Response, version: u32) -> Response {
-    if let Ok(value) = HeaderValue::from_str(&format!("\"{version}\"")) {
-        response.headers_mut().insert(header::ETAG, value);
-    }
-    response
-}
-
 /// Parses `If-Match`: `"<version>"`, `W/"<version>"` or a bare number;
 /// `*` matches any existing moment.
 fn if_match(req: &Request) -> Result<Option<u32>, ApiError> {
@@ -143,7 +83,8 @@ fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
         .map(|a| parse_id(a, "after"))
         .transpose()?;
     let limits = &state.settings.limits;
-    let limit = super::page_limit(query.limit.as_deref(), limits)?;
+    let page_limit = super::page_limit(query.limit.as_deref(), limits)?;
+    let limit = page_limit.items;
     let page = state.engine.read(|mirror| {
         let (moments, more) = mirror.live_page(after, limit);
         let next = if more {
@@ -156,7 +97,7 @@ fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
             next,
         }
     });
-    Ok(json_response(StatusCode::OK, &page))
+    Ok(page_limit.mark(json_response(StatusCode::OK, &page)))
 }
 
 async fn create(state: &AppState, req: &mut Request) -> Result<Response, ApiError> {
@@ -181,27 +122,8 @@ async fn create(state: &AppState, req: &mut Request) -> Result<Response, ApiErro
         captured_at_ms,
         device: req.device.clone(),
     });
-    match state.engine.submit(command).await? {
-        Outcome::MomentCreated { created, moment } => {
-            let status = if created {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            };
-            let version = moment.version;
-            Ok(with_etag(
-                json_response(
-                    status,
-                    &CreatedAnswer {
-                        created,
-                        moment: &moment,
-                    },
-                ),
-                version,
-            ))
-        }
-        other => Err(super::unexpected(other)),
-    }
+    let outcome = state.engine.submit(command).await?;
+    Ok(super::outcome_response(outcome))
 }
 
 fn get(state: &AppState, id: Id) -> Result<Response, ApiError> {
@@ -213,7 +135,10 @@ fn get(state: &AppState, id: Id) -> Result<Response, ApiError> {
         Some(view) if view.deleted => Err(ApiError::from(crate::engine::EngineError::Deleted(id))),
         Some(view) => {
             let version = view.version;
-            Ok(with_etag(json_response(StatusCode::OK, &view), version))
+            Ok(super::answer::with_etag(
+                json_response(StatusCode::OK, &view),
+                version,
+            ))
         }
     }
 }
@@ -233,22 +158,8 @@ async fn edit(state: &AppState, id: Id, req: &mut Request) -> Result<Response, A
         lang: body.lang,
         device: req.device.clone(),
     });
-    match state.engine.submit(command).await? {
-        Outcome::MomentEdited { changed, moment } => {
-            let version = moment.version;
-            Ok(with_etag(
-                json_response(
-                    StatusCode::OK,
-                    &ChangedAnswer {
-                        changed,
-                        moment: &moment,
-                    },
-                ),
-                version,
-            ))
-        }
-        other => Err(super::unexpected(other)),
-    }
+    let outcome = state.engine.submit(command).await?;
+    Ok(super::outcome_response(outcome))
 }
 
 async fn delete(state: &AppState, id: Id, req: &mut Request) -> Result<Response, ApiError> {
@@ -263,14 +174,6 @@ async fn delete(state: &AppState, id: Id, req: &mut Request) -> Result<Response,
         if_match: if_match(req)?,
         device: req.device.clone(),
     });
-    match state.engine.submit(command).await? {
-        Outcome::MomentDeleted { deleted, moment } => Ok(json_response(
-            StatusCode::OK,
-            &DeletedAnswer {
-                deleted,
-                moment: &moment,
-            },
-        )),
-        other => Err(super::unexpected(other)),
-    }
+    let outcome = state.engine.submit(command).await?;
+    Ok(super::outcome_response(outcome))
 }

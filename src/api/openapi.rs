@@ -2,7 +2,7 @@
 //! [`ROUTES`], the list of what the router serves.
 //!
 //! The document is hand-written in `src/api/openapi.json` and compiled into
-//! the binary. `tests/openapi.rs` keeps the three in step: the document's
+//! the binary. `tests/http/openapi.rs` keeps the three in step: the document's
 //! operations must equal [`ROUTES`], and every entry of [`ROUTES`] must reach
 //! a handler on a live server; CI runs schemathesis against a live server
 //! with the document (`.ci/run`).
@@ -20,7 +20,7 @@ const DOCUMENT: &str = include_str!("openapi.json");
 /// Every (method, path template) the router serves, in the spelling of the
 /// document's `paths` (path parameters as `{id}`). A route added to
 /// [`super::routes`] or a method added to a handler goes here and in
-/// `openapi.json`; `tests/openapi.rs` fails while the three disagree.
+/// `openapi.json`; `tests/http/openapi.rs` fails while the three disagree.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/moments"),
     ("POST", "/api/moments"),

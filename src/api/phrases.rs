@@ -8,35 +8,16 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use unicode_normalization::UnicodeNormalization;
 use warp::http::{Method, StatusCode};
 use warp::reply::Response;
 
-use crate::engine::{Command, DropPhrase, KeepPhrase, Outcome};
+use crate::engine::{Command, DropPhrase, KeepPhrase};
 use crate::ids::Id;
 use crate::mirror::MarkView;
 
 use super::{json_response, ApiError, AppState, Request};
 
-/// Longest normalised phrase, in characters (SPEC section 4).
-pub const PHRASE_MAX_CHARS: usize = 200;
-
-/// Normalises a phrase: NFKC, lower case, trimmed, white space runs to one
-/// space. Errors when the result is empty or over [`PHRASE_MAX_CHARS`].
-pub fn normalise_phrase(text: &str) -> Result<String, String> {
-    let folded: String = text.nfkc().collect::<String>().to_lowercase();
-    let phrase = folded.split_whitespace().collect::<Vec<_>>().join(" ");
-    let chars = phrase.chars().count();
-    if chars == 0 {
-        return Err("the phrase is empty once normalised".into());
-    }
-    if chars > PHRASE_MAX_CHARS {
-        return Err(format!(
-            "the phrase is {chars} characters once normalised; the limit is {PHRASE_MAX_CHARS}"
-        ));
-    }
-    Ok(phrase)
-}
+pub use spark_core::rules::phrases::{normalise_phrase, PHRASE_MAX_CHARS};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,18 +31,6 @@ struct KeepBody {
 struct ListQuery {
     after: Option<String>,
     limit: Option<String>,
-}
-
-#[derive(Serialize)]
-struct KeepAnswer<'a> {
-    created: bool,
-    mark: &'a MarkView,
-}
-
-#[derive(Serialize)]
-struct DropAnswer<'a> {
-    dropped: bool,
-    mark: &'a MarkView,
 }
 
 #[derive(Serialize)]
@@ -88,7 +57,7 @@ pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Resp
         .decode_utf8()
         .map_err(|_| ApiError::invalid_request("the mark id in the path is not UTF-8"))?
         .into_owned();
-    let Some(phrase) = mark_id.strip_prefix("keep:") else {
+    let Some(phrase) = crate::ids::mark_phrase(&mark_id) else {
         return Err(ApiError::invalid_request(format!(
             "{mark_id:?} is not a mark id (keep:<phrase>)"
         )));
@@ -99,16 +68,8 @@ pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Resp
         mark_id: crate::engine::mark_id(&canonical),
         device: req.device.clone(),
     });
-    match state.engine.submit(command).await? {
-        Outcome::PhraseDropped { dropped, mark } => Ok(json_response(
-            StatusCode::OK,
-            &DropAnswer {
-                dropped,
-                mark: &mark,
-            },
-        )),
-        other => Err(super::unexpected(other)),
-    }
+    let outcome = state.engine.submit(command).await?;
+    Ok(super::outcome_response(outcome))
 }
 
 async fn keep(state: &AppState, req: &mut Request) -> Result<Response, ApiError> {
@@ -127,29 +88,15 @@ async fn keep(state: &AppState, req: &mut Request) -> Result<Response, ApiError>
         moment_id,
         device: req.device.clone(),
     });
-    match state.engine.submit(command).await? {
-        Outcome::PhraseKept { created, mark } => {
-            let status = if created {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            };
-            Ok(json_response(
-                status,
-                &KeepAnswer {
-                    created,
-                    mark: &mark,
-                },
-            ))
-        }
-        other => Err(super::unexpected(other)),
-    }
+    let outcome = state.engine.submit(command).await?;
+    Ok(super::outcome_response(outcome))
 }
 
 fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
     let query: ListQuery = req.query()?;
     let limits = &state.settings.limits;
-    let limit = super::page_limit(query.limit.as_deref(), limits)?;
+    let page_limit = super::page_limit(query.limit.as_deref(), limits)?;
+    let limit = page_limit.items;
     let page = state.engine.read(|mirror| {
         use std::ops::Bound;
         let start = match &query.after {
@@ -169,25 +116,5 @@ fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
         };
         Page { marks, next }
     });
-    Ok(json_response(StatusCode::OK, &page))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn phrases_normalise() {
-        assert_eq!(
-            normalise_phrase("  Bitte   NICHT rauchen ").unwrap(),
-            "bitte nicht rauchen"
-        );
-        // NFKC folds compatibility forms: full-width letters, the "ﬁ" ligature.
-        assert_eq!(normalise_phrase("ＡＵＳＧＡＮＧ").unwrap(), "ausgang");
-        assert_eq!(normalise_phrase("ﬁre exit").unwrap(), "fire exit");
-        assert_eq!(normalise_phrase("Straße\t\nfrei").unwrap(), "straße frei");
-        assert!(normalise_phrase(" \t ").is_err());
-        assert!(normalise_phrase(&"a".repeat(201)).is_err());
-        assert!(normalise_phrase(&"a".repeat(200)).is_ok());
-    }
+    Ok(page_limit.mark(json_response(StatusCode::OK, &page)))
 }

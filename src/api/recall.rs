@@ -7,29 +7,19 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-use warp::http::{Method, StatusCode};
+use serde::Deserialize;
+use warp::http::Method;
 use warp::reply::Response;
 
-use crate::engine::{Command, Outcome, StartRecall};
-use crate::ids::check_request_id;
-use crate::mirror::RecallView;
+use crate::engine::{Command, StartRecall};
+use crate::ids::check_recall_id;
 
-use super::{json_response, ApiError, AppState, Request};
-
-/// Longest recall id, in bytes: `<recall id>:turn` stays within 80.
-pub const RECALL_ID_MAX_BYTES: usize = 70;
+use super::{ApiError, AppState, Request};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RecallBody {
     id: Option<String>,
-}
-
-#[derive(Serialize)]
-struct RecallAnswer<'a> {
-    created: bool,
-    recall: &'a RecallView,
 }
 
 /// `POST /api/recall`: `202` for a new session, `200` for a known recall id.
@@ -42,7 +32,7 @@ pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, A
         .await?
         .unwrap_or_default();
     if let Some(id) = &body.id {
-        check_request_id(id, RECALL_ID_MAX_BYTES)?;
+        check_recall_id(id)?;
     }
     let seat = state
         .seats
@@ -55,21 +45,6 @@ pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, A
         phrases_max: state.settings.brains.recall_phrases_max,
         device: req.device.clone(),
     });
-    match state.engine.submit(command).await? {
-        Outcome::RecallStarted { created, recall } => {
-            let status = if created {
-                StatusCode::ACCEPTED
-            } else {
-                StatusCode::OK
-            };
-            Ok(json_response(
-                status,
-                &RecallAnswer {
-                    created,
-                    recall: &recall,
-                },
-            ))
-        }
-        other => Err(super::unexpected(other)),
-    }
+    let outcome = state.engine.submit(command).await?;
+    Ok(super::outcome_response(outcome))
 }

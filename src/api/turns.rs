@@ -3,36 +3,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+use spark_core::wire::bodies::StartTurnBody as StartBody;
+use spark_core::wire::TURN_MODE_PRACTICAL;
 use warp::http::{Method, StatusCode};
 use warp::reply::Response;
 
-use crate::engine::{Command, Outcome, StartTurn};
+use crate::engine::{Command, StartTurn};
 use crate::ids::Id;
-use crate::mirror::TurnView;
 
 use super::{json_response, ApiError, AppState, Request};
-
-/// Body of `POST /api/moments/{id}/turns`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StartBody {
-    client_request_id: Option<String>,
-    mode: Option<String>,
-    seat: Option<String>,
-}
 
 /// Query of `GET /api/turns/{id}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct GetQuery {
     wait: Option<String>,
-}
-
-#[derive(Serialize)]
-struct StartAnswer<'a> {
-    created: bool,
-    turn: &'a TurnView,
 }
 
 /// `POST /api/moments/{id}/turns`: `202` with a new turn, `200` with the
@@ -53,7 +39,7 @@ pub async fn start(
         .unwrap_or_default();
     let request_id = req.request_id(body.client_request_id)?;
     match body.mode.as_deref() {
-        None | Some("practical") => {}
+        None | Some(TURN_MODE_PRACTICAL) => {}
         Some(other) => {
             return Err(ApiError::invalid_request(format!(
                 "mode {other:?} is not practical (recall turns start with POST /api/recall)"
@@ -80,23 +66,8 @@ pub async fn start(
         seat,
         device: req.device.clone(),
     });
-    match state.engine.submit(command).await? {
-        Outcome::TurnStarted { created, turn } => {
-            let status = if created {
-                StatusCode::ACCEPTED
-            } else {
-                StatusCode::OK
-            };
-            Ok(json_response(
-                status,
-                &StartAnswer {
-                    created,
-                    turn: &turn,
-                },
-            ))
-        }
-        other => Err(super::unexpected(other)),
-    }
+    let outcome = state.engine.submit(command).await?;
+    Ok(super::outcome_response(outcome))
 }
 
 /// `GET /api/turns/{id}[?wait=SECONDS]`: the turn; with `wait`, holds the

@@ -1,13 +1,23 @@
 //! The journal: the one writer thread. It owns the [`Log`] and is the only
 //! code that appends to it or applies ops to the published mirror.
 //!
-//! Each turn of the loop takes the commands queued right now (at least one,
-//! at most `group_commit_max_ops`), decides them, appends the ops with one
+//! Each turn of the loop takes the commands queued right now (at least one),
+//! decides them until the batch holds `group_commit_max_ops` ops (the rest
+//! wait for the next batch), appends the ops with one
 //! write call and one fdatasync (group commit), applies them with the one
 //! fold, publishes the new head, and answers. An append error poisons the
 //! write path: nothing of that batch is acknowledged, and every later command
 //! is answered `Unavailable` until a restart recovers from what is on disk.
 //! The failed fsync is never retried (DESIGN.md, "The write path", step 5).
+//!
+//! Disk space (issue 19): a batch is refused with `InsufficientStorage`
+//! (507) when the free space after it would be below the reserve
+//! (`log.disk_reserve_bytes`, [`crate::disk`]). A batch whose *write* fails
+//! for want of space anyway (another program filled the disk) is answered
+//! `InsufficientStorage`, never acknowledged; the log's tail is then
+//! recovered in process ([`Log::heal`]: the same recovery as at startup,
+//! after zeroing what the failed write left) and writes resume with no
+//! restart, the mirror untouched (it only ever holds acknowledged ops).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -20,10 +30,51 @@ use crate::clock::Clock;
 use crate::ids::Id;
 use crate::op::{Op, OpBody};
 
-use super::sequencer::{decide, Decision, Key, Plan};
 use super::{EngineError, Job, Outcome, Shared};
+use spark_core::command::Key;
+use spark_core::rules::{decide, Decision, Plan};
 
 type Reply = oneshot::Sender<Result<Outcome, EngineError>>;
+
+/// A decided command: its ops, how to answer, and where.
+type Write = (Vec<OpBody>, Plan, Reply);
+
+/// Ops by kind, counted into the metrics once per kind after the mirror's
+/// write lock is released (a labelled counter costs a few allocations and a
+/// hash lookup).
+#[derive(Default)]
+struct KindTally(Vec<(&'static str, u64)>);
+
+impl KindTally {
+    /// One more op of `kind`.
+    fn add(&mut self, kind: &'static str) {
+        match self.0.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => self.0.push((kind, 1)),
+        }
+    }
+
+    /// Adds the tally to the ops-appended counter of each kind.
+    fn count(&self) {
+        let metrics = crate::metrics::get();
+        for (kind, n) in &self.0 {
+            metrics
+                .ops_appended
+                .get_or_create(&crate::metrics::label("kind", kind))
+                .inc_by(*n);
+        }
+    }
+}
+
+/// A batch after the fold: what to answer, announce and run.
+struct Folded {
+    /// Each write's answer and where it goes.
+    answers: Vec<(Result<Outcome, EngineError>, Reply)>,
+    /// One change notice per op, for `/api/events`.
+    notices: Vec<super::ChangeNotice>,
+    /// The turns the batch started, for the brain runner.
+    started_turns: Vec<Id>,
+}
 
 /// Starts the writer thread (named `spark-journal`).
 pub(super) fn spawn(
@@ -54,7 +105,8 @@ struct Journal {
     shared: Arc<Shared>,
     /// Stamps ops (`ts_ms`) and mints ids.
     clock: Arc<dyn Clock>,
-    /// Most ops per group-commit batch.
+    /// Most ops per group-commit batch (`log.group_commit_max_ops`): a
+    /// batch takes no more commands once it holds this many ops.
     max_batch_ops: usize,
     /// Commands that shared a key with an op of the previous batch; they go
     /// first in the next one, in arrival order.
@@ -105,60 +157,45 @@ impl Journal {
             }
             return;
         }
-        let mut touched: HashSet<Key> = HashSet::new();
-        let mut writes: Vec<(Vec<OpBody>, Plan, Reply)> = Vec::new();
-        let ts_ms;
-        {
-            let mirror = self.shared.mirror.read();
-            // Time never runs backwards in the log, whatever the wall clock does.
-            ts_ms = self.clock.now_ms().max(mirror.ts_ms);
-            let mut mint = || Id::from_parts(ts_ms, rand::random::<u128>());
-            for (command, reply) in batch {
-                let keys = command.keys();
-                if keys.iter().any(|k| touched.contains(k)) {
-                    self.deferred.push_back((command, reply));
-                    continue;
-                }
-                touched.extend(keys);
-                match decide(&mirror, command, ts_ms, &mut mint) {
-                    Decision::Answer(answer) => {
-                        let _ = reply.send(answer);
-                    }
-                    Decision::Write(ops, plan) => writes.push((ops, plan, reply)),
-                }
-            }
-        }
+        let (ts_ms, writes) = self.decide_batch(batch);
         if writes.is_empty() {
             return;
         }
-        let max_record_bytes = self.log.config().max_record_bytes;
-        let mut encoded = Vec::with_capacity(writes.len());
-        let mut fitting = Vec::with_capacity(writes.len());
-        for (mut ops, plan, reply) in writes {
-            match encode_fitting(&mut ops, max_record_bytes) {
-                Ok(Ok(mut ops_encoded)) => {
-                    encoded.append(&mut ops_encoded);
-                    fitting.push((ops, plan, reply));
-                }
-                // Too large for one record: this command is refused alone;
-                // the write path goes on (the log refuses such a record
-                // without writing, so it must not poison anything).
-                Ok(Err(refusal)) => {
-                    let _ = reply.send(Err(refusal));
-                }
-                Err(e) => {
-                    // An op that does not encode is a bug; stop rather than
-                    // acknowledge something the log does not hold.
-                    fitting.push((ops, plan, reply));
-                    self.poison_and_refuse(format!("op does not encode: {e}"), fitting);
-                    return;
-                }
+        let Some((encoded, mut writes)) = self.encode_batch(writes) else {
+            return;
+        };
+        if let Err(refusal) = self.space_for(&encoded) {
+            let metrics = crate::metrics::get();
+            if matches!(refusal, EngineError::InsufficientStorage(_)) {
+                metrics
+                    .writes_refused
+                    .get_or_create(&crate::metrics::label("reason", "disk_reserve"))
+                    .inc_by(writes.len() as u64);
             }
-        }
-        let writes = fitting;
-        if writes.is_empty() {
+            for (_, _, reply) in writes {
+                let _ = reply.send(Err(refusal.clone()));
+            }
             return;
         }
+        let Some((first_seq, last_seq)) = self.append(ts_ms, encoded, &mut writes) else {
+            return;
+        };
+        let Some(folded) = self.fold_batch(first_seq, last_seq, ts_ms, writes) else {
+            return;
+        };
+        self.publish(last_seq, folded);
+    }
+
+    /// Appends the encoded ops as one batch (one write, one fdatasync) and
+    /// returns the first and last seq it got. On a refusal the writes are
+    /// answered `Invalid`; on an I/O error the write path is poisoned and
+    /// they are answered `Unavailable` (`writes` is left empty either way).
+    fn append(
+        &mut self,
+        ts_ms: u64,
+        encoded: Vec<Encoded>,
+        writes: &mut Vec<Write>,
+    ) -> Option<(u64, u64)> {
         let records: Vec<RecordIn<'_>> = encoded
             .iter()
             .map(|(kind, kind_version, payload)| RecordIn {
@@ -180,39 +217,66 @@ impl Journal {
             // Refused before anything was written (checked above, so not
             // expected): the batch fails, the write path goes on.
             Err(e @ (LogError::RecordTooLarge { .. } | LogError::ReservedKind { .. })) => {
-                for (_, _, reply) in writes {
+                for (_, _, reply) in writes.drain(..) {
                     let _ = reply.send(Err(EngineError::Invalid(e.to_string())));
                 }
-                return;
+                return None;
+            }
+            // A write or create refused for want of space: nothing was
+            // acknowledged; recover the tail now (it needs no space: it
+            // zeroes bytes already allocated), so the next batch only waits
+            // for the reserve.
+            Err(e) if self.log.is_healable() => {
+                tracing::warn!(error = %e, "append failed for want of space; answering 507 and recovering the log's tail in process");
+                let refusal = EngineError::InsufficientStorage(format!(
+                    "the disk is full ({e}); nothing of this write was kept, and writes resume by themselves once space is freed"
+                ));
+                metrics
+                    .writes_refused
+                    .get_or_create(&crate::metrics::label("reason", "disk_full"))
+                    .inc_by(writes.len() as u64);
+                for (_, _, reply) in writes.drain(..) {
+                    let _ = reply.send(Err(refusal.clone()));
+                }
+                self.shared.disk.note_full();
+                let _ = self.heal();
+                return None;
             }
             Err(e) => {
                 tracing::error!(error = %e, "append failed; the write path is stopped until restart");
-                self.poison_and_refuse(e.to_string(), writes);
-                return;
+                self.poison_and_refuse(e.to_string(), std::mem::take(writes));
+                return None;
             }
         };
-        drop(records);
         // `encoded.len()` ops end at `last_seq`, so the first is this many back.
-        let first_seq = last_seq + 1 - encoded.len() as u64;
-        drop(encoded);
+        Some((last_seq + 1 - encoded.len() as u64, last_seq))
+    }
+
+    /// Applies a committed batch's ops with the one fold and answers from
+    /// the mirror after it; asserts that the batch continues the mirror's
+    /// seq and ends at the log's last seq. A fold refusal (a bug) poisons
+    /// the write path and answers `Unavailable`: `None`.
+    fn fold_batch(
+        &mut self,
+        first_seq: u64,
+        last_seq: u64,
+        ts_ms: u64,
+        writes: Vec<Write>,
+    ) -> Option<Folded> {
         let mut started_turns = Vec::new();
         let mut notices = Vec::new();
-        // Ops by kind, counted into the metrics once per kind after the
-        // mirror's write lock is released (a labelled counter costs a few
-        // allocations and a hash lookup).
-        let mut appended: Vec<(&'static str, u64)> = Vec::new();
-        let count_appended = |appended: &[(&'static str, u64)]| {
-            for (kind, n) in appended {
-                metrics
-                    .ops_appended
-                    .get_or_create(&crate::metrics::label("kind", kind))
-                    .inc_by(*n);
-            }
-        };
+        let mut appended = KindTally::default();
         let mut answers: Vec<(Result<Outcome, EngineError>, Reply)> =
             Vec::with_capacity(writes.len());
         {
             let mut mirror = self.shared.mirror.write();
+            // The batch continues the committed state: its first op follows
+            // the mirror's seq, with no gap and no overlap.
+            assert_eq!(
+                first_seq,
+                mirror.seq + 1,
+                "a batch's first seq must follow the mirror's seq"
+            );
             let mut seq = first_seq;
             for (ops, plan, reply) in writes {
                 for body in ops {
@@ -222,17 +286,13 @@ impl Journal {
                     let op = Op { seq, ts_ms, body };
                     seq += 1;
                     notices.push(super::ChangeNotice::of(&op));
-                    let kind = op.body.kind().name();
-                    match appended.iter_mut().find(|(k, _)| *k == kind) {
-                        Some((_, n)) => *n += 1,
-                        None => appended.push((kind, 1)),
-                    }
+                    appended.add(op.body.kind().name());
                     if let Err(e) = mirror.apply(op) {
                         // The sequencer decided an op the fold refuses: a bug.
                         // The op is durable but its effect is not published;
                         // restart replays it and reports the same refusal.
                         drop(mirror);
-                        count_appended(&appended);
+                        appended.count();
                         let reason = format!("the fold refused a committed op: {e}");
                         tracing::error!(%reason);
                         *self.shared.poison.lock() = Some(reason.clone());
@@ -240,14 +300,34 @@ impl Journal {
                         for (_, reply) in answers {
                             let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
                         }
-                        return;
+                        return None;
                     }
                 }
                 answers.push((plan.outcome(&mirror), reply));
             }
+            // The fold applied exactly the ops the log appended, in order.
+            assert_eq!(
+                mirror.seq, last_seq,
+                "after a batch's fold the mirror's seq must be the log's last seq"
+            );
             *self.shared.head.lock() = self.log.head();
         }
-        count_appended(&appended);
+        appended.count();
+        Some(Folded {
+            answers,
+            notices,
+            started_turns,
+        })
+    }
+
+    /// Publishes a folded batch: the committed seq, the change notices, the
+    /// started turns, then the answers.
+    fn publish(&mut self, last_seq: u64, folded: Folded) {
+        let Folded {
+            answers,
+            notices,
+            started_turns,
+        } = folded;
         self.shared.committed.send_replace(last_seq);
         // No subscriber is fine; a slow one lags, the writer never waits.
         let _ = self.shared.changes.send(Arc::new(notices));
@@ -258,12 +338,167 @@ impl Journal {
                 }
             }
         }
+        self.answer(last_seq, answers);
+    }
+
+    /// Sends answers that depend on the committed state up to `seq`: at
+    /// once, or in `sync` mode (an archive gate) the successes once `seq`
+    /// is archived; refusals acknowledge nothing and go at once.
+    fn answer(&self, seq: u64, answers: Vec<(Result<Outcome, EngineError>, Reply)>) {
+        let Some(gate) = &self.shared.gate else {
+            for (answer, reply) in answers {
+                let _ = reply.send(answer);
+            }
+            return;
+        };
+        let mut held = Vec::with_capacity(answers.len());
         for (answer, reply) in answers {
-            let _ = reply.send(answer);
+            if answer.is_ok() {
+                held.push((answer, reply));
+            } else {
+                let _ = reply.send(answer);
+            }
+        }
+        gate.hold(seq, held);
+    }
+
+    /// Encodes the writes' ops, each checked against the log's record
+    /// limit (see [`encode_fitting`]): refuses a command whose op cannot be
+    /// a record, and poisons the write path on an op that does not encode.
+    /// `None` when nothing is left to append.
+    fn encode_batch(&mut self, writes: Vec<Write>) -> Option<(Vec<Encoded>, Vec<Write>)> {
+        let max_record_bytes = self.log.config().max_record_bytes;
+        let mut encoded = Vec::with_capacity(writes.len());
+        let mut fitting = Vec::with_capacity(writes.len());
+        for (mut ops, plan, reply) in writes {
+            match encode_fitting(&mut ops, max_record_bytes) {
+                Ok(Ok(mut ops_encoded)) => {
+                    encoded.append(&mut ops_encoded);
+                    fitting.push((ops, plan, reply));
+                }
+                // Too large for one record: this command is refused alone;
+                // the write path goes on (the log refuses such a record
+                // without writing, so it must not poison anything).
+                Ok(Err(refusal)) => {
+                    let _ = reply.send(Err(refusal));
+                }
+                Err(e) => {
+                    // An op that does not encode is a bug; stop rather than
+                    // acknowledge something the log does not hold.
+                    fitting.push((ops, plan, reply));
+                    self.poison_and_refuse(format!("op does not encode: {e}"), fitting);
+                    return None;
+                }
+            }
+        }
+        if fitting.is_empty() {
+            return None;
+        }
+        Some((encoded, fitting))
+    }
+
+    /// Decides a batch's commands against the committed mirror at one time
+    /// `ts_ms`: answers what needs no write, and returns the writes. A
+    /// command is deferred to the next batch when it shares a key with a
+    /// command decided before it, or when the batch already holds
+    /// `max_batch_ops` ops (a command's ops are never split, so a batch
+    /// ends at most one command's ops past the cap).
+    fn decide_batch(&mut self, batch: Vec<(super::Command, Reply)>) -> (u64, Vec<Write>) {
+        let mut touched: HashSet<Key> = HashSet::new();
+        let mut writes: Vec<Write> = Vec::new();
+        let mut batch_ops = 0;
+        let mirror = self.shared.mirror.read();
+        // A known answer (a retry) is acknowledged once what it was read
+        // from is: in `sync` mode, archived.
+        let mut known = Vec::new();
+        // Time never runs backwards in the log, whatever the wall clock does.
+        let ts_ms = self.clock.now_ms().max(mirror.ts_ms);
+        let mut mint = || Id::from_parts(ts_ms, rand::random::<u128>());
+        for (command, reply) in batch {
+            let keys = command.keys();
+            if batch_ops >= self.max_batch_ops || keys.iter().any(|k| touched.contains(k)) {
+                self.deferred.push_back((command, reply));
+                continue;
+            }
+            touched.extend(keys);
+            match decide(&mirror, command, ts_ms, &mut mint) {
+                Decision::Answer(answer) => known.push((answer, reply)),
+                Decision::Write(ops, plan) => {
+                    batch_ops += ops.len();
+                    writes.push((ops, plan, reply));
+                }
+            }
+        }
+        let committed_seq = mirror.seq;
+        drop(mirror);
+        self.answer(committed_seq, known);
+        (ts_ms, writes)
+    }
+
+    /// Room for a batch: the reserve admits its bytes, and a log tail left
+    /// by a write that failed for want of space is recovered first.
+    /// Errors: `InsufficientStorage` (507) below the reserve or while the
+    /// recovery itself lacks space; `Unavailable` when the recovery failed
+    /// for good (the write path is then poisoned).
+    fn space_for(&mut self, encoded: &[Encoded]) -> Result<(), EngineError> {
+        let bytes: u64 = encoded
+            .iter()
+            .map(|(_, _, payload)| payload.len() as u64 + RECORD_FRAME_BYTES)
+            .sum();
+        self.shared.disk.admit(bytes + RECORD_FRAME_BYTES)?;
+        self.heal()
+    }
+
+    /// Recovers the log's tail if a write failed for want of space
+    /// ([`Log::heal`]); `Ok` when there is nothing to recover. Afterwards
+    /// the log's head is the published head, which the mirror matches.
+    fn heal(&mut self) -> Result<(), EngineError> {
+        match self.log.heal() {
+            Ok(None) => Ok(()),
+            Ok(Some(report)) => {
+                let head = self.log.head();
+                let published = self.shared.head.lock().clone();
+                let mirror_seq = self.shared.mirror.read().seq;
+                if head.seq != mirror_seq || head.chain != published.chain {
+                    // Log::heal checked the head against its own; this is a
+                    // bug, and no write may follow it.
+                    let reason = format!(
+                        "after recovering the log's tail its head is seq {} (chain {}), but the mirror is at seq {mirror_seq} (chain {})",
+                        head.seq,
+                        head.chain_hex(),
+                        published.chain_hex()
+                    );
+                    tracing::error!(%reason);
+                    *self.shared.poison.lock() = Some(reason.clone());
+                    return Err(EngineError::Unavailable(reason));
+                }
+                *self.shared.head.lock() = head;
+                *self.shared.heal_pending.lock() = None;
+                crate::metrics::get().log_heals.inc();
+                tracing::info!(
+                    seq = mirror_seq,
+                    removed_segment = ?report.removed_segment,
+                    "the log's tail is recovered after a full disk; the mirror matches it"
+                );
+                Ok(())
+            }
+            Err(e) if self.log.is_healable() => {
+                let reason = e.to_string();
+                *self.shared.heal_pending.lock() = Some(reason.clone());
+                Err(EngineError::InsufficientStorage(format!(
+                    "the log waits for disk space to recover its tail: {reason}"
+                )))
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                *self.shared.heal_pending.lock() = None;
+                self.poison_and_refuse(reason.clone(), Vec::new());
+                Err(EngineError::Unavailable(reason))
+            }
         }
     }
 
-    fn poison_and_refuse(&mut self, reason: String, writes: Vec<(Vec<OpBody>, Plan, Reply)>) {
+    fn poison_and_refuse(&mut self, reason: String, writes: Vec<Write>) {
         *self.shared.poison.lock() = Some(reason.clone());
         for (_, _, reply) in writes {
             let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
@@ -277,6 +512,10 @@ impl Journal {
 
 /// One encoded op: `(kind code, kind version, payload)`.
 type Encoded = (u16, u16, Vec<u8>);
+
+/// Bytes a record or commit mark adds to its payload in the log, rounded
+/// up (frame header and checksum), for the reserve's estimate of a batch.
+const RECORD_FRAME_BYTES: u64 = 64;
 
 /// Encodes a command's ops, each checked against the log's record limit.
 /// A brain's answer too large for one record becomes a `turn.fail` that

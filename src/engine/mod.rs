@@ -1,4 +1,5 @@
-//! The engine: the sequencer, the journal and the published mirror.
+//! The engine: the sequencer (the journal's decide step, which asks
+//! `spark_core::rules`), the journal and the published mirror.
 //!
 //! ```text
 //!  handlers --Command--> [queue] --> writer thread: sequencer decides ops,
@@ -18,7 +19,6 @@
 //! op's commit and then gets the same answer as any later retry.
 
 mod journal;
-mod sequencer;
 
 use std::fs::File;
 use std::path::Path;
@@ -26,154 +26,24 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
-use spark_log_format::{Fs, Head, Log, LogError, OpenError, RecordRef, RecoveryReport};
+use spark_log_format::{Fs, Head, Log, LogError, OpenError, RecoveryReport};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::archive::gate::ArchiveGate;
 use crate::clock::Clock;
-use crate::config::Settings;
+use crate::config::{ArchiveMode, Settings};
 use crate::ids::Id;
-use crate::mirror::{
-    FoldError, JobView, MarkView, MediaView, MessageView, Mirror, MomentView, PreparedOp,
-    RecallView, TurnView,
+use crate::mirror::{Mirror, PreparedOp};
+use crate::op::Op;
+pub use spark_core::replay::{replay_record, ReplayError};
+
+pub use crate::ids::{job_turn_request_id, mark_id, recall_turn_request_id};
+pub use spark_core::command::{
+    Command, CreateMoment, DeleteMoment, DropPhrase, EditMoment, EndTurn, FieldChange, KeepPhrase,
+    PostMessage, PutMedia, StartJob, StartRecall, StartTurn,
 };
-use crate::op::{Op, OpDecodeError};
-
-pub use sequencer::{
-    job_turn_request_id, mark_id, recall_turn_request_id, Command, CreateMoment, DeleteMoment,
-    DropPhrase, EditMoment, EndTurn, FieldChange, KeepPhrase, PostMessage, PutMedia, StartJob,
-    StartRecall, StartTurn,
-};
-
-/// What a write command produced (SPEC section 10 answer shapes).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// A create: `created` is false when a known request id or entity id
-    /// answered with the existing moment.
-    MomentCreated {
-        /// True when this command wrote the `moment.create`.
-        created: bool,
-        /// The moment as it is now.
-        moment: MomentView,
-    },
-    /// An edit: `changed` is false when nothing was written.
-    MomentEdited {
-        /// True when this command wrote a `moment.edit`.
-        changed: bool,
-        /// The moment as it is now.
-        moment: MomentView,
-    },
-    /// A delete: `deleted` is false when the moment was already a tombstone
-    /// or the request id was already answered.
-    MomentDeleted {
-        /// True when this command wrote the `moment.delete`.
-        deleted: bool,
-        /// The moment as it is now.
-        moment: MomentView,
-    },
-    /// An upload: `created` is false when the media id was known with the
-    /// same bytes.
-    MediaPut {
-        /// True when this command wrote the `media.put`.
-        created: bool,
-        /// The media record.
-        media: MediaView,
-    },
-    /// A turn start: `created` is false when the request id was known.
-    TurnStarted {
-        /// True when this command wrote the `turn.start`.
-        created: bool,
-        /// The turn as it is now.
-        turn: TurnView,
-    },
-    /// A turn's outcome was recorded (or it had already ended).
-    TurnEnded {
-        /// The turn as it is now.
-        turn: TurnView,
-    },
-    /// A phrase kept: `created` is false when it was already active.
-    PhraseKept {
-        /// True when this command wrote a `mark.keep`.
-        created: bool,
-        /// The mark.
-        mark: MarkView,
-    },
-    /// A phrase dropped: `dropped` is false when it was not active.
-    PhraseDropped {
-        /// True when this command wrote a `mark.drop`.
-        dropped: bool,
-        /// The mark.
-        mark: MarkView,
-    },
-    /// A quick recall: `created` is false when the recall id was known.
-    RecallStarted {
-        /// True when this command wrote ops.
-        created: bool,
-        /// The recall with its moment and turn (boxed: it is the largest
-        /// answer by far).
-        recall: Box<RecallView>,
-    },
-    /// A message: `created` is false when the id was known (same body).
-    MessagePosted {
-        /// True when this command wrote the `message.post`.
-        created: bool,
-        /// The message, with the server's `ts`.
-        message: MessageView,
-    },
-    /// A high-quality job: `created` is false when the job id was known.
-    JobStarted {
-        /// True when this command wrote ops.
-        created: bool,
-        /// The job with its turns.
-        job: JobView,
-    },
-}
-
-/// Why a command was refused. Each maps to one problem `code` (SPEC 10).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum EngineError {
-    /// The entity does not exist: `404 not_found`.
-    #[error("moment {0} does not exist")]
-    NotFound(Id),
-    /// The entity is a tombstone: `410 deleted`.
-    #[error("moment {0} is deleted")]
-    Deleted(Id),
-    /// Something other than a moment does not exist (a turn, a mark, ...):
-    /// `404 not_found`. The text names it.
-    #[error("{0} does not exist")]
-    Missing(String),
-    /// A message id's time is outside the clock window: `400 clock_skew`
-    /// (SPEC section 5).
-    #[error(
-        "the message id's time is {skew_ms} ms from the server clock; the window is 5 minutes"
-    )]
-    ClockSkew {
-        /// The server clock, Unix ms.
-        server_time_ms: u64,
-        /// The time in the id, Unix ms.
-        id_time_ms: u64,
-        /// `id_time_ms - server_time_ms`.
-        skew_ms: i64,
-    },
-    /// The request cannot be carried out as it stands: `400 invalid_request`.
-    #[error("{0}")]
-    Invalid(String),
-    /// The request id belongs to another kind of request or another entity:
-    /// `409 conflict`.
-    #[error("{0}")]
-    Conflict(String),
-    /// `If-Match` named another version: `412 precondition_failed`.
-    #[error("the moment is at version {current}, not {expected}")]
-    PreconditionFailed {
-        /// The moment's version now.
-        current: u32,
-        /// The version the client named.
-        expected: u32,
-    },
-    /// The write path is stopped (poisoned by an I/O error, or shutting
-    /// down): `503 unavailable`. Nothing was acknowledged.
-    #[error("writes are unavailable: {0}")]
-    Unavailable(String),
-}
+pub use spark_core::error::{Conflict, EngineError};
+pub use spark_core::outcome::Outcome;
 
 /// Why the engine could not open its data directory.
 #[derive(Debug, thiserror::Error)]
@@ -210,24 +80,6 @@ pub enum EngineOpenError {
     },
 }
 
-/// A record that decodes but does not fold, or does not decode.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    /// The payload is not a known op.
-    #[error(transparent)]
-    Decode(#[from] OpDecodeError),
-    /// The fold refused the op.
-    #[error(transparent)]
-    Fold(#[from] FoldError),
-}
-
-/// Decodes one record and applies it with the one fold: what startup replay
-/// and the offline tools do for every record.
-pub fn replay_record(mirror: &mut Mirror, record: &RecordRef<'_>) -> Result<(), ReplayError> {
-    mirror.apply(Op::decode(record)?)?;
-    Ok(())
-}
-
 /// State shared between the writer thread and the readers.
 struct Shared {
     /// The published mirror: only durable ops are ever applied to it.
@@ -236,6 +88,15 @@ struct Shared {
     head: Mutex<Head>,
     /// Set once the write path is stopped by an I/O error; the reason.
     poison: Mutex<Option<String>>,
+    /// Set while the log waits for disk space to recover its tail after a
+    /// write failed for want of space (writes answer `507` meanwhile); the
+    /// reason. Cleared by the in-process recovery.
+    heal_pending: Mutex<Option<String>>,
+    /// The disk reserve check (`log.disk_reserve_bytes`).
+    disk: Arc<crate::disk::DiskSpace>,
+    /// With `[archive]`: set once another engine took the prefix over and
+    /// the shipper found out; the reason. Never cleared (SPEC section 11).
+    fenced: Mutex<Option<String>>,
     /// The last committed seq, for long polls that wait for a change.
     committed: tokio::sync::watch::Sender<u64>,
     /// Where the ids of committed `turn.start` ops go (the brain runner),
@@ -245,33 +106,15 @@ struct Shared {
     /// subscriber that falls behind the buffer loses notices (it is told
     /// where to resume); the writer never waits for one.
     changes: tokio::sync::broadcast::Sender<Arc<Vec<ChangeNotice>>>,
+    /// `[archive] mode = "sync"`: where acknowledgments wait for the
+    /// archive ([`crate::archive::gate`]). `None`: answered at the local
+    /// fdatasync.
+    gate: Option<Arc<ArchiveGate>>,
 }
 
-/// What one committed op changed, as `/api/events` tells it (SPEC section 4).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ChangeNotice {
-    /// The op's seq: the event's id, what `after` and `Last-Event-ID` take.
-    pub seq: u64,
-    /// The op's kind name.
-    pub kind: &'static str,
-    /// Ids of the entities it created or updated.
-    pub upserted: Vec<String>,
-    /// Ids of the entities it removed.
-    pub removed: Vec<String>,
-}
-
-impl ChangeNotice {
-    /// The notice of one op.
-    pub fn of(op: &Op) -> ChangeNotice {
-        let (upserted, removed) = op.body.change();
-        ChangeNotice {
-            seq: op.seq,
-            kind: op.body.kind().name(),
-            upserted,
-            removed,
-        }
-    }
-}
+/// What one committed op changed, as `/api/events` tells it (SPEC section
+/// 4); the shape lives with the other wire shapes.
+pub use spark_core::wire::events::ChangeNotice;
 
 /// A command on its way to the writer thread, with where to answer.
 enum Job {
@@ -316,9 +159,21 @@ impl Engine {
             mirror: RwLock::new(mirror),
             head: Mutex::new(log.head()),
             poison: Mutex::new(None),
+            heal_pending: Mutex::new(None),
+            fenced: Mutex::new(None),
+            disk: Arc::new(crate::disk::DiskSpace::new(
+                &settings.data_dir,
+                settings.log.disk_reserve_bytes,
+                settings.log.disk_check_interval_ms,
+            )),
             committed,
             turn_sink: Mutex::new(None),
             changes,
+            gate: settings
+                .archive
+                .as_ref()
+                .filter(|archive| archive.mode == ArchiveMode::Sync)
+                .map(|_| Arc::new(ArchiveGate::new())),
         });
         let (queue, receiver) = mpsc::channel(settings.log.queue_depth_commands);
         let writer = journal::spawn(
@@ -342,18 +197,76 @@ impl Engine {
     }
 
     /// Sends a command to the sequencer and waits until its op is durable
-    /// (or until it is answered from what is already known).
+    /// (or until it is answered from what is already known). In `sync`
+    /// mode durable means stored in the archive: a success waits until a
+    /// manifest naming its op (for a known answer: the committed seq it
+    /// was read at) is stored ([`crate::archive::gate`]).
+    ///
+    ///
+    /// Once the engine is fenced ([`Engine::fence`]) every answer is
+    /// `Fenced`: a command is refused before it is queued, and one whose
+    /// batch was already queued or written is not acknowledged if the fence
+    /// is known when its answer comes back (ARCHIVE.md "Epoch": no
+    /// acknowledgment after the fence).
     pub async fn submit(&self, command: Command) -> Result<Outcome, EngineError> {
+        self.refuse_if_fenced()?;
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Job::Command { command, reply })
             .await
             .map_err(|_| EngineError::Unavailable("the engine is shutting down".into()))?;
-        answer.await.unwrap_or_else(|_| {
+        let answer = answer.await.unwrap_or_else(|_| {
             Err(EngineError::Unavailable(
                 "the writer stopped before answering".into(),
             ))
+        });
+        self.refuse_if_fenced()?;
+        answer
+    }
+
+    fn refuse_if_fenced(&self) -> Result<(), EngineError> {
+        match self.fenced() {
+            Some(reason) => Err(EngineError::Fenced(reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Fences the write path (SPEC section 11): another engine took the
+    /// archive's prefix over. From the return of this call on, no
+    /// [`Engine::submit`] answers with success. Called by the archive
+    /// shipper; the first reason is kept.
+    pub fn fence(&self, reason: String) {
+        self.shared.fenced.lock().get_or_insert(reason);
+    }
+
+    /// Why the engine is fenced, if it is (`503 fenced`).
+    pub fn fenced(&self) -> Option<String> {
+        self.shared.fenced.lock().clone()
+    }
+
+    /// Acknowledges `outcome`, an answer a handler read from the mirror
+    /// without a command (a replayed upload): at once without `sync` mode;
+    /// in `sync` mode once everything committed when it was read is in the
+    /// archive, so a retry is never acknowledged before its original. The
+    /// error is the archive gate's when it closes first (`503`).
+    pub async fn acknowledge(&self, outcome: Outcome) -> Result<Outcome, EngineError> {
+        let Some(gate) = &self.shared.gate else {
+            return Ok(outcome);
+        };
+        let (reply, answer) = oneshot::channel();
+        let seq = self.shared.mirror.read().seq;
+        gate.hold(seq, vec![(Ok(outcome), reply)]);
+        answer.await.unwrap_or_else(|_| {
+            Err(EngineError::Unavailable(
+                "the archive gate dropped an answer".into(),
+            ))
         })
+    }
+
+    /// The archive gate, when the engine was opened with `[archive] mode =
+    /// "sync"` (the shipper answers through it; fencing closes it).
+    pub fn archive_gate(&self) -> Option<&Arc<ArchiveGate>> {
+        self.shared.gate.as_ref()
     }
 
     /// Runs `f` over the published mirror (durable state only), under a
@@ -400,6 +313,24 @@ impl Engine {
     /// Why the write path is stopped, if it is.
     pub fn poisoned(&self) -> Option<String> {
         self.shared.poison.lock().clone()
+    }
+
+    /// Why writes are refused for want of disk space right now, if they are
+    /// (`507 insufficient_storage`): free space below the reserve, or the
+    /// log waiting for space to recover its tail after a full disk. Measures
+    /// free space when the last measure is stale (see [`crate::disk`]).
+    pub fn short_of_space(&self) -> Option<EngineError> {
+        if let Some(reason) = self.shared.heal_pending.lock().clone() {
+            return Some(EngineError::InsufficientStorage(format!(
+                "the log waits for disk space to recover its tail: {reason}"
+            )));
+        }
+        self.shared.disk.admit(0).err()
+    }
+
+    /// The disk reserve check, for writes outside the journal (uploads).
+    pub fn disk(&self) -> &crate::disk::DiskSpace {
+        &self.shared.disk
     }
 
     /// What recovery found when the engine opened.
@@ -489,25 +420,23 @@ enum ReplayStop {
 /// One difference: recovery may finish its repairs of the last segment (cut
 /// a torn tail, keeping a copy) before a fold refusal earlier in the log is
 /// seen; those repairs are what any later start would do first.
-fn replay_log(
+/// A batch of prepared ops with their offsets, and how many more request
+/// ids the fold should make room for (set on the first batch only).
+type ReplayBatch = (Vec<(PreparedOp, u64)>, usize);
+
+/// What the replay's fold thread ends with: the mirror, or the seq, offset
+/// and error of the first op it refused.
+type FoldResult = Result<Mirror, (u64, u64, ReplayError)>;
+
+/// Starts the replay's fold thread: it folds the batches it receives, in
+/// order, and sends each emptied buffer back to be filled again.
+fn spawn_replay_fold(
     settings: &Settings,
-    fs: Arc<dyn Fs>,
-) -> Result<(Log, RecoveryReport, Mirror), EngineOpenError> {
-    // A batch of prepared ops with their offsets, and how many more request
-    // ids the fold should make room for (set on the first batch only).
-    type ReplayBatch = (Vec<(PreparedOp, u64)>, usize);
-    let (batches, received) =
-        std::sync::mpsc::sync_channel::<ReplayBatch>(REPLAY_BATCHES_IN_FLIGHT);
-    // Emptied batch buffers go back to be filled again: a fresh 0.5 MB
-    // buffer per batch, freed on the other thread, goes back to the kernel,
-    // and faulting it in again (zeroed pages) is the largest cost of replay
-    // on a VM (issue 7).
-    let (recycle, recycled) = std::sync::mpsc::channel::<Vec<(PreparedOp, u64)>>();
-    let mut mirror = Mirror::new();
-    // Ops are decoded and prepared (creates built and boxed, request ids
-    // hashed) on this thread, and folded on the fold thread.
-    let preparer = mirror.preparer();
-    let fold = std::thread::Builder::new()
+    mut mirror: Mirror,
+    received: std::sync::mpsc::Receiver<ReplayBatch>,
+    recycle: std::sync::mpsc::Sender<Vec<(PreparedOp, u64)>>,
+) -> Result<JoinHandle<FoldResult>, EngineOpenError> {
+    std::thread::Builder::new()
         .name("spark-replay-fold".into())
         .spawn(move || {
             for (mut batch, reserve_request_ids) in received {
@@ -526,7 +455,54 @@ fn replay_log(
         .map_err(|source| EngineOpenError::DataDir {
             path: settings.data_dir.display().to_string(),
             source,
-        })?;
+        })
+}
+
+/// Why opening the log failed: a corrupt log names its damage (see
+/// [`crate::damage`]); a record that does not decode names its segment and
+/// offset (`at`: the seq and offset of the last record visited).
+fn open_error(settings: &Settings, e: OpenError<ReplayStop>, at: (u64, u64)) -> EngineOpenError {
+    match e {
+        OpenError::Log(e @ LogError::Corrupt { .. }) => {
+            match spark_log_format::damage_report(
+                &settings.log_dir(),
+                settings.log.max_record_bytes,
+            ) {
+                Ok(Some(report)) => EngineOpenError::Damaged(crate::damage::summary(&report)),
+                _ => EngineOpenError::Log(e),
+            }
+        }
+        OpenError::Log(e) => EngineOpenError::Log(e),
+        OpenError::Visit(ReplayStop::Decode(source)) => EngineOpenError::Replay {
+            segment: segment_of(&settings.log_dir(), at.0),
+            offset: at.1,
+            source,
+        },
+        // The fold thread stopped without an error: cannot happen (it
+        // stops only on an error or when the sender is dropped).
+        OpenError::Visit(ReplayStop::FoldStopped) => EngineOpenError::DataDir {
+            path: settings.data_dir.display().to_string(),
+            source: std::io::Error::other("the replay fold thread stopped early"),
+        },
+    }
+}
+
+fn replay_log(
+    settings: &Settings,
+    fs: Arc<dyn Fs>,
+) -> Result<(Log, RecoveryReport, Mirror), EngineOpenError> {
+    let (batches, received) =
+        std::sync::mpsc::sync_channel::<ReplayBatch>(REPLAY_BATCHES_IN_FLIGHT);
+    // Emptied batch buffers go back to be filled again: a fresh 0.5 MB
+    // buffer per batch, freed on the other thread, goes back to the kernel,
+    // and faulting it in again (zeroed pages) is the largest cost of replay
+    // on a VM (issue 7).
+    let (recycle, recycled) = std::sync::mpsc::channel::<Vec<(PreparedOp, u64)>>();
+    let mirror = Mirror::new();
+    // Ops are decoded and prepared (creates built and boxed, request ids
+    // hashed) on this thread, and folded on the fold thread.
+    let preparer = mirror.preparer();
+    let fold = spawn_replay_fold(settings, mirror, received, recycle)?;
     let log_bytes = segment_bytes(&settings.log_dir());
     let mut sample = RequestIdSample::default();
     let mut at = (0, 0);
@@ -571,25 +547,7 @@ fn replay_log(
         Ok(mirror) => mirror,
         Err((seq, offset, source)) => return Err(replay_error(seq, offset, source)),
     };
-    let (log, recovery) = opened.map_err(|e| match e {
-        OpenError::Log(e @ LogError::Corrupt { .. }) => {
-            match spark_log_format::damage_report(
-                &settings.log_dir(),
-                settings.log.max_record_bytes,
-            ) {
-                Ok(Some(report)) => EngineOpenError::Damaged(crate::damage::summary(&report)),
-                _ => EngineOpenError::Log(e),
-            }
-        }
-        OpenError::Log(e) => EngineOpenError::Log(e),
-        OpenError::Visit(ReplayStop::Decode(source)) => replay_error(at.0, at.1, source),
-        // The fold thread stopped without an error: cannot happen (it
-        // stops only on an error or when the sender is dropped).
-        OpenError::Visit(ReplayStop::FoldStopped) => EngineOpenError::DataDir {
-            path: settings.data_dir.display().to_string(),
-            source: std::io::Error::other("the replay fold thread stopped early"),
-        },
-    })?;
+    let (log, recovery) = opened.map_err(|e| open_error(settings, e, at))?;
     Ok((log, recovery, mirror))
 }
 
@@ -636,7 +594,7 @@ pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-fn lock_data_dir(data_dir: &Path) -> Result<File, EngineOpenError> {
+pub(crate) fn lock_data_dir(data_dir: &Path) -> Result<File, EngineOpenError> {
     let io_error = |source| EngineOpenError::DataDir {
         path: data_dir.display().to_string(),
         source,

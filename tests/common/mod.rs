@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -115,6 +115,18 @@ impl TestServer {
         (s, v)
     }
 
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("metrics are served")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     pub async fn stop(self) {
         self.running.shutdown().await;
     }
@@ -149,9 +161,16 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     pub fn start(data: &Path) -> ServerProcess {
+        ServerProcess::start_with_env(data, &[])
+    }
+
+    /// [`ServerProcess::start`] with settings from environment variables
+    /// (`SPARK_<SECTION>_<KEY>`).
+    pub fn start_with_env(data: &Path, env: &[(&str, &str)]) -> ServerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -206,4 +225,92 @@ pub fn replayed_state(data: &Path) -> (String, u64, usize) {
     let engine = spark_engine::Engine::open(&settings(data), Arc::new(OsFs), Arc::new(SystemClock))
         .expect("engine opens");
     engine.read(|m| (m.digest(), m.seq, m.requests.len()))
+}
+
+/// Decides what a test does when a program it needs is missing (SPEC: none;
+/// README "Tests"). `missing` is `None` when everything is there, else why
+/// not (for example "tesseract is not installed"). Returns `true` when the
+/// test should run. When something is missing and the environment variable
+/// `require_var` is `1` (as `.ci/run` sets it), the test fails naming what is
+/// missing; otherwise it prints `skipped: <test>: <why> (set <require_var>=1
+/// to make it mandatory)` straight to the process's stderr, so the line shows
+/// in `cargo test`'s output even though the test passes, and returns `false`.
+pub fn run_or_skip(test: &str, missing: Option<String>, require_var: &str) -> bool {
+    let Some(why) = missing else { return true };
+    if std::env::var(require_var).as_deref() == Ok("1") {
+        panic!("{test}: {why}, and {require_var}=1 makes this test mandatory");
+    }
+    // Not `eprintln!`: the test harness captures that for passing tests.
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped: {test}: {why} (set {require_var}=1 to make it mandatory)"
+    );
+    false
+}
+
+/// What `spark-replay audit media` checks, on a stopped server's data
+/// directory: every `media.put` has its blob with the op's size and
+/// SHA-256 (no lost blob), and every blob is named by an op (no orphan).
+/// When the `spark-replay` binary is built beside `spark-engine`, its
+/// `audit media --grace-seconds 0` must agree (exit 0, no orphan past the
+/// grace period); set `SPARK_REQUIRE_REPLAY=1` to make that part mandatory.
+/// Returns how many media there are.
+pub fn assert_media_whole(data: &Path) -> usize {
+    // A child process another test forks (spark-replay, a server) holds a
+    // copy of the stopped server's `LOCK` descriptor until it execs: wait
+    // for that instead of failing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let engine = loop {
+        match spark_engine::Engine::open(&settings(data), Arc::new(OsFs), Arc::new(SystemClock)) {
+            Err(spark_engine::engine::EngineOpenError::Locked(_))
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => break opened.expect("engine opens"),
+        }
+    };
+    let media: Vec<([u8; 32], u64)> = engine.read(|m| {
+        m.media
+            .values()
+            .map(|m| (m.sha256.0, m.size_bytes))
+            .collect()
+    });
+    drop(engine);
+    let blobs_dir = spark_core::blob::blobs_dir(data);
+    for (sha256, size_bytes) in &media {
+        let path = spark_core::blob::blob_path(&blobs_dir, sha256);
+        if let Err(fault) = spark_core::blob::verify(&path, sha256, *size_bytes) {
+            panic!("blob {}: {fault}", hex::encode(sha256));
+        }
+    }
+    let named: std::collections::BTreeSet<String> = media
+        .iter()
+        .map(|(sha256, _)| hex::encode(sha256))
+        .collect();
+    let blobs: std::collections::BTreeSet<String> = std::fs::read_dir(&blobs_dir)
+        .expect("blob directory lists")
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let orphans: Vec<&String> = blobs.difference(&named).collect();
+    assert!(orphans.is_empty(), "orphan blobs: {orphans:?}");
+    let replay = PathBuf::from(env!("CARGO_BIN_EXE_spark-engine")).with_file_name("spark-replay");
+    let missing = (!replay.is_file()).then(|| {
+        format!(
+            "{} is not built (`cargo test --workspace` builds it)",
+            replay.display()
+        )
+    });
+    if run_or_skip("audit media", missing, "SPARK_REQUIRE_REPLAY") {
+        let out = Command::new(&replay)
+            .args(["audit", "media", "--json", "--grace-seconds", "0", "--data"])
+            .arg(data)
+            .output()
+            .expect("spark-replay runs");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        assert_eq!(out.status.code(), Some(0), "audit media: {report}");
+        assert_eq!(report["orphans_past_grace"], 0, "audit media: {report}");
+        assert_eq!(report["ok"], media.len(), "audit media: {report}");
+    }
+    media.len()
 }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use spark_log_format::format::{
-    chain_value, encode_record, encode_seal, segment_file_name, SegmentHeader,
+    chain_value, encode_commit, encode_record, encode_seal, segment_file_name, CommitMark,
+    SegmentHeader,
 };
 use spark_log_format::{
     ChainValue, Fs, Head, Log, LogConfig, LogError, LogReader, OsFs, RecordIn, RecordRef,
@@ -32,6 +33,30 @@ pub fn config(segment_size_bytes: u64) -> LogConfig {
 
 pub fn os() -> Arc<dyn Fs> {
     Arc::new(OsFs)
+}
+
+/// SplitMix64: small, deterministic, good enough to pick cuts, flips and
+/// payloads.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// True one time in `one_in` (`one_in > 0`).
+    pub fn chance(&mut self, one_in: u64) -> bool {
+        self.below(one_in) == 0
+    }
 }
 
 /// A record with its bytes owned, for comparing.
@@ -95,7 +120,15 @@ pub fn open_collect(
 
 /// Reads `dir` with LogReader (open + full scan) and collects the records.
 pub fn scan_collect(dir: &Path) -> Result<(ScanReport, Vec<Owned>), LogError> {
-    let reader = LogReader::open(dir)?;
+    scan_collect_with(dir, os())
+}
+
+/// [`scan_collect`] through `fs`.
+pub fn scan_collect_with(
+    dir: &Path,
+    fs: Arc<dyn Fs>,
+) -> Result<(ScanReport, Vec<Owned>), LogError> {
+    let reader = LogReader::open_with(dir, fs)?;
     let mut seen = Vec::new();
     let report = reader.scan(ScanOptions::default(), |_, r| {
         seen.push(Owned::from_ref(&r));
@@ -167,12 +200,16 @@ pub fn reader_error(dir: &Path) -> LogError {
     }
 }
 
-/// Hand-built segment bytes: a header, then records, then optionally a seal.
+/// Hand-built segment bytes (format version 2): a header, then
+/// single-record batches (each record and its commit mark), then optionally
+/// a seal.
 pub struct SegmentBytes {
     pub first_seq: Seq,
     pub chain_start: ChainValue,
     pub bytes: Vec<u8>,
     pub offsets: Vec<usize>,
+    /// Format version 1: records without commit marks.
+    pub v1: bool,
 }
 
 impl SegmentBytes {
@@ -187,13 +224,35 @@ impl SegmentBytes {
             chain_start,
             bytes: header.encode().to_vec(),
             offsets: Vec::new(),
+            v1: false,
         }
     }
 
-    /// Appends the frame of `sample(seq)` with `seq`.
+    /// A format-version-1 segment: its records carry no commit marks.
+    pub fn v1(first_seq: Seq, chain_start: ChainValue) -> SegmentBytes {
+        let header = SegmentHeader {
+            first_seq,
+            created_ms: T0,
+            chain_start,
+        };
+        SegmentBytes {
+            bytes: header.encode_version(1).to_vec(),
+            v1: true,
+            ..SegmentBytes::new(first_seq, chain_start)
+        }
+    }
+
+    /// Appends the frame of `sample(seq)` with `seq`, then (version 2) its
+    /// commit mark (a batch of one, as the writer would).
     pub fn record(mut self, seq: Seq) -> SegmentBytes {
-        self.offsets.push(self.bytes.len());
+        let start = self.bytes.len();
+        self.offsets.push(start);
         encode_record(&mut self.bytes, seq, &sample(seq).as_in()).expect("encode");
+        if self.v1 {
+            return self;
+        }
+        let mark = CommitMark::for_batch(&self.bytes[start..], 1);
+        encode_commit(&mut self.bytes, seq, T0, &mark);
         self
     }
 

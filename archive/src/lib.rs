@@ -1,0 +1,552 @@
+//! The object store side of the Spark archive (SPEC section 11,
+//! `log-format/ARCHIVE.md`): an [`ArchiveStore`] is a bucket and a prefix
+//! behind `object_store`, with create-only puts that settle "already
+//! exists" by comparing bytes, checked reads of manifests and epochs, and
+//! discovery of the latest numbered object by probing (no LIST). Used by the
+//! engine's shipper and by `spark-replay restore` / `verify`.
+
+#![warn(missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use spark_log_format::archive::{epoch_key, manifest_key, EpochDoc, Manifest, ObjectError};
+
+pub use object_store;
+
+/// Why a store operation failed, by kind (the `kind` label of
+/// `spark_archive_failures_total`).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or answered with an error.
+    #[error("store unreachable or failing at {key}: {message}")]
+    Unreachable {
+        /// The object key.
+        key: String,
+        /// What the client said.
+        message: String,
+    },
+    /// A create-only put found other bytes under the key.
+    #[error("conflict at {key}: another object with other bytes is stored there")]
+    Conflict {
+        /// The object key.
+        key: String,
+    },
+    /// An object failed its check when read.
+    #[error("object {key} is damaged: {source}")]
+    Damaged {
+        /// The object key.
+        key: String,
+        /// What the check found.
+        #[source]
+        source: ObjectError,
+    },
+    /// An object a manifest names is missing.
+    #[error("object {key} is missing")]
+    Missing {
+        /// The object key.
+        key: String,
+    },
+}
+
+impl StoreError {
+    /// The failure kind as a metric label: `unreachable`, `conflict`,
+    /// `damaged`, `missing`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unreachable { .. } => "unreachable",
+            StoreError::Conflict { .. } => "conflict",
+            StoreError::Damaged { .. } => "damaged",
+            StoreError::Missing { .. } => "missing",
+        }
+    }
+}
+
+/// What a create-only put found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Put {
+    /// The object was created.
+    Created,
+    /// The same bytes were already stored under the key (an earlier try
+    /// landed).
+    AlreadyThere,
+}
+
+/// `s3://BUCKET/PREFIX` taken apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchiveUrl {
+    /// The bucket.
+    pub bucket: String,
+    /// The key prefix, without leading or trailing `/` (may be empty).
+    pub prefix: String,
+}
+
+impl ArchiveUrl {
+    /// Parses `s3://BUCKET[/PREFIX]`; the error says what is wrong.
+    pub fn parse(url: &str) -> Result<ArchiveUrl, String> {
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| format!("{url:?} does not start with s3://"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if !bucket_ok {
+            return Err(format!(
+                "bucket {bucket:?} is not 3 to 63 lower-case letters, digits, '-' or '.'"
+            ));
+        }
+        let prefix = prefix.trim_end_matches('/');
+        if !prefix.is_empty() && prefix.split('/').any(str::is_empty) {
+            return Err(format!("prefix {prefix:?} has an empty path part"));
+        }
+        Ok(ArchiveUrl {
+            bucket: bucket.to_owned(),
+            prefix: prefix.to_owned(),
+        })
+    }
+}
+
+/// Where the archive is: the URL, the endpoint for stores other than AWS,
+/// and the region. Credentials come from `AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` only.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// `s3://BUCKET/PREFIX`.
+    pub url: String,
+    /// e.g. `http://127.0.0.1:8333`; `None`: AWS.
+    pub endpoint: Option<String>,
+    /// e.g. `us-east-1`.
+    pub region: String,
+}
+
+/// The latest number [`ArchiveStore::latest`] found, by the key of number
+/// 1 (one entry per prefix and kind of numbered object): where its next
+/// probe starts.
+static LATEST_FOUND: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+/// Checks a store endpoint: `http://` or `https://`, then a host, an
+/// optional `:PORT` and an optional path (`http://127.0.0.1:8333`,
+/// `https://s3.example.com`). The one rule for the engine's
+/// `archive.endpoint` and the tools' `--endpoint`; the error says what is
+/// wrong (the S3 client would panic on some of these).
+pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    let rest = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))
+        .ok_or("must start with http:// or https://")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or("an IPv6 host needs its closing ]")?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b));
+    if !host_ok || authority.contains('@') {
+        return Err("must name a host after the scheme (e.g. http://127.0.0.1:8333)".into());
+    }
+    if let Some(port) = port {
+        if port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!("port {port:?} is not 1 to 65535"));
+        }
+    }
+    Ok(())
+}
+
+/// The store's credentials: only from `AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY` and (for temporary credentials)
+/// `AWS_SESSION_TOKEN` (issue 15), never from a file or the EC2 instance
+/// metadata service.
+#[derive(Clone)]
+pub struct Credentials {
+    /// `AWS_ACCESS_KEY_ID`.
+    pub access_key_id: String,
+    /// `AWS_SECRET_ACCESS_KEY`.
+    pub secret_access_key: String,
+    /// `AWS_SESSION_TOKEN`, when set.
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    /// The credentials from the variables `var` gives (`std::env::var` in
+    /// use). Errors when the key id or the secret is unset or empty, naming
+    /// the variables.
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Credentials, String> {
+        let get = |name: &str| var(name).filter(|v| !v.is_empty());
+        let id = get("AWS_ACCESS_KEY_ID");
+        let secret = get("AWS_SECRET_ACCESS_KEY");
+        match (id, secret) {
+            (Some(access_key_id), Some(secret_access_key)) => Ok(Credentials {
+                access_key_id,
+                secret_access_key,
+                session_token: get("AWS_SESSION_TOKEN"),
+            }),
+            (id, secret) => {
+                let unset: Vec<&str> = [
+                    (id.is_none(), "AWS_ACCESS_KEY_ID"),
+                    (secret.is_none(), "AWS_SECRET_ACCESS_KEY"),
+                ]
+                .into_iter()
+                .filter_map(|(unset, name)| unset.then_some(name))
+                .collect();
+                Err(format!(
+                    "no credentials: {} not set; set AWS_ACCESS_KEY_ID and \
+                     AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
+                     credentials) in the environment (the archive reads no other source)",
+                    unset.join(" and ")
+                ))
+            }
+        }
+    }
+}
+
+/// Per request: give up after this long (the shipper retries with backoff).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Per connection attempt.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A bucket and prefix: the archive's objects.
+#[derive(Clone, Debug)]
+pub struct ArchiveStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+}
+
+impl ArchiveStore {
+    /// An S3-compatible store from `config` and the `AWS_*` credentials in
+    /// the environment, with create-only puts (`If-None-Match: *`). The
+    /// client retries a failed request at most twice; the caller retries
+    /// beyond that.
+    ///
+    /// Errors (in words, before any request): a bad URL, an endpoint
+    /// [`check_endpoint`] refuses, or no credentials ([`Credentials::from_env`];
+    /// the client never falls back to the EC2 instance metadata service).
+    pub fn connect(config: &StoreConfig) -> Result<ArchiveStore, String> {
+        let credentials = Credentials::from_env(|name| std::env::var(name).ok())?;
+        ArchiveStore::connect_with(config, credentials)
+    }
+
+    /// [`ArchiveStore::connect`] with the credentials given.
+    pub fn connect_with(
+        config: &StoreConfig,
+        credentials: Credentials,
+    ) -> Result<ArchiveStore, String> {
+        let url = ArchiveUrl::parse(&config.url)?;
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&url.bucket)
+            .with_region(&config.region)
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .with_retry(object_store::RetryConfig {
+                max_retries: 2,
+                retry_timeout: Duration::from_secs(10),
+                ..Default::default()
+            })
+            .with_client_options(
+                object_store::ClientOptions::new()
+                    .with_timeout(REQUEST_TIMEOUT)
+                    .with_connect_timeout(CONNECT_TIMEOUT),
+            )
+            .with_access_key_id(credentials.access_key_id)
+            .with_secret_access_key(credentials.secret_access_key);
+        if let Some(token) = credentials.session_token {
+            builder = builder.with_token(token);
+        }
+        if let Some(endpoint) = &config.endpoint {
+            check_endpoint(endpoint).map_err(|e| format!("endpoint {endpoint:?}: {e}"))?;
+            builder = builder
+                .with_endpoint(endpoint)
+                .with_allow_http(endpoint.starts_with("http://"));
+        }
+        let store = builder.build().map_err(|e| e.to_string())?;
+        Ok(ArchiveStore::new(Arc::new(store), url.prefix))
+    }
+
+    /// An archive over any store (tests use `object_store::memory::InMemory`).
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: String) -> ArchiveStore {
+        ArchiveStore { store, prefix }
+    }
+
+    /// The key prefix (no trailing `/`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn unreachable(key: &str, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Unreachable {
+            key: key.to_owned(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Puts `bytes` under `key` only if nothing is there. If something is,
+    /// reads it: the same bytes are [`Put::AlreadyThere`], other bytes a
+    /// [`StoreError::Conflict`].
+    pub async fn put_create(&self, key: &str, bytes: Bytes) -> Result<Put, StoreError> {
+        let path = StorePath::from(key);
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&path, PutPayload::from(bytes.clone()), options)
+            .await
+        {
+            Ok(_) => Ok(Put::Created),
+            Err(object_store::Error::AlreadyExists { .. }) => match self.get(key).await? {
+                Some(stored) if stored == bytes => Ok(Put::AlreadyThere),
+                Some(_) => Err(StoreError::Conflict {
+                    key: key.to_owned(),
+                }),
+                None => Err(Self::unreachable(
+                    key,
+                    "the store said the object exists, then that it does not",
+                )),
+            },
+            Err(e) => Err(Self::unreachable(key, e)),
+        }
+    }
+
+    /// The bytes under `key`, `None` when there is no such object.
+    pub async fn get(&self, key: &str) -> Result<Option<Bytes>, StoreError> {
+        let path = StorePath::from(key);
+        match self.store.get(&path).await {
+            Ok(result) => result
+                .bytes()
+                .await
+                .map(Some)
+                .map_err(|e| Self::unreachable(key, e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Self::unreachable(key, e)),
+        }
+    }
+
+    /// The bytes under `key`; a missing object is [`StoreError::Missing`].
+    pub async fn get_required(&self, key: &str) -> Result<Bytes, StoreError> {
+        self.get(key).await?.ok_or_else(|| StoreError::Missing {
+            key: key.to_owned(),
+        })
+    }
+
+    /// Whether an object is stored under `key` (one HEAD request).
+    pub async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        match self.store.head(&StorePath::from(key)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(Self::unreachable(key, e)),
+        }
+    }
+
+    /// The highest `n >= 1` whose `key_of(n)` exists, 0 when none does,
+    /// by probing (ARCHIVE.md "Manifest": 1, 2, 4, … then a binary search;
+    /// numbers are gapless since every one is created after the one
+    /// before). About 2·log2(n) HEAD requests, at start-up only. The
+    /// probe starts from the latest this process found before for the same
+    /// keys, when that object still exists (objects are never deleted):
+    /// then about 2·log2(what was added since) requests.
+    pub async fn latest(&self, key_of: impl Fn(u64) -> String) -> Result<u64, StoreError> {
+        let family = key_of(1);
+        let hint = LATEST_FOUND
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&family)
+            .copied();
+        let mut low = match hint {
+            Some(hint) if hint > 1 && self.exists(&key_of(hint)).await? => hint,
+            _ => {
+                if !self.exists(&family).await? {
+                    return Ok(0);
+                }
+                1
+            }
+        }; // exists
+        let mut step = 1u64;
+        let mut high = low.saturating_add(step);
+        while self.exists(&key_of(high)).await? {
+            low = high;
+            step = step.saturating_mul(2);
+            high = low.saturating_add(step);
+        }
+        // low exists, high does not.
+        while high - low > 1 {
+            let mid = low + (high - low) / 2;
+            if self.exists(&key_of(mid)).await? {
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+        LATEST_FOUND
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(family, low);
+        Ok(low)
+    }
+
+    /// The latest manifest, checked, or `None` for an empty archive.
+    pub async fn latest_manifest(&self) -> Result<Option<Manifest>, StoreError> {
+        let number = self.latest(|n| manifest_key(&self.prefix, n)).await?;
+        if number == 0 {
+            return Ok(None);
+        }
+        self.manifest(number).await.map(Some)
+    }
+
+    /// Manifest `number`, checked.
+    pub async fn manifest(&self, number: u64) -> Result<Manifest, StoreError> {
+        let key = manifest_key(&self.prefix, number);
+        let bytes = self.get_required(&key).await?;
+        Manifest::decode(&bytes, number).map_err(|source| StoreError::Damaged { key, source })
+    }
+
+    /// The latest epoch object, checked, or `None` when no writer took the
+    /// prefix yet.
+    pub async fn latest_epoch(&self) -> Result<Option<EpochDoc>, StoreError> {
+        let epoch = self.latest(|n| epoch_key(&self.prefix, n)).await?;
+        if epoch == 0 {
+            return Ok(None);
+        }
+        let key = epoch_key(&self.prefix, epoch);
+        let bytes = self.get_required(&key).await?;
+        EpochDoc::decode(&bytes, epoch)
+            .map(Some)
+            .map_err(|source| StoreError::Damaged { key, source })
+    }
+
+    /// Fetches an object a manifest names and checks its length and BLAKE3
+    /// against the entry.
+    pub async fn get_listed(
+        &self,
+        key: &str,
+        bytes: u64,
+        blake3_hex: &str,
+    ) -> Result<Bytes, StoreError> {
+        let data = self.get_required(key).await?;
+        let damaged = |message: String| StoreError::Damaged {
+            key: key.to_owned(),
+            source: ObjectError::Mismatch(message),
+        };
+        if data.len() as u64 != bytes {
+            return Err(damaged(format!(
+                "{} bytes, the manifest says {bytes}",
+                data.len()
+            )));
+        }
+        let hash = blake3::hash(&data).to_hex();
+        if hash.as_str() != blake3_hex {
+            return Err(damaged(format!(
+                "BLAKE3 {hash}, the manifest says {blake3_hex}"
+            )));
+        }
+        Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+
+    #[tokio::test]
+    async fn put_create_settles_existing_objects_by_their_bytes() {
+        let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        let a = Bytes::from_static(b"a");
+        assert_eq!(
+            store.put_create("p/x", a.clone()).await.unwrap(),
+            Put::Created
+        );
+        assert_eq!(store.put_create("p/x", a).await.unwrap(), Put::AlreadyThere);
+        let err = store
+            .put_create("p/x", Bytes::from_static(b"b"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), "conflict");
+    }
+
+    #[test]
+    fn endpoints_are_checked_before_the_client_sees_them() {
+        for good in [
+            "http://127.0.0.1:8333",
+            "https://s3.example.com",
+            "http://localhost:9000/",
+            "http://[::1]:8333",
+        ] {
+            check_endpoint(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for (bad, says) in [
+            ("127.0.0.1:8333", "http://"),
+            ("ftp://host", "http://"),
+            ("http://", "host"),
+            ("http://:8333", "host"),
+            ("http://host:port", "port"),
+            ("http://host:0", "port"),
+            ("http://user@host", "host"),
+        ] {
+            let error = check_endpoint(bad).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+        let config = StoreConfig {
+            url: "s3://spark/p".into(),
+            endpoint: Some("127.0.0.1:8333".into()),
+            region: "us-east-1".into(),
+        };
+        let credentials = Credentials::from_env(|_| Some("x".into())).unwrap();
+        let error = ArchiveStore::connect_with(&config, credentials).unwrap_err();
+        assert!(error.contains("127.0.0.1:8333"), "{error}");
+    }
+
+    #[test]
+    fn credentials_come_only_from_the_aws_variables() {
+        let none = Credentials::from_env(|_| None).unwrap_err();
+        assert!(
+            none.contains("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY not set"),
+            "{none}"
+        );
+        let no_secret =
+            Credentials::from_env(|name| (name == "AWS_ACCESS_KEY_ID").then(|| "id".to_owned()))
+                .unwrap_err();
+        assert!(no_secret.starts_with("no credentials: AWS_SECRET_ACCESS_KEY not set"));
+        let all = Credentials::from_env(|name| Some(format!("{name}-value"))).unwrap();
+        assert_eq!(all.access_key_id, "AWS_ACCESS_KEY_ID-value");
+        assert_eq!(
+            all.session_token.as_deref(),
+            Some("AWS_SESSION_TOKEN-value")
+        );
+        assert!(!format!("{all:?}").contains("SECRET"));
+    }
+
+    #[tokio::test]
+    async fn latest_finds_the_last_of_a_gapless_run() {
+        let store = ArchiveStore::new(Arc::new(InMemory::new()), String::new());
+        assert_eq!(store.latest(|n| format!("m/{n}")).await.unwrap(), 0);
+        for n in 1..=37u64 {
+            store
+                .put_create(&format!("m/{n}"), Bytes::from_static(b"x"))
+                .await
+                .unwrap();
+            assert_eq!(store.latest(|n| format!("m/{n}")).await.unwrap(), n);
+        }
+    }
+}

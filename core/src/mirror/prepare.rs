@@ -1,0 +1,110 @@
+//! Ops made ready for the fold: a create's moment built and boxed, the
+//! request id hashed, off the fold thread (issue 7).
+
+use super::{Mirror, Moment, RequestRow};
+use crate::ids::Id;
+use crate::op::{MomentCreate, Op, OpBody};
+use crate::request_index::{HashedRequestId, RequestHasher};
+
+impl Mirror {
+    /// A [`Preparer`] for ops this mirror will fold: startup replay prepares
+    /// on the decoding thread and folds on another (issue 7).
+    pub fn preparer(&self) -> Preparer {
+        Preparer {
+            hasher: self.requests.hasher(),
+        }
+    }
+}
+
+/// An op made ready for the fold by [`Preparer::prepare`]: a create's
+/// moment already built and boxed, the request id already hashed, the
+/// request index row already decided. Startup replay prepares on the
+/// decoding thread, so the fold thread moves a few pointers per op instead
+/// of a whole payload (issue 7). Preparing reads no state: it cannot fail.
+#[derive(Debug)]
+pub struct PreparedOp {
+    pub(super) seq: u64,
+    pub(super) ts_ms: u64,
+    pub(super) request: Option<(HashedRequestId, RequestRow)>,
+    pub(super) body: PreparedBody,
+}
+
+impl PreparedOp {
+    /// The op's seq.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// True if the op carries a request id (it adds a request index row
+    /// unless the id is known).
+    pub fn carries_request_id(&self) -> bool {
+        self.request.is_some()
+    }
+}
+
+#[derive(Debug)]
+pub(super) enum PreparedBody {
+    /// A `moment.create`: the moment as the mirror will hold it.
+    Create { id: Id, moment: Box<Moment> },
+    /// Any other op, boxed (so that a batch of prepared ops stays small).
+    Other(Box<OpBody>),
+}
+
+/// Prepares ops for one mirror (see [`Mirror::preparer`]); `Send`, for the
+/// replay's decoding thread.
+#[derive(Clone)]
+pub struct Preparer {
+    hasher: RequestHasher,
+}
+
+impl Preparer {
+    /// `op`, made ready for [`Mirror::apply_prepared`] of the mirror this
+    /// preparer came from. Pure: no state is read.
+    pub fn prepare(&self, op: Op) -> PreparedOp {
+        prepare(&self.hasher, op)
+    }
+}
+
+pub(super) fn prepare(hasher: &RequestHasher, op: Op) -> PreparedOp {
+    let Op {
+        seq,
+        ts_ms,
+        mut body,
+    } = op;
+    let request = body.take_request_id().map(|request_id| {
+        let row = RequestRow {
+            seq,
+            kind: body.kind(),
+            entity: body.entity(),
+        };
+        (hasher.hashed(request_id), row)
+    });
+    let body = match body {
+        OpBody::MomentCreate(p) => PreparedBody::Create {
+            id: p.id,
+            moment: Box::new(Moment::created(p, seq, ts_ms)),
+        },
+        other => PreparedBody::Other(Box::new(other)),
+    };
+    PreparedOp {
+        seq,
+        ts_ms,
+        request,
+        body,
+    }
+}
+
+impl Moment {
+    /// The moment a `moment.create` at `seq`, `ts_ms` makes (the payload's
+    /// device is dropped: the mirror does not keep it).
+    pub(super) fn created(p: MomentCreate, seq: u64, ts_ms: u64) -> Moment {
+        Moment::new(
+            p.id,
+            p.text.as_deref(),
+            p.caption.as_deref(),
+            p.lang.as_deref(),
+            p.captured_at_ms,
+            (seq, ts_ms),
+        )
+    }
+}

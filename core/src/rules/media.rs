@@ -1,0 +1,111 @@
+//! Media admission (SPEC section 4, DESIGN.md "Media"): a media id names one
+//! blob of one moment's role, for good. The same id with other bytes, a
+//! role another media already fills, and a deleted moment are refused here,
+//! and only here: the HTTP layer asks [`admit_target`] before it reads a
+//! byte and [`admit_bytes`] before it puts the blob in place, and the
+//! sequencer decides with [`decide_put_media`], which asks [`admit_bytes`]
+//! again against the committed mirror.
+
+use super::{answer, live, refuse, Decision, Plan};
+use crate::command::PutMedia;
+use crate::error::{Conflict, EngineError};
+use crate::ids::Id;
+use crate::mirror::{Media, Mirror};
+use crate::op::{MediaPut, MediaRole, OpBody, Sha256};
+use crate::outcome::{Outcome, Replay};
+
+/// What the bytes cannot change: a known media id must belong to this
+/// moment and role; an unknown one needs a live moment. `Ok(Some(media))`
+/// when the id is known (its bytes are compared by [`admit_bytes`]).
+///
+/// Errors: [`Conflict::MediaOwner`], [`EngineError::NotFound`],
+/// [`EngineError::Deleted`].
+pub fn admit_target(
+    mirror: &Mirror,
+    media_id: Id,
+    moment_id: Id,
+    role: MediaRole,
+) -> Result<Option<&Media>, EngineError> {
+    if let Some(known) = mirror.media.get(&media_id) {
+        if known.moment_id != moment_id || known.role != role {
+            return Err(Conflict::MediaOwner {
+                media_id,
+                moment_id: known.moment_id,
+                role: known.role,
+            }
+            .into());
+        }
+        return Ok(Some(known));
+    }
+    live(mirror, moment_id)?;
+    Ok(None)
+}
+
+/// The whole admission of an upload whose bytes are known: `Ok(Some(media))`
+/// for a replay of a known upload (same bytes, moment and role: nothing to
+/// write), `Ok(None)` for a new one.
+///
+/// Errors: [`Conflict::MediaBytes`] (same id, other bytes),
+/// [`Conflict::MediaOwner`], [`EngineError::NotFound`],
+/// [`EngineError::Deleted`], [`Conflict::RoleTaken`].
+pub fn admit_bytes<'m>(mirror: &'m Mirror, c: &PutMedia) -> Result<Option<&'m Media>, EngineError> {
+    // The media id: a replay must carry the same bytes for the same moment
+    // and role; anything else is a client bug, never a guess.
+    if let Some(existing) = mirror.media.get(&c.id) {
+        if existing.sha256.0 != c.sha256 {
+            return Err(Conflict::MediaBytes {
+                media_id: c.id,
+                stored_sha256: existing.sha256.0,
+                offered_sha256: c.sha256,
+            }
+            .into());
+        }
+        return admit_target(mirror, c.id, c.moment_id, c.role);
+    }
+    let moment = live(mirror, c.moment_id)?;
+    if let Some(other) = moment
+        .media()
+        .iter()
+        .filter_map(|id| mirror.media.get(id))
+        .find(|m| m.role == c.role)
+    {
+        return Err(Conflict::RoleTaken {
+            moment_id: c.moment_id,
+            role: c.role,
+            media_id: other.id,
+        }
+        .into());
+    }
+    Ok(None)
+}
+
+/// The answer to a replay of the known upload `existing`: its record, and
+/// its `media.put` as the replay (issue 19).
+pub fn known_upload(mirror: &Mirror, existing: &Media) -> Outcome {
+    Outcome::MediaPut {
+        created: false,
+        replayed: Some(Replay::of(mirror, existing.seq, existing.ts_ms)),
+        media: mirror.media_view(existing),
+    }
+}
+
+/// `media.put`: a known upload answers with its record; a new one is
+/// written once [`admit_bytes`] lets it in.
+pub fn decide_put_media(mirror: &Mirror, c: PutMedia) -> Decision {
+    match admit_bytes(mirror, &c) {
+        Err(e) => refuse(e),
+        Ok(Some(existing)) => answer(known_upload(mirror, existing)),
+        Ok(None) => Decision::Write(
+            vec![OpBody::MediaPut(MediaPut {
+                id: c.id,
+                moment_id: c.moment_id,
+                role: c.role,
+                sha256: Sha256(c.sha256),
+                size_bytes: c.size_bytes,
+                content_type: c.content_type,
+                device: c.device,
+            })],
+            Plan::MediaPut(c.id),
+        ),
+    }
+}

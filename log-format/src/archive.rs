@@ -1,0 +1,923 @@
+//! The archive's objects (`log-format/ARCHIVE.md`, SPEC section 11): object
+//! keys under a prefix, the tail chunk frame, the manifest and epoch frames,
+//! the walk that finds a segment's acknowledged bytes, and the rule that a
+//! manifest extends the one before it ([`extends`]). Shared by the
+//! engine's shipper and `spark-replay restore` / `verify`; no I/O here.
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::{
+    chain_hex, decode_record, ChainValue, RecordDecode, Seq, COMMIT_KIND_VERSION, KIND_SEAL,
+    SEAL_KIND_VERSION,
+};
+
+/// Version of the archive layout this build writes and reads.
+pub const ARCHIVE_VERSION: u16 = 1;
+/// Magic of a tail chunk object.
+pub const CHUNK_MAGIC: [u8; 8] = *b"SPARKCHK";
+/// Magic of a manifest object.
+pub const MANIFEST_MAGIC: [u8; 8] = *b"SPARKMAN";
+/// Magic of an epoch object.
+pub const EPOCH_MAGIC: [u8; 8] = *b"SPARKEPO";
+/// Magic of a missing-blob marker (ARCHIVE.md "Missing blob").
+pub const MISSING_MAGIC: [u8; 8] = *b"SPARKMIS";
+/// Bytes of a chunk header (ARCHIVE.md "Tail chunk").
+pub const CHUNK_HEADER_LEN: usize = 136;
+/// Bytes of the frame before a manifest's or epoch's JSON body.
+pub const DOC_HEADER_LEN: usize = 32;
+
+/// `n` as the 20-digit zero-padded decimal used in every key.
+fn digits(n: u64) -> String {
+    format!("{n:020}")
+}
+
+/// Joins `prefix` (no leading or trailing `/`; may be empty) and `rest`.
+fn join(prefix: &str, rest: String) -> String {
+    if prefix.is_empty() {
+        rest
+    } else {
+        format!("{prefix}/{rest}")
+    }
+}
+
+/// Key of the sealed segment whose first record is `first_seq`, shipped
+/// by writer epoch `epoch`: `<prefix>/segment/<first_seq, 20 digits>.seg`
+/// for epoch 1, `<prefix>/segment/<first_seq>-<epoch>.seg` (each 20 digits)
+/// after a take-over, so that a segment an older writer stored past the
+/// take-over point (named by no manifest) never holds the key the new
+/// writer needs (ARCHIVE.md "Keys").
+pub fn segment_key(prefix: &str, first_seq: Seq, epoch: u64) -> String {
+    if epoch <= 1 {
+        join(prefix, format!("segment/{}.seg", digits(first_seq)))
+    } else {
+        join(
+            prefix,
+            format!("segment/{}-{}.seg", digits(first_seq), digits(epoch)),
+        )
+    }
+}
+
+/// Key of a tail chunk: `<prefix>/chunk/<first_seq>-<last_seq>-<epoch>.chunk`
+/// (each 20 digits).
+pub fn chunk_key(prefix: &str, first_seq: Seq, last_seq: Seq, epoch: u64) -> String {
+    join(
+        prefix,
+        format!(
+            "chunk/{}-{}-{}.chunk",
+            digits(first_seq),
+            digits(last_seq),
+            digits(epoch)
+        ),
+    )
+}
+
+/// Key of manifest number `number` (from 1): `<prefix>/manifest/<number>`.
+pub fn manifest_key(prefix: &str, number: u64) -> String {
+    join(prefix, format!("manifest/{}", digits(number)))
+}
+
+/// Key of writer epoch `epoch` (from 1): `<prefix>/epoch/<epoch>`.
+pub fn epoch_key(prefix: &str, epoch: u64) -> String {
+    join(prefix, format!("epoch/{}", digits(epoch)))
+}
+
+/// Key of a media blob: `<prefix>/blob/<sha256, 64 lowercase hex>`.
+pub fn blob_key(prefix: &str, sha256: &[u8; 32]) -> String {
+    join(prefix, format!("blob/{}", chain_hex(sha256)))
+}
+
+/// Key of the marker that says a blob was lost before it was archived:
+/// `<prefix>/missing/<sha256, 64 lowercase hex>` (ARCHIVE.md "Missing
+/// blob").
+pub fn missing_key(prefix: &str, sha256: &[u8; 32]) -> String {
+    join(prefix, format!("missing/{}", chain_hex(sha256)))
+}
+
+/// Why an archived object was refused when read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ObjectError {
+    /// Shorter than its header or its declared body.
+    #[error("truncated: {0} bytes")]
+    Truncated(usize),
+    /// The magic is not the expected one.
+    #[error("bad magic (not a {0} object)")]
+    BadMagic(&'static str),
+    /// A version this build does not read.
+    #[error("archive version {0} is not supported (this build reads {ARCHIVE_VERSION})")]
+    Version(u16),
+    /// The header checksum does not match.
+    #[error("header checksum mismatch")]
+    HeaderCrc,
+    /// The body checksum does not match.
+    #[error("body checksum mismatch")]
+    BodyCrc,
+    /// The JSON body does not parse.
+    #[error("body does not parse: {0}")]
+    Json(String),
+    /// The object does not agree with what names it (manifest, key).
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+fn le_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+fn chain_at(b: &[u8], at: usize) -> ChainValue {
+    b[at..at + 32].try_into().expect("32 bytes")
+}
+
+/// CRC32 of a header of `len` bytes with its checksum field (bytes 12..16)
+/// taken as zero.
+fn header_crc(header: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&header[..12]);
+    crc.update(&[0; 4]);
+    crc.update(&header[16..]);
+    crc.finalize()
+}
+
+/// Checks magic, version, header length and header checksum of a framed
+/// object whose header is `header_len` bytes.
+fn check_frame(
+    bytes: &[u8],
+    magic: [u8; 8],
+    what: &'static str,
+    header_len: usize,
+) -> Result<(), ObjectError> {
+    if bytes.len() < header_len {
+        return Err(ObjectError::Truncated(bytes.len()));
+    }
+    if bytes[..8] != magic {
+        return Err(ObjectError::BadMagic(what));
+    }
+    let version = le_u16(bytes, 8);
+    if version != ARCHIVE_VERSION {
+        return Err(ObjectError::Version(version));
+    }
+    if usize::from(le_u16(bytes, 10)) != header_len {
+        return Err(ObjectError::Mismatch(format!(
+            "header_len {} is not {header_len}",
+            le_u16(bytes, 10)
+        )));
+    }
+    if le_u32(bytes, 12) != header_crc(&bytes[..header_len]) {
+        return Err(ObjectError::HeaderCrc);
+    }
+    Ok(())
+}
+
+/// A tail chunk: bytes `[offset, offset + body.len())` of the segment that
+/// starts at `segment_first_seq`, ending at a commit mark (ARCHIVE.md "Tail
+/// chunk").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// The writer epoch that shipped it.
+    pub epoch: u64,
+    /// Seq of its first record.
+    pub first_seq: Seq,
+    /// Seq of its last record (its last commit mark's).
+    pub last_seq: Seq,
+    /// First seq of the segment the bytes belong to (its file name).
+    pub segment_first_seq: Seq,
+    /// Byte offset in that segment where the body starts.
+    pub offset: u64,
+    /// Body bytes.
+    pub body_bytes: u64,
+    /// CRC32 of the body.
+    pub body_crc: u32,
+    /// The head chain before the body: the chain at `offset`, or for
+    /// `offset == 0` the segment's `chain_start`.
+    pub chain_before: ChainValue,
+    /// The head chain after the body: the chain at `offset + body_bytes`.
+    pub chain_after: ChainValue,
+}
+
+impl ChunkHeader {
+    /// The whole chunk object: header then `body`.
+    pub fn encode(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + body.len());
+        out.extend_from_slice(&CHUNK_MAGIC);
+        out.extend_from_slice(&ARCHIVE_VERSION.to_le_bytes());
+        // Cast: 136 fits a u16.
+        out.extend_from_slice(&(CHUNK_HEADER_LEN as u16).to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        for v in [
+            self.epoch,
+            self.first_seq,
+            self.last_seq,
+            self.segment_first_seq,
+            self.offset,
+            self.body_bytes,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.body_crc.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&self.chain_before);
+        out.extend_from_slice(&self.chain_after);
+        let crc = header_crc(&out[..CHUNK_HEADER_LEN]);
+        out[12..16].copy_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// Reads a chunk object: checks the frame, the body length and CRC.
+    /// Returns the header and the body.
+    pub fn decode(bytes: &[u8]) -> Result<(ChunkHeader, &[u8]), ObjectError> {
+        check_frame(bytes, CHUNK_MAGIC, "chunk", CHUNK_HEADER_LEN)?;
+        let header = ChunkHeader {
+            epoch: le_u64(bytes, 16),
+            first_seq: le_u64(bytes, 24),
+            last_seq: le_u64(bytes, 32),
+            segment_first_seq: le_u64(bytes, 40),
+            offset: le_u64(bytes, 48),
+            body_bytes: le_u64(bytes, 56),
+            body_crc: le_u32(bytes, 64),
+            chain_before: chain_at(bytes, 72),
+            chain_after: chain_at(bytes, 104),
+        };
+        let body = &bytes[CHUNK_HEADER_LEN..];
+        if body.len() as u64 != header.body_bytes {
+            return Err(ObjectError::Truncated(bytes.len()));
+        }
+        if crc32fast::hash(body) != header.body_crc {
+            return Err(ObjectError::BodyCrc);
+        }
+        Ok((header, body))
+    }
+}
+
+/// Frames a JSON document (manifest or epoch): 32-byte header, then the body.
+fn encode_doc(magic: [u8; 8], number: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(DOC_HEADER_LEN + body.len());
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&ARCHIVE_VERSION.to_le_bytes());
+    // Cast: 32 fits a u16.
+    out.extend_from_slice(&(DOC_HEADER_LEN as u16).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&number.to_le_bytes());
+    // Cast: documents are far below 4 GiB (checked by the caller's size).
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    let crc = header_crc(&out[..DOC_HEADER_LEN]);
+    out[12..16].copy_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// Reads a framed JSON document; checks the number against `number`.
+fn decode_doc<T: for<'de> Deserialize<'de>>(
+    bytes: &[u8],
+    magic: [u8; 8],
+    what: &'static str,
+    number: u64,
+) -> Result<T, ObjectError> {
+    check_frame(bytes, magic, what, DOC_HEADER_LEN)?;
+    if le_u64(bytes, 16) != number {
+        return Err(ObjectError::Mismatch(format!(
+            "{what} number {} under the key of {number}",
+            le_u64(bytes, 16)
+        )));
+    }
+    let body = &bytes[DOC_HEADER_LEN..];
+    if body.len() != le_u32(bytes, 24) as usize {
+        return Err(ObjectError::Truncated(bytes.len()));
+    }
+    if crc32fast::hash(body) != le_u32(bytes, 28) {
+        return Err(ObjectError::BodyCrc);
+    }
+    serde_json::from_slice(body).map_err(|e| ObjectError::Json(e.to_string()))
+}
+
+/// A sealed segment as the manifest lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentEntry {
+    /// Its object key.
+    pub key: String,
+    /// Seq of its first record.
+    pub first_seq: Seq,
+    /// Seq of its last record.
+    pub last_seq: Seq,
+    /// Object bytes (header to the end of the seal).
+    pub bytes: u64,
+    /// BLAKE3 of the object bytes, 64 hex.
+    pub blake3: String,
+    /// Its final chain value (the seal's), 64 hex.
+    pub chain_end: String,
+}
+
+/// A tail chunk as the manifest lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkEntry {
+    /// Its object key.
+    pub key: String,
+    /// Epoch that shipped it.
+    pub epoch: u64,
+    /// First seq of the segment its bytes belong to.
+    pub segment_first_seq: Seq,
+    /// Seq of its first record.
+    pub first_seq: Seq,
+    /// Seq of its last record.
+    pub last_seq: Seq,
+    /// Offset of its body in the segment.
+    pub offset: u64,
+    /// Object bytes (header and body).
+    pub bytes: u64,
+    /// BLAKE3 of the object bytes, 64 hex.
+    pub blake3: String,
+    /// The head chain after its body, 64 hex.
+    pub chain_after: String,
+}
+
+/// A manifest: what the archive holds as of manifest `number` (ARCHIVE.md
+/// "Manifest"). Every manifest lists everything (no deltas).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Its number (its key's).
+    pub number: u64,
+    /// The epoch of the writer that wrote it.
+    pub epoch: u64,
+    /// Unix ms when it was written.
+    pub written_ms: u64,
+    /// Last seq held (0 when none).
+    pub shipped_seq: Seq,
+    /// Head chain at `shipped_seq`, 64 hex.
+    pub shipped_chain: String,
+    /// Sealed segments, in seq order.
+    pub segments: Vec<SegmentEntry>,
+    /// Chunks of the one unsealed segment after them, in seq order.
+    pub chunks: Vec<ChunkEntry>,
+}
+
+impl Manifest {
+    /// The manifest object bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let body = serde_json::to_vec(self).expect("a manifest serializes");
+        encode_doc(MANIFEST_MAGIC, self.number, &body)
+    }
+
+    /// Reads manifest `number` from its object bytes.
+    pub fn decode(bytes: &[u8], number: u64) -> Result<Manifest, ObjectError> {
+        let m: Manifest = decode_doc(bytes, MANIFEST_MAGIC, "manifest", number)?;
+        if m.number != number {
+            return Err(ObjectError::Mismatch(format!(
+                "manifest body says number {}",
+                m.number
+            )));
+        }
+        Ok(m)
+    }
+}
+
+/// The epoch object: who took the prefix (ARCHIVE.md "Epoch").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochDoc {
+    /// The epoch (its key's).
+    pub epoch: u64,
+    /// The writer's id (random, kept in its data directory).
+    pub writer: String,
+    /// Unix ms when it was taken.
+    pub taken_ms: u64,
+}
+
+impl EpochDoc {
+    /// The epoch object bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let body = serde_json::to_vec(self).expect("an epoch serializes");
+        encode_doc(EPOCH_MAGIC, self.epoch, &body)
+    }
+
+    /// Reads epoch `epoch` from its object bytes.
+    pub fn decode(bytes: &[u8], epoch: u64) -> Result<EpochDoc, ObjectError> {
+        let d: EpochDoc = decode_doc(bytes, EPOCH_MAGIC, "epoch", epoch)?;
+        if d.epoch != epoch {
+            return Err(ObjectError::Mismatch(format!(
+                "epoch body says {}",
+                d.epoch
+            )));
+        }
+        Ok(d)
+    }
+}
+
+/// The missing-blob marker: the writer shipped the op at `seq` without its
+/// blob, because the local blob was missing or damaged (ARCHIVE.md
+/// "Missing blob"). Framed like an epoch object, `number` = `seq`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissingBlobDoc {
+    /// The blob's SHA-256, 64 hex (its key's).
+    pub sha256: String,
+    /// Seq of the first shipped `media.put` naming it.
+    pub seq: Seq,
+    /// That op's media id.
+    pub media_id: String,
+    /// Bytes the op names.
+    pub size_bytes: u64,
+    /// What the writer found, e.g. `missing: <path>: No such file or
+    /// directory` or `damaged: <path>: 2999 bytes with SHA-256 …`.
+    pub reason: String,
+    /// The writer epoch that wrote it.
+    pub epoch: u64,
+    /// Unix ms when it was written.
+    pub written_ms: u64,
+}
+
+impl MissingBlobDoc {
+    /// The marker object bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let body = serde_json::to_vec(self).expect("a marker serializes");
+        encode_doc(MISSING_MAGIC, self.seq, &body)
+    }
+
+    /// Reads the marker of blob `sha256` from its object bytes.
+    pub fn decode(bytes: &[u8], sha256: &[u8; 32]) -> Result<MissingBlobDoc, ObjectError> {
+        check_frame(bytes, MISSING_MAGIC, "missing-blob", DOC_HEADER_LEN)?;
+        let number = le_u64(bytes, 16);
+        let d: MissingBlobDoc = decode_doc(bytes, MISSING_MAGIC, "missing-blob", number)?;
+        if d.seq != number || d.sha256 != chain_hex(sha256) {
+            return Err(ObjectError::Mismatch(format!(
+                "marker body names blob {} at seq {}",
+                d.sha256, d.seq
+            )));
+        }
+        Ok(d)
+    }
+}
+
+/// Where a walk of a version-2 segment's frames stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckEnd {
+    /// End of the last acknowledged frame at or before the target: a commit
+    /// mark, or the seal.
+    pub offset: usize,
+    /// Seq of the last record before `offset` (`from_seq` when none).
+    pub last_seq: Seq,
+    /// Whether `offset` is the end of the segment's seal.
+    pub sealed: bool,
+}
+
+/// Walks the frames of `segment` from `from_offset` (the end of a commit
+/// mark, or [`HEADER_LEN`](crate::HEADER_LEN) in a whole segment) whose last record before it is `from_seq`, up to
+/// the commit mark of `target_seq` (or the seal): the acknowledged bytes a
+/// shipper may ship (FORMAT.md "Acknowledged bytes"). Stops early at the
+/// first frame that is not whole (a write in progress or zero fill). Marks
+/// are trusted for their position only; their count, bytes and CRC are the
+/// reader's check (restore runs the full decoder).
+pub fn acknowledged_end(
+    segment: &[u8],
+    from_offset: usize,
+    from_seq: Seq,
+    target_seq: Seq,
+    max_record_bytes: u32,
+) -> AckEnd {
+    let mut at = from_offset;
+    let mut seq = from_seq;
+    let mut end = AckEnd {
+        offset: at,
+        last_seq: from_seq,
+        sealed: false,
+    };
+    while let RecordDecode::Record { record, size } = decode_record(segment, at, max_record_bytes) {
+        at += size;
+        if record.kind != KIND_SEAL {
+            seq = record.seq;
+            continue;
+        }
+        if record.kind_version == SEAL_KIND_VERSION {
+            end = AckEnd {
+                offset: at,
+                last_seq: seq,
+                sealed: true,
+            };
+            break;
+        }
+        if record.kind_version == COMMIT_KIND_VERSION {
+            if record.seq > target_seq {
+                break;
+            }
+            end = AckEnd {
+                offset: at,
+                last_seq: seq,
+                sealed: false,
+            };
+            if record.seq == target_seq {
+                break;
+            }
+        }
+    }
+    end
+}
+
+/// Why a manifest does not extend the one before it: a fork in the
+/// archive's history (ARCHIVE.md "Manifest history"). Each names the
+/// entry (by its key) or the numbers that break the rule.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Fork {
+    /// The later manifest carries an older writer epoch.
+    #[error("its epoch {next} is older than the previous manifest's {prev}")]
+    EpochWentBack {
+        /// The earlier manifest's epoch.
+        prev: u64,
+        /// The later manifest's epoch.
+        next: u64,
+    },
+    /// The later manifest holds fewer ops.
+    #[error("its shipped_seq {next} is below the previous manifest's {prev}")]
+    ShippedSeqWentBack {
+        /// The earlier manifest's `shipped_seq`.
+        prev: Seq,
+        /// The later manifest's `shipped_seq`.
+        next: Seq,
+    },
+    /// A sealed segment of the earlier manifest is missing or listed
+    /// differently.
+    #[error("the previous manifest's segment {key} (entry {index}) is not listed the same")]
+    SegmentChanged {
+        /// Position in the earlier manifest's `segments`.
+        index: usize,
+        /// Its key in the earlier manifest.
+        key: String,
+    },
+    /// A chunk of the earlier manifest is neither kept as it was nor folded
+    /// into its sealed segment.
+    #[error(
+        "the previous manifest's chunk {key} (entry {index}) is neither kept nor folded into its sealed segment"
+    )]
+    ChunkChanged {
+        /// Position in the earlier manifest's `chunks`.
+        index: usize,
+        /// Its key in the earlier manifest.
+        key: String,
+    },
+    /// A new entry does not start right after what came before it.
+    #[error("new entry {key} starts at seq {first_seq}, expected {expected}")]
+    Gap {
+        /// The new entry's key.
+        key: String,
+        /// Its first seq.
+        first_seq: Seq,
+        /// The seq after the entry before it.
+        expected: Seq,
+    },
+    /// A chunk new in this manifest was shipped by another epoch than the
+    /// manifest's writer (an older writer's chunk past a takeover point).
+    #[error("new chunk {key} carries epoch {chunk_epoch}, the manifest's writer is epoch {epoch}")]
+    ForeignChunk {
+        /// The chunk's key.
+        key: String,
+        /// The chunk's epoch.
+        chunk_epoch: u64,
+        /// The manifest's epoch.
+        epoch: u64,
+    },
+    /// `shipped_seq` is not the last seq of the last entry.
+    #[error("its shipped_seq {shipped_seq} is not the end of its entries ({entries_end})")]
+    ShippedSeqMismatch {
+        /// The manifest's `shipped_seq`.
+        shipped_seq: Seq,
+        /// The last seq of its last entry (0 when it lists none).
+        entries_end: Seq,
+    },
+}
+
+/// Whether manifest `next` extends manifest `prev` (its predecessor in the
+/// history): the one rule that says the archive never forked (ARCHIVE.md
+/// "Manifest history"; issue 15 item 3). It holds when
+///
+/// 1. `next.epoch >= prev.epoch` and `next.shipped_seq >= prev.shipped_seq`;
+/// 2. `next.segments` starts with exactly `prev.segments`;
+/// 3. `prev.chunks` are either kept (`next.chunks` starts with them, and no
+///    segment was added) or folded (the first added segment starts where
+///    they start, `segment_first_seq`, and reaches at least their last seq);
+/// 4. every added entry after that starts at the seq after the one before
+///    it (after `prev.shipped_seq`, or after the folded segment), and every
+///    added chunk carries `next.epoch`;
+/// 5. `next.shipped_seq` is the last seq of its last entry.
+///
+/// A takeover manifest lists exactly its predecessor's entries under a newer
+/// epoch, which extends it. Only the manifests are compared: the objects'
+/// bytes and chain values are checked when they are read (restore,
+/// `verify --from`).
+pub fn extends(prev: &Manifest, next: &Manifest) -> Result<(), Fork> {
+    if next.epoch < prev.epoch {
+        return Err(Fork::EpochWentBack {
+            prev: prev.epoch,
+            next: next.epoch,
+        });
+    }
+    if next.shipped_seq < prev.shipped_seq {
+        return Err(Fork::ShippedSeqWentBack {
+            prev: prev.shipped_seq,
+            next: next.shipped_seq,
+        });
+    }
+    if let Some(index) =
+        (0..prev.segments.len()).find(|&i| next.segments.get(i) != Some(&prev.segments[i]))
+    {
+        return Err(Fork::SegmentChanged {
+            index,
+            key: prev.segments[index].key.clone(),
+        });
+    }
+    let added_segments = &next.segments[prev.segments.len()..];
+    let chunks_kept = added_segments.is_empty() && next.chunks.starts_with(&prev.chunks);
+    let merged = if added_segments.is_empty() && !chunks_kept {
+        merged_chunk(prev, next)
+    } else {
+        None
+    };
+    let mut end = prev.shipped_seq;
+    let mut new_segments = added_segments;
+    let mut new_chunks: &[ChunkEntry] = &next.chunks;
+    if chunks_kept {
+        new_chunks = &next.chunks[prev.chunks.len()..];
+    } else if let Some(at) = merged {
+        end = next.chunks[at].last_seq;
+        new_chunks = &next.chunks[at + 1..];
+    } else if let Some(first) = prev.chunks.first() {
+        let folded = added_segments
+            .first()
+            .filter(|s| s.first_seq == first.segment_first_seq && s.last_seq >= prev.shipped_seq);
+        let Some(folded) = folded else {
+            let index = (0..prev.chunks.len())
+                .find(|&i| next.chunks.get(i) != Some(&prev.chunks[i]))
+                .unwrap_or(0);
+            return Err(Fork::ChunkChanged {
+                index,
+                key: prev.chunks[index].key.clone(),
+            });
+        };
+        end = folded.last_seq;
+        new_segments = &added_segments[1..];
+    }
+    let added = new_segments
+        .iter()
+        .map(|s| (&s.key, s.first_seq, s.last_seq, None))
+        .chain(
+            new_chunks
+                .iter()
+                .map(|c| (&c.key, c.first_seq, c.last_seq, Some(c.epoch))),
+        );
+    for (key, first_seq, last_seq, chunk_epoch) in added {
+        if first_seq != end + 1 {
+            return Err(Fork::Gap {
+                key: key.clone(),
+                first_seq,
+                expected: end + 1,
+            });
+        }
+        if let Some(chunk_epoch) = chunk_epoch.filter(|&e| e != next.epoch) {
+            return Err(Fork::ForeignChunk {
+                key: key.clone(),
+                chunk_epoch,
+                epoch: next.epoch,
+            });
+        }
+        end = last_seq;
+    }
+    if end != next.shipped_seq {
+        return Err(Fork::ShippedSeqMismatch {
+            shipped_seq: next.shipped_seq,
+            entries_end: end,
+        });
+    }
+    Ok(())
+}
+
+/// Where `next` lists a **merge** of `prev`'s last chunks (`sync` mode
+/// puts one chunk holding the bytes of a run of chunks and lists it in
+/// their place, ARCHIVE.md "Sync mode"): the index in `next.chunks` of the
+/// chunk that replaces `prev.chunks[k..]`, when the chunks before it are
+/// `prev.chunks[..k]` unchanged and it starts where `prev.chunks[k]` did
+/// (same segment, seq and offset), reaches at least `prev.shipped_seq`
+/// (replacing two chunks or more, or reaching past it: one chunk listed
+/// again over the same seqs with other bytes is a fork), and is of
+/// `next`'s epoch, as are the chunks it replaces (a writer merges
+/// only its own).
+fn merged_chunk(prev: &Manifest, next: &Manifest) -> Option<usize> {
+    let k = prev
+        .chunks
+        .iter()
+        .zip(&next.chunks)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let replaced = prev.chunks.get(k)?;
+    let merged = next.chunks.get(k)?;
+    (merged.segment_first_seq == replaced.segment_first_seq
+        && merged.first_seq == replaced.first_seq
+        && merged.offset == replaced.offset
+        && merged.last_seq >= prev.shipped_seq
+        && (prev.chunks.len() - k >= 2 || merged.last_seq > prev.shipped_seq)
+        && merged.epoch == next.epoch
+        && prev.chunks[k..].iter().all(|c| c.epoch == next.epoch))
+    .then_some(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(first_seq: Seq, last_seq: Seq) -> SegmentEntry {
+        SegmentEntry {
+            key: segment_key("p", first_seq, 1),
+            first_seq,
+            last_seq,
+            bytes: 100,
+            blake3: "b".repeat(64),
+            chain_end: "c".repeat(64),
+        }
+    }
+
+    fn chunk(segment_first_seq: Seq, first_seq: Seq, last_seq: Seq, epoch: u64) -> ChunkEntry {
+        ChunkEntry {
+            key: chunk_key("p", first_seq, last_seq, epoch),
+            epoch,
+            segment_first_seq,
+            first_seq,
+            last_seq,
+            offset: 0,
+            bytes: 200,
+            blake3: "d".repeat(64),
+            chain_after: "e".repeat(64),
+        }
+    }
+
+    fn manifest(
+        number: u64,
+        epoch: u64,
+        segments: Vec<SegmentEntry>,
+        chunks: Vec<ChunkEntry>,
+    ) -> Manifest {
+        let shipped_seq = chunks
+            .last()
+            .map(|c| c.last_seq)
+            .or(segments.last().map(|s| s.last_seq))
+            .unwrap_or(0);
+        Manifest {
+            number,
+            epoch,
+            written_ms: 0,
+            shipped_seq,
+            shipped_chain: "f".repeat(64),
+            segments,
+            chunks,
+        }
+    }
+
+    #[test]
+    fn a_merge_of_the_last_chunks_extends_and_a_merge_that_drops_ops_does_not() {
+        let m1 = manifest(
+            1,
+            1,
+            vec![],
+            vec![chunk(1, 1, 2, 1), chunk(1, 3, 4, 1), chunk(1, 5, 6, 1)],
+        );
+        // Chunks 3..=6 merged into one, a new chunk after it.
+        let m2 = manifest(
+            2,
+            1,
+            vec![],
+            vec![chunk(1, 1, 2, 1), chunk(1, 3, 6, 1), chunk(1, 7, 8, 1)],
+        );
+        assert_eq!(extends(&m1, &m2), Ok(()));
+        // Merged together with the new ops.
+        let m2b = manifest(2, 1, vec![], vec![chunk(1, 1, 2, 1), chunk(1, 3, 8, 1)]);
+        assert_eq!(extends(&m1, &m2b), Ok(()));
+        // A "merge" that ends before what was shipped drops ops.
+        let short = manifest(2, 1, vec![], vec![chunk(1, 1, 2, 1), chunk(1, 3, 5, 1)]);
+        assert!(extends(&m1, &short).is_err());
+        // One of another epoch is not this writer's merge.
+        let foreign = manifest(2, 2, vec![], vec![chunk(1, 1, 2, 1), chunk(1, 3, 8, 1)]);
+        assert!(extends(&m1, &foreign).is_err());
+    }
+
+    #[test]
+    fn what_a_shipper_writes_extends_the_manifest_before_it() {
+        let m1 = manifest(1, 1, vec![], vec![chunk(1, 1, 5, 1)]);
+        let m2 = manifest(2, 1, vec![], vec![chunk(1, 1, 5, 1), chunk(1, 6, 9, 1)]);
+        // The segment seals: its chunks fold, later segments and a chunk follow.
+        let m3 = manifest(
+            3,
+            1,
+            vec![segment(1, 12), segment(13, 20)],
+            vec![chunk(21, 21, 22, 1)],
+        );
+        let m4 = manifest(
+            4,
+            1,
+            vec![segment(1, 12), segment(13, 20), segment(21, 30)],
+            vec![],
+        );
+        // A takeover: the same entries under a newer epoch, then its chunks.
+        let m5 = Manifest {
+            number: 5,
+            epoch: 2,
+            ..m4.clone()
+        };
+        let m6 = manifest(
+            6,
+            2,
+            m4.segments.clone(),
+            vec![chunk(31, 31, 31, 2), chunk(31, 32, 40, 2)],
+        );
+        let empty = manifest(0, 1, vec![], vec![]);
+        for (prev, next) in [
+            (&empty, &m1),
+            (&m1, &m2),
+            (&m2, &m3),
+            (&m3, &m4),
+            (&m4, &m5),
+            (&m5, &m6),
+            (&m2, &m2),
+        ] {
+            assert_eq!(
+                extends(prev, next),
+                Ok(()),
+                "{} -> {}",
+                prev.number,
+                next.number
+            );
+        }
+    }
+
+    #[test]
+    fn a_fork_is_named() {
+        let m1 = manifest(1, 2, vec![segment(1, 10)], vec![chunk(11, 11, 15, 2)]);
+        let older = Manifest {
+            epoch: 1,
+            ..m1.clone()
+        };
+        assert!(matches!(
+            extends(&m1, &older),
+            Err(Fork::EpochWentBack { prev: 2, next: 1 })
+        ));
+        // Another writer's history: segment 1 listed with other bytes.
+        let mut other = segment(1, 10);
+        other.blake3 = "0".repeat(64);
+        let forked = manifest(2, 2, vec![other], vec![chunk(11, 11, 15, 2)]);
+        assert!(matches!(
+            extends(&m1, &forked),
+            Err(Fork::SegmentChanged { index: 0, .. })
+        ));
+        // A chunk replaced by another one over the same seqs.
+        let mut replaced = chunk(11, 11, 15, 2);
+        replaced.blake3 = "1".repeat(64);
+        let m2 = manifest(2, 2, vec![segment(1, 10)], vec![replaced]);
+        assert!(matches!(
+            extends(&m1, &m2),
+            Err(Fork::ChunkChanged { index: 0, .. })
+        ));
+        // A gap after the shipped seq.
+        let m2 = manifest(
+            2,
+            2,
+            vec![segment(1, 10)],
+            vec![chunk(11, 11, 15, 2), chunk(11, 17, 20, 2)],
+        );
+        assert!(matches!(
+            extends(&m1, &m2),
+            Err(Fork::Gap {
+                first_seq: 17,
+                expected: 16,
+                ..
+            })
+        ));
+        // An older writer's chunk named by a newer epoch's manifest.
+        let m2 = manifest(
+            2,
+            3,
+            vec![segment(1, 10)],
+            vec![chunk(11, 11, 15, 2), chunk(11, 16, 20, 2)],
+        );
+        assert!(matches!(
+            extends(&m1, &m2),
+            Err(Fork::ForeignChunk {
+                chunk_epoch: 2,
+                epoch: 3,
+                ..
+            })
+        ));
+        // Fewer ops.
+        let m2 = manifest(2, 2, vec![segment(1, 10)], vec![]);
+        assert!(matches!(
+            extends(&m1, &m2),
+            Err(Fork::ShippedSeqWentBack { prev: 15, next: 10 })
+        ));
+        // A shipped_seq that is not where the entries end.
+        let mut m2 = m1.clone();
+        m2.shipped_seq = 16;
+        assert!(matches!(
+            extends(&m1, &m2),
+            Err(Fork::ShippedSeqMismatch {
+                shipped_seq: 16,
+                entries_end: 15
+            })
+        ));
+    }
+}

@@ -1,0 +1,857 @@
+//! `spark-replay restore --from URL` and `spark-replay verify --from URL`:
+//! read an archive (`log-format/ARCHIVE.md`, SPEC section 11), check every
+//! object it names, and build a data directory the engine starts on.
+//! Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
+//! `AWS_SESSION_TOKEN`.
+//!
+//! Objects are fetched [`FETCH_CONCURRENCY`] at a time on the runtime's
+//! threads (each checked against its manifest entry there) and written in
+//! log order as they come, so memory stays at a few segments whatever the
+//! size of the log.
+
+use std::future::Future;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use clap::Args;
+use futures_util::{Stream, StreamExt};
+use serde_json::json;
+use sha2::Digest;
+use spark_archive::{ArchiveStore, StoreConfig, StoreError};
+use spark_core::mirror::Mirror;
+use spark_log_format::archive::{
+    blob_key, extends, manifest_key, missing_key, ChunkEntry, ChunkHeader, Manifest,
+    MissingBlobDoc, SegmentEntry,
+};
+use spark_log_format::format::{
+    chain_hasher, chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
+    COMMIT_KIND_VERSION, KIND_SEAL, SEAL_KIND_VERSION,
+};
+use spark_log_format::{ScanReport, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
+
+use crate::scan::At;
+use crate::{exit, progress, scan, Common, Failure, Outcome};
+
+/// How many objects (segments, chunks, blobs, manifests) are fetched at
+/// once. Bounded because each may be a whole segment (64 MiB by default)
+/// held in memory until it is written.
+pub const FETCH_CONCURRENCY: usize = 6;
+
+/// Where the archive is.
+#[derive(Args, Debug, Clone)]
+pub struct From {
+    /// The archive: `s3://BUCKET/PREFIX`.
+    #[arg(long = "from", value_name = "URL")]
+    pub url: String,
+    /// The store's endpoint for stores other than AWS (e.g.
+    /// `http://127.0.0.1:8333`).
+    #[arg(long, value_name = "URL", env = "SPARK_ARCHIVE_ENDPOINT")]
+    pub endpoint: Option<String>,
+    /// The store's region.
+    #[arg(long, default_value = "us-east-1", env = "SPARK_ARCHIVE_REGION")]
+    pub region: String,
+}
+
+/// One segment file as written from the archive, with the objects it came
+/// from (key, offset in the segment where the object's bytes start).
+struct Assembled {
+    name: String,
+    objects: Vec<(String, u64)>,
+}
+
+/// What a restore wrote of the log.
+struct Written {
+    segments: Vec<Assembled>,
+    objects: usize,
+    object_bytes: u64,
+    /// Where `--at` cut the log, if it did.
+    cut: Option<Cut>,
+}
+
+/// Where a walk of an object's records found the first op past `--at`.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    /// End of the last commit mark (or seal) before that op: bytes kept.
+    offset: usize,
+    /// Seq of the last op kept.
+    last_seq: u64,
+    /// Seq of the first op left out.
+    next_seq: u64,
+    /// Whether that op is not the first of its batch (its batch straddles
+    /// the point and is left out whole).
+    mid_batch: bool,
+}
+
+/// Maps a store failure: unreachable is exit 3, the rest damage (exit 1).
+pub fn store_failure(e: StoreError) -> Failure {
+    match e {
+        StoreError::Unreachable { .. } => Failure::unreadable(e.to_string()),
+        other => Failure::damage(other.to_string()),
+    }
+}
+
+/// A runtime on all cores: fetches run in parallel with the writes.
+pub fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::unreadable(format!("cannot start a runtime: {e}")))
+}
+
+/// The store `from` names (a bad URL is a usage failure).
+pub fn connect(from: &From) -> Result<ArchiveStore, Failure> {
+    ArchiveStore::connect(&StoreConfig {
+        url: from.url.clone(),
+        endpoint: from.endpoint.clone(),
+        region: from.region.clone(),
+    })
+    .map_err(|e| scan::usage(format!("--from {}: {e}", from.url)))
+}
+
+/// A chain value written as 64 hex in the manifest entry of `key`.
+pub fn parse_chain(text: &str, key: &str) -> Result<ChainValue, Failure> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(text, &mut out)
+        .map_err(|_| Failure::damage(format!("{key}: chain value {text:?} is not 64 hex")))?;
+    Ok(out)
+}
+
+/// Runs `work` on every item as its own task (so on every core), at most
+/// [`FETCH_CONCURRENCY`] at once, and yields the results in the items'
+/// order.
+pub fn in_order<I, T, Fut>(
+    items: I,
+    work: impl Fn(I::Item) -> Fut,
+) -> impl Stream<Item = Result<T, Failure>>
+where
+    I: IntoIterator,
+    T: Send + 'static,
+    Fut: Future<Output = Result<T, Failure>> + Send + 'static,
+{
+    futures_util::stream::iter(items)
+        .map(move |item| {
+            let task = tokio::spawn(work(item));
+            async move {
+                task.await.unwrap_or_else(|e| {
+                    Err(Failure::unreadable(format!("a fetch did not finish: {e}")))
+                })
+            }
+        })
+        .buffered(FETCH_CONCURRENCY)
+}
+
+/// An object a manifest names, in log order: its sealed segments, then
+/// its chunks.
+#[derive(Clone, Copy)]
+pub enum Listed<'a> {
+    /// A sealed segment.
+    Segment(&'a SegmentEntry),
+    /// A tail chunk.
+    Chunk(&'a ChunkEntry),
+}
+
+impl Listed<'_> {
+    /// Its first seq.
+    pub fn first_seq(&self) -> u64 {
+        match self {
+            Listed::Segment(s) => s.first_seq,
+            Listed::Chunk(c) => c.first_seq,
+        }
+    }
+
+    /// Fetches it, checked against the entry (length and BLAKE3).
+    pub fn fetch(&self, store: &ArchiveStore) -> impl Future<Output = Result<Bytes, Failure>> {
+        let (key, bytes, blake3) = match self {
+            Listed::Segment(s) => (s.key.clone(), s.bytes, s.blake3.clone()),
+            Listed::Chunk(c) => (c.key.clone(), c.bytes, c.blake3.clone()),
+        };
+        let store = store.clone();
+        async move {
+            store
+                .get_listed(&key, bytes, &blake3)
+                .await
+                .map_err(store_failure)
+        }
+    }
+}
+
+/// Every object `manifest` names, in log order.
+pub fn listed(manifest: &Manifest) -> Vec<Listed<'_>> {
+    manifest
+        .segments
+        .iter()
+        .map(Listed::Segment)
+        .chain(manifest.chunks.iter().map(Listed::Chunk))
+        .collect()
+}
+
+/// Walks the records of a segment's bytes from `start` (the end of a
+/// commit mark, or [`HEADER_LEN`]), the last seq before it being
+/// `from_seq`, and finds the first op `at` leaves out ([`At::excludes`],
+/// the rule `rebuild --at` follows). `None`: every whole record there is
+/// kept. Otherwise the log is cut at the end of the last commit mark (or
+/// seal) before that op: a restore can only stop at a batch's end.
+fn cut_in(bytes: &[u8], start: usize, from_seq: u64, at: &At) -> Option<Cut> {
+    let mut offset = start;
+    let mut kept_end = start;
+    let mut kept_seq = from_seq;
+    let mut seen_seq = from_seq;
+    loop {
+        let RecordDecode::Record { record, size } =
+            decode_record(bytes, offset, DEFAULT_MAX_RECORD_BYTES)
+        else {
+            // The end, or damage that the full decoder reports later.
+            return None;
+        };
+        if record.kind == KIND_SEAL {
+            offset += size;
+            if record.kind_version == COMMIT_KIND_VERSION
+                || record.kind_version == SEAL_KIND_VERSION
+            {
+                kept_end = offset;
+                kept_seq = seen_seq;
+            }
+            continue;
+        }
+        if at.excludes(record.seq, record.ts_ms) {
+            return Some(Cut {
+                offset: kept_end,
+                last_seq: kept_seq,
+                next_seq: record.seq,
+                mid_batch: kept_end != offset,
+            });
+        }
+        seen_seq = record.seq;
+        offset += size;
+    }
+}
+
+/// How far a read of the archive got: the chain so far, the seq the next
+/// object must start at, and how many objects were read.
+struct Cursor {
+    chain: ChainValue,
+    next_seq: u64,
+    objects: usize,
+    object_bytes: u64,
+}
+
+/// The unsealed segment being written from chunks.
+struct TailFile {
+    name: String,
+    file: std::fs::File,
+    len: u64,
+    hasher: blake3::Hasher,
+    objects: Vec<(String, u64)>,
+}
+
+fn create_file(path: &Path) -> Result<std::fs::File, Failure> {
+    std::fs::File::create_new(path).map_err(|e| unwritable(path, e))
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    let mut file = create_file(path)?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| unwritable(path, e))
+}
+
+fn sync_dir(path: &Path) -> Result<(), Failure> {
+    std::fs::File::open(path)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| unwritable(path, e))
+}
+
+fn is_empty_dir(dir: &Path) -> std::io::Result<bool> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+/// A file or directory of the restore that could not be written.
+fn unwritable(path: &Path, e: std::io::Error) -> Failure {
+    Failure::unreadable(format!("cannot write {}: {e}", path.display()))
+}
+
+/// Fetches every object the manifest names (up to the batch `at` keeps),
+/// checks each (ARCHIVE.md "Sealed segment", "Tail chunk": BLAKE3 and
+/// length, each chunk's frame, offsets and chain values, each segment's
+/// `chain_start`) and writes the segment files into `log_dir` in log order
+/// as they come, each fsynced, then the directory.
+async fn write_archived_log(
+    store: &ArchiveStore,
+    manifest: &Manifest,
+    at: Option<At>,
+    log_dir: &Path,
+) -> Result<Written, Failure> {
+    let mut entries = listed(manifest);
+    if let Some(At::Seq(seq)) = at {
+        // Objects after SEQ are not fetched at all.
+        entries.retain(|e| e.first_seq() <= seq);
+    }
+    let total: u64 = entries
+        .iter()
+        .map(|e| match e {
+            Listed::Segment(s) => s.bytes,
+            Listed::Chunk(c) => c.bytes,
+        })
+        .sum();
+    let bar = progress::bar(total, "restore: reading the archive");
+    std::fs::create_dir_all(log_dir).map_err(|e| unwritable(log_dir, e))?;
+    let mut cursor = Cursor {
+        chain: [0; 32],
+        next_seq: 1,
+        objects: 0,
+        object_bytes: 0,
+    };
+    let mut segments = Vec::new();
+    let mut tail: Option<TailFile> = None;
+    let mut cut = None;
+    let mut fetched = std::pin::pin!(in_order(entries.clone(), |e| e.fetch(store)));
+    for entry in &entries {
+        let Some(object) = fetched.next().await else {
+            break;
+        };
+        let object = object?;
+        bar.inc(object.len() as u64);
+        cursor.objects += 1;
+        cursor.object_bytes += object.len() as u64;
+        cut = match entry {
+            Listed::Segment(s) => {
+                let (assembled, cut) =
+                    write_segment(manifest, s, &object, at.as_ref(), &mut cursor, log_dir)?;
+                segments.extend(assembled);
+                cut
+            }
+            Listed::Chunk(c) => write_chunk(
+                manifest,
+                c,
+                &object,
+                at.as_ref(),
+                &mut cursor,
+                &mut tail,
+                log_dir,
+            )?,
+        };
+        if cut.is_some() {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    if let Some(tail) = tail {
+        tail.file.sync_all().map_err(|e| unwritable(log_dir, e))?;
+        segments.push(Assembled {
+            name: tail.name,
+            objects: tail.objects,
+        });
+    }
+    sync_dir(log_dir)?;
+    Ok(Written {
+        segments,
+        objects: cursor.objects,
+        object_bytes: cursor.object_bytes,
+        cut,
+    })
+}
+
+/// Checks a sealed segment's object against the chain before it and writes
+/// it (cut where `at` says): the file written (none when `at` leaves out
+/// its first op) and the cut.
+fn write_segment(
+    manifest: &Manifest,
+    entry: &SegmentEntry,
+    object: &[u8],
+    at: Option<&At>,
+    cursor: &mut Cursor,
+    log_dir: &Path,
+) -> Result<(Option<Assembled>, Option<Cut>), Failure> {
+    let next_seq = cursor.next_seq;
+    if entry.first_seq != next_seq {
+        return Err(Failure::damage(format!(
+            "manifest {}: segment {} starts at seq {}, expected {next_seq}",
+            manifest.number, entry.key, entry.first_seq
+        )));
+    }
+    if object.get(32..HEADER_LEN) != Some(&cursor.chain[..]) {
+        return Err(Failure::damage(format!(
+            "{}: its chain_start is not the chain before it ({})",
+            entry.key,
+            chain_hex(&cursor.chain)
+        )));
+    }
+    let cut = at.and_then(|at| cut_in(object, HEADER_LEN, entry.first_seq - 1, at));
+    if cut.is_some_and(|c| c.offset == HEADER_LEN) {
+        return Ok((None, cut));
+    }
+    let name = segment_file_name(entry.first_seq);
+    let kept = cut.map_or(object.len(), |c| c.offset);
+    write_file(&log_dir.join(&name), &object[..kept])?;
+    cursor.chain = parse_chain(&entry.chain_end, &entry.key)?;
+    cursor.next_seq = entry.last_seq + 1;
+    Ok((
+        Some(Assembled {
+            name,
+            objects: vec![(entry.key.clone(), 0)],
+        }),
+        cut,
+    ))
+}
+
+/// Checks a chunk (frame, header against the entry, offset, chain before
+/// and after) and appends its body to the tail segment file (cut where
+/// `at` says).
+fn write_chunk(
+    manifest: &Manifest,
+    entry: &ChunkEntry,
+    object: &[u8],
+    at: Option<&At>,
+    cursor: &mut Cursor,
+    tail: &mut Option<TailFile>,
+    log_dir: &Path,
+) -> Result<Option<Cut>, Failure> {
+    let next_seq = cursor.next_seq;
+    if entry.first_seq != next_seq {
+        return Err(Failure::damage(format!(
+            "manifest {}: chunk {} starts at seq {}, expected {next_seq}",
+            manifest.number, entry.key, entry.first_seq
+        )));
+    }
+    let (header, body) = ChunkHeader::decode(object).map_err(|source| {
+        store_failure(StoreError::Damaged {
+            key: entry.key.clone(),
+            source,
+        })
+    })?;
+    check_chunk_header(entry, &header, &cursor.chain)?;
+    let damaged = |what: String| Failure::damage(format!("{}: {what}", entry.key));
+    let start = if header.offset == 0 { HEADER_LEN } else { 0 };
+    let cut = at.and_then(|at| cut_in(body, start, entry.first_seq - 1, at));
+    if tail.is_none() {
+        if cut.is_some_and(|c| c.offset == start && start == HEADER_LEN) {
+            return Ok(cut.map(|c| Cut { offset: 0, ..c }));
+        }
+        let name = segment_file_name(header.segment_first_seq);
+        tail.replace(TailFile {
+            file: create_file(&log_dir.join(&name))?,
+            name,
+            len: 0,
+            hasher: chain_hasher(&cursor.chain),
+            objects: Vec::new(),
+        });
+    }
+    let file = tail.as_mut().expect("set above");
+    if header.offset != file.len {
+        return Err(damaged(format!(
+            "offset {} but {} bytes of its segment came before it",
+            header.offset, file.len
+        )));
+    }
+    file.hasher.update(body);
+    let after: ChainValue = file.hasher.clone().finalize().into();
+    if after != header.chain_after || chain_hex(&after) != entry.chain_after {
+        return Err(damaged(format!(
+            "its bytes give chain {}, it says {}",
+            chain_hex(&after),
+            chain_hex(&header.chain_after)
+        )));
+    }
+    let kept = cut.map_or(body.len(), |c| c.offset);
+    file.file
+        .write_all(&body[..kept])
+        .map_err(|e| unwritable(&log_dir.join(&file.name), e))?;
+    file.objects.push((entry.key.clone(), header.offset));
+    file.len += body.len() as u64;
+    cursor.chain = after;
+    cursor.next_seq = header.last_seq + 1;
+    Ok(cut)
+}
+
+/// A chunk's header against its manifest entry, and its `chain_before`
+/// against the chain before it.
+fn check_chunk_header(
+    entry: &ChunkEntry,
+    header: &ChunkHeader,
+    chain: &ChainValue,
+) -> Result<(), Failure> {
+    let damaged = |what: String| Failure::damage(format!("{}: {what}", entry.key));
+    if header.first_seq != entry.first_seq
+        || header.last_seq != entry.last_seq
+        || header.epoch != entry.epoch
+        || header.segment_first_seq != entry.segment_first_seq
+        || header.offset != entry.offset
+    {
+        return Err(damaged("its header disagrees with the manifest".into()));
+    }
+    if header.chain_before != *chain {
+        return Err(damaged(format!(
+            "chain_before {} is not the chain before it ({}): a fork",
+            chain_hex(&header.chain_before),
+            chain_hex(chain)
+        )));
+    }
+    Ok(())
+}
+
+/// Writes the log into `data`, checks it with the full decoder, the chain
+/// and the one fold, then fetches and checks every blob a kept op names.
+async fn materialize(
+    store: &ArchiveStore,
+    manifest: Manifest,
+    at: Option<At>,
+    data: &Path,
+) -> Result<serde_json::Value, Failure> {
+    let written =
+        write_archived_log(store, &manifest, at, &spark_core::layout::log_dir(data)).await?;
+    if let (Some(At::Seq(seq)), Some(cut)) = (at, written.cut) {
+        if cut.last_seq != seq {
+            return Err(scan::usage(format!(
+                "--at {seq} is not the last seq of a batch in the archive (its batch ends \
+                 after it; the batch before ends at {}): restore to a batch's end",
+                cut.last_seq
+            )));
+        }
+    }
+    if written.segments.is_empty() {
+        return Err(scan::usage(
+            "--at: the archive holds no op at or before it".to_owned(),
+        ));
+    }
+    let (mirror, report) = check_log(&written, data)?;
+    let (blobs, blob_bytes, blobs_missing) = restore_blobs(store, &mirror, data).await?;
+    let cut = written
+        .cut
+        .map(|c| json!({"last_seq": c.last_seq, "next_seq": c.next_seq, "mid_batch": c.mid_batch}));
+    Ok(json!({
+        "manifest": manifest.number,
+        "epoch": manifest.epoch,
+        "archived_seq": manifest.shipped_seq,
+        "written_ms": manifest.written_ms,
+        "seq": mirror.seq,
+        "ts_ms": mirror.ts_ms,
+        "chain": chain_hex(&report.head.chain),
+        "segments": written.segments.len(),
+        "objects": written.objects,
+        "object_bytes": written.object_bytes,
+        "blobs": blobs,
+        "blob_bytes": blob_bytes,
+        "blobs_missing": blobs_missing,
+        "digest": mirror.digest(),
+        "cut": cut,
+    }))
+}
+
+/// Replays the written log with the full decoder, the chain of every
+/// sealed segment and the one fold; a failure names the objects its
+/// segment came from. A torn tail is damage.
+fn check_log(written: &Written, data: &Path) -> Result<(Mirror, ScanReport), Failure> {
+    let common = Common {
+        data: data.to_owned(),
+        json: false,
+    };
+    let (mirror, report) = scan::replay_verified(&common).map_err(|failure| {
+        let objects: Vec<String> = written
+            .segments
+            .iter()
+            .filter(|s| failure.message.contains(&s.name))
+            .flat_map(|s| {
+                s.objects
+                    .iter()
+                    .map(|(k, at)| format!("{k} (from offset {at})"))
+            })
+            .collect();
+        Failure {
+            message: format!(
+                "the archived log does not verify: {}; that segment came from: {}",
+                failure.message,
+                objects.join(", ")
+            ),
+            code: failure.code,
+        }
+    })?;
+    if report.torn_tail.is_some() {
+        return Err(Failure::damage(
+            "the archived log ends in bytes that are not a whole batch (a chunk past its last commit mark)",
+        ));
+    }
+    Ok((mirror, report))
+}
+
+/// Fetches every blob the mirror's media name into `data`'s blob store
+/// (several at once), each checked against its media.put op, and syncs the
+/// directories. A blob the writer recorded lost (ARCHIVE.md "Missing
+/// blob": no blob object, a `missing/` marker) is left out and listed.
+/// Returns how many blobs, their bytes and the lost ones.
+async fn restore_blobs(
+    store: &ArchiveStore,
+    mirror: &Mirror,
+    data: &Path,
+) -> Result<(usize, u64, Vec<serde_json::Value>), Failure> {
+    let blobs_dir = spark_core::blob::blobs_dir(data);
+    std::fs::create_dir_all(&blobs_dir).map_err(|e| unwritable(&blobs_dir, e))?;
+    let mut media: Vec<_> = mirror
+        .media
+        .values()
+        .map(|m| (m.sha256.0, m.size_bytes))
+        .collect();
+    media.sort_unstable();
+    media.dedup();
+    let total: u64 = media.iter().map(|(_, size)| size).sum();
+    let bar = progress::bar(total, "restore: blobs");
+    let mut fetched = std::pin::pin!(in_order(media.clone(), |(sha, size)| {
+        let store = store.clone();
+        async move {
+            let key = blob_key(store.prefix(), &sha);
+            let Some(bytes) = store.get(&key).await.map_err(store_failure)? else {
+                return missing_blob(&store, &sha, key).await.map(Err);
+            };
+            let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+            if digest != sha || bytes.len() as u64 != size {
+                return Err(Failure::damage(format!(
+                    "{key}: {} bytes with SHA-256 {}, the media.put op says {size} bytes",
+                    bytes.len(),
+                    hex::encode(digest)
+                )));
+            }
+            Ok(Ok((sha, bytes)))
+        }
+    }));
+    let mut blob_bytes = 0u64;
+    let mut missing = Vec::new();
+    while let Some(blob) = fetched.next().await {
+        let (sha, bytes) = match blob? {
+            Ok(blob) => blob,
+            Err(lost) => {
+                missing.push(lost);
+                continue;
+            }
+        };
+        write_file(&spark_core::blob::blob_path(&blobs_dir, &sha), &bytes)?;
+        bar.inc(bytes.len() as u64);
+        blob_bytes += bytes.len() as u64;
+    }
+    bar.finish_and_clear();
+    sync_dir(&blobs_dir)?;
+    for dir in [blobs_dir.parent().unwrap_or(data), data] {
+        sync_dir(dir)?;
+    }
+    Ok((media.len() - missing.len(), blob_bytes, missing))
+}
+
+/// A blob with no object under its key: the writer's `missing/` marker
+/// for it, as listed in the summary, or a store failure when there is no
+/// marker either (the archive lacks a blob it should hold).
+async fn missing_blob(
+    store: &ArchiveStore,
+    sha: &[u8; 32],
+    key: String,
+) -> Result<serde_json::Value, Failure> {
+    let marker_key = missing_key(store.prefix(), sha);
+    let marker = store
+        .get(&marker_key)
+        .await
+        .map_err(store_failure)?
+        .ok_or_else(|| store_failure(StoreError::Missing { key }))?;
+    let marker = MissingBlobDoc::decode(&marker, sha)
+        .map_err(|e| Failure::damage(format!("object {marker_key} is damaged: {e}")))?;
+    Ok(json!({
+        "sha256": marker.sha256,
+        "media_id": marker.media_id,
+        "seq": marker.seq,
+        "reason": marker.reason,
+    }))
+}
+
+fn print(common: &Common, what: &str, summary: &serde_json::Value) {
+    if common.json {
+        scan::print_json(summary);
+        return;
+    }
+    println!(
+        "{what} up to seq {} (archive manifest {}, epoch {}; the archive holds up to {})",
+        summary["seq"], summary["manifest"], summary["epoch"], summary["archived_seq"]
+    );
+    if let Some(manifests) = summary["manifests"].as_u64() {
+        println!("history   {manifests} manifests, each extending the one before");
+    }
+    println!("segments  {}", summary["segments"]);
+    println!(
+        "objects   {} ({} bytes)",
+        summary["objects"], summary["object_bytes"]
+    );
+    println!(
+        "blobs     {} ({} bytes)",
+        summary["blobs"], summary["blob_bytes"]
+    );
+    if let Some(missing) = summary["blobs_missing"]
+        .as_array()
+        .filter(|m| !m.is_empty())
+    {
+        println!(
+            "missing   {} blobs the writer lost before it could archive them (their media cannot be served):",
+            missing.len()
+        );
+        for m in missing {
+            println!(
+                "  media {} (seq {}), blob {}: {}",
+                m["media_id"].as_str().unwrap_or(""),
+                m["seq"],
+                m["sha256"].as_str().unwrap_or(""),
+                m["reason"].as_str().unwrap_or("")
+            );
+        }
+    }
+    println!("chain     {}", summary["chain"].as_str().unwrap_or(""));
+    println!("digest    {}", summary["digest"].as_str().unwrap_or(""));
+}
+
+/// The latest manifest, or damage when the archive holds none.
+pub async fn latest_manifest(store: &ArchiveStore) -> Result<Manifest, Failure> {
+    store
+        .latest_manifest()
+        .await
+        .map_err(store_failure)?
+        .ok_or_else(|| {
+            Failure::damage(format!(
+                "no manifest under {:?}: an empty archive",
+                store.prefix()
+            ))
+        })
+}
+
+/// Removes what a failed restore wrote into `data` (which was empty or
+/// absent before), so that no engine starts on part of a log.
+fn discard(data: &Path, existed: bool) {
+    if existed {
+        for dir in [
+            spark_core::layout::log_dir(data),
+            spark_core::blob::blobs_dir(data)
+                .parent()
+                .map(Path::to_owned)
+                .unwrap_or_default(),
+        ] {
+            if dir.starts_with(data) && dir != data {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    } else {
+        let _ = std::fs::remove_dir_all(data);
+    }
+}
+
+/// `restore --from URL --data DIR [--at SEQ|TIME]`: refuses a non-empty
+/// DIR; on failure removes what it wrote.
+pub fn restore(common: &Common, from: &From, at: Option<&str>) -> Outcome {
+    let at = at.map(At::parse).transpose()?;
+    let data = &common.data;
+    match is_empty_dir(data) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(scan::usage(format!(
+                "{} is not empty: restore writes a new data directory only",
+                data.display()
+            )))
+        }
+        Err(e) => return Err(Failure::unreadable(format!("{}: {e}", data.display()))),
+    }
+    let store = connect(from)?;
+    let existed = data.exists();
+    let result = runtime()?.block_on(async {
+        let manifest = latest_manifest(&store).await?;
+        if let Some(At::Seq(seq)) = at {
+            if seq > manifest.shipped_seq {
+                return Err(scan::usage(format!(
+                    "--at {seq}: the archive holds up to {}",
+                    manifest.shipped_seq
+                )));
+            }
+        }
+        std::fs::create_dir_all(data)
+            .map_err(|e| Failure::unreadable(format!("cannot create {}: {e}", data.display())))?;
+        materialize(&store, manifest, at, data).await
+    });
+    let summary = match result {
+        Ok(summary) => summary,
+        Err(failure) => {
+            discard(data, existed);
+            return Err(failure);
+        }
+    };
+    if summary["cut"]["mid_batch"] == true {
+        eprintln!(
+            "spark-replay: note: the batch holding seq {} has ops on both sides of --at; \
+             it is left out whole (a restore stops at a batch's end), so the restore stops \
+             at seq {} while `rebuild --at` on the original stops at seq {}",
+            summary["cut"]["next_seq"],
+            summary["seq"],
+            summary["cut"]["next_seq"].as_u64().unwrap_or(1) - 1
+        );
+    }
+    print(common, "restored", &summary);
+    Ok(exit::OK)
+}
+
+/// Reads manifests 1..=latest (numbers are gapless; the latest is found
+/// by probing, ARCHIVE.md "Manifest") and checks that each one's epoch is
+/// at least the previous one's and that each extends it
+/// ([`extends`], ARCHIVE.md "Manifest history"). Returns the latest and
+/// how many were read.
+async fn walk_history(store: &ArchiveStore) -> Result<(Manifest, u64), Failure> {
+    let prefix = store.prefix().to_owned();
+    let latest = store
+        .latest(|n| manifest_key(&prefix, n))
+        .await
+        .map_err(store_failure)?;
+    if latest == 0 {
+        return Err(Failure::damage(format!(
+            "no manifest under {prefix:?}: an empty archive"
+        )));
+    }
+    let mut fetched = std::pin::pin!(in_order(1..=latest, |number| {
+        let store = store.clone();
+        async move { store.manifest(number).await.map_err(store_failure) }
+    }));
+    let mut prev: Option<Manifest> = None;
+    while let Some(manifest) = fetched.next().await {
+        let manifest = manifest?;
+        if let Some(prev) = &prev {
+            extends(prev, &manifest).map_err(|fork| {
+                Failure::damage(format!(
+                    "manifest {} ({}) does not extend manifest {} ({}): {fork}; the archive's history forks there",
+                    manifest.number,
+                    manifest_key(&prefix, manifest.number),
+                    prev.number,
+                    manifest_key(&prefix, prev.number),
+                ))
+            })?;
+        }
+        prev = Some(manifest);
+    }
+    let latest_manifest = prev.expect("at least manifest 1 was read");
+    Ok((latest_manifest, latest))
+}
+
+/// `verify --from URL`: walks the manifest history, then reads and checks
+/// everything the latest manifest names, in a scratch directory that is
+/// removed afterwards.
+pub fn verify(common: &Common, from: &From) -> Outcome {
+    let store = connect(from)?;
+    let scratch: PathBuf = std::env::temp_dir().join(format!(
+        "spark-verify-{}-{}",
+        std::process::id(),
+        spark_log_format::system_now_ms()
+    ));
+    let result = runtime()?.block_on(async {
+        let (manifest, manifests) = walk_history(&store).await?;
+        std::fs::create_dir_all(&scratch).map_err(|e| {
+            Failure::unreadable(format!("cannot create {}: {e}", scratch.display()))
+        })?;
+        let mut summary = materialize(&store, manifest, None, &scratch).await?;
+        summary["manifests"] = json!(manifests);
+        Ok(summary)
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    print(common, "verified", &result?);
+    Ok(exit::OK)
+}

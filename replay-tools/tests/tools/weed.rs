@@ -1,0 +1,180 @@
+//! A SeaweedFS `weed mini` server of a test's (or a bench's) own, on
+//! 127.0.0.1 ports of its own, as the S3-compatible store of the archive
+//! (SPEC section 11, issue 15). Shared by the archive tests of this binary
+//! and by `benches/load.rs` (included there with `#[path]`), so it needs
+//! nothing but `object_store`, `tempfile` and `tokio`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use object_store::ObjectStore;
+
+/// The access key every test server accepts.
+pub const KEY_ID: &str = "sparktest";
+/// Its secret.
+pub const SECRET: &str = "sparktest-secret";
+/// The bucket every test server makes at start.
+pub const BUCKET: &str = "spark";
+
+/// A `weed mini` server: started by [`Weed::start`], killed by
+/// [`Weed::stop`] (and on drop), started again on the same directory and
+/// ports by [`Weed::resume`].
+pub struct Weed {
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+    base_port: u16,
+    child: Option<Child>,
+}
+
+/// The `weed` binary: `SPARK_WEED`, else `weed` on `PATH`.
+pub fn weed_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SPARK_WEED") {
+        return Some(PathBuf::from(path));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join("weed"))
+        .find(|path| path.is_file())
+}
+
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+impl Weed {
+    /// Ports `base..base+7` for http (S3 at `+4`, Prometheus metrics at
+    /// `+7`) and `+10000` for grpc.
+    pub fn start(binary: PathBuf) -> Weed {
+        let base_port = loop {
+            let base = 20_000 + (rand_u16() % 900) * 10;
+            if (0..8).all(|i| port_free(base + i) && port_free(base + 10_000 + i)) {
+                break base;
+            }
+        };
+        let mut weed = Weed {
+            binary,
+            dir: tempfile::tempdir().unwrap(),
+            base_port,
+            child: None,
+        };
+        weed.resume();
+        weed
+    }
+
+    /// The S3 endpoint, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.base_port + 4)
+    }
+
+    /// The server's own Prometheus metrics (`SeaweedFS_s3_request_total`
+    /// by `type` and `code`), `http://127.0.0.1:PORT/metrics`.
+    #[allow(dead_code)] // Only the bench counts requests here.
+    pub fn metrics_url(&self) -> String {
+        format!("http://127.0.0.1:{}/metrics", self.base_port + 7)
+    }
+
+    /// The server process's id while it runs.
+    #[allow(dead_code)] // Only the bench reads its CPU time.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Starts (again) on the same directory and ports; waits until S3
+    /// answers a signed put (at most 60 s, then panics with its log).
+    pub fn resume(&mut self) {
+        let p = |i: u16| (self.base_port + i).to_string();
+        let log = std::fs::File::create(self.dir.path().join("weed.log")).unwrap();
+        let child = Command::new(&self.binary)
+            .arg("mini")
+            .arg(format!("-dir={}", self.dir.path().join("data").display()))
+            .args([
+                "-master.telemetry=false",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-admin.ui=false",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+            ])
+            .arg(format!("-master.port={}", p(1)))
+            .arg(format!("-volume.port={}", p(2)))
+            .arg(format!("-filer.port={}", p(3)))
+            .arg(format!("-s3.port={}", p(4)))
+            .arg(format!("-admin.port={}", p(5)))
+            .arg(format!("-webdav.port={}", p(6)))
+            .arg(format!("-metricsPort={}", p(7)))
+            .arg(format!("-bucket={BUCKET}"))
+            .env("AWS_ACCESS_KEY_ID", KEY_ID)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .current_dir(self.dir.path())
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        std::fs::create_dir_all(self.dir.path().join("data")).unwrap();
+        self.child = Some(child);
+        // Ready once a signed put of a probe object succeeds.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let store = raw_store(&self.endpoint());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        loop {
+            let ok = rt.block_on(async {
+                store
+                    .put(
+                        &object_store::path::Path::from("probe"),
+                        object_store::PutPayload::from_static(b"x"),
+                    )
+                    .await
+                    .is_ok()
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "weed mini did not serve S3 within 60 s: {}",
+                std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Kills the server (the store is unreachable until [`Weed::resume`]).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A cheap random number (time and process id), for ports and prefixes.
+pub fn rand_u16() -> u16 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    (nanos ^ std::process::id().wrapping_mul(2_654_435_761)) as u16
+}
+
+/// A plain client of `endpoint` (overwrites allowed): the readiness probe,
+/// and what the tests use to damage objects.
+pub fn raw_store(endpoint: &str) -> object_store::aws::AmazonS3 {
+    object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(BUCKET)
+        .with_region("us-east-1")
+        .with_endpoint(endpoint)
+        .with_allow_http(true)
+        .with_access_key_id(KEY_ID)
+        .with_secret_access_key(SECRET)
+        .build()
+        .unwrap()
+}

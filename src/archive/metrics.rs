@@ -1,0 +1,145 @@
+//! The archive's metrics (SPEC section 11): registered only when an archive
+//! is configured, and rendered after the engine's own at `/metrics`.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+/// Every archive metric.
+pub struct ArchiveMetrics {
+    registry: Registry,
+    /// `spark_archive_shipped_seq`: the last seq a stored manifest names.
+    pub shipped_seq: Gauge,
+    /// `spark_archive_lag_seconds`: seconds the oldest acknowledged op not
+    /// yet shipped has waited (0 when caught up), computed at each scrape
+    /// ([`render_into`]).
+    pub lag_seconds: Gauge<f64, AtomicU64>,
+    /// `spark_archive_fenced`: 1 once another engine took the prefix over
+    /// and this one stopped acknowledging writes (`503 fenced`), else 0.
+    pub fenced: Gauge,
+    /// `spark_archive_blobs_missing`: blobs the archive recorded lost
+    /// (missing or damaged locally; their ops shipped without them) since
+    /// the engine started, computed at each scrape.
+    pub blobs_missing: Gauge,
+    /// `spark_archive_objects_put_total`, by kind (`segment`, `chunk`,
+    /// `manifest`, `blob`, `missing` (a missing-blob marker), `epoch`).
+    pub objects_put: Family<Labels, Counter>,
+    /// `spark_archive_bytes_put_total`, by kind.
+    pub bytes_put: Family<Labels, Counter>,
+    /// `spark_archive_failures_total`, by kind (`unreachable`, `conflict`,
+    /// `damaged`, `missing`, `local`, `blob`, `fenced`).
+    pub failures: Family<Labels, Counter>,
+    /// `spark_archive_waiting_writes`: in `sync` mode, answers committed
+    /// locally and waiting for the archive to store them (0 otherwise).
+    pub waiting_writes: Gauge,
+}
+
+static METRICS: OnceLock<ArchiveMetrics> = OnceLock::new();
+
+/// The running shippers a scrape reads (one in a server; tests run
+/// several in one process).
+static WATCHED: Mutex<Vec<Weak<super::ArchiveStatus>>> = parking_lot::const_mutex(Vec::new());
+
+/// Makes [`render_into`] read `status` at each scrape, until it is dropped.
+pub(crate) fn watch(status: &Arc<super::ArchiveStatus>) {
+    let mut watched = WATCHED.lock();
+    watched.retain(|w| w.strong_count() > 0);
+    watched.push(Arc::downgrade(status));
+}
+
+/// Sets the gauges computed when read: the largest lag and the lost blobs
+/// of the running shippers.
+fn refresh(metrics: &ArchiveMetrics) {
+    let live: Vec<_> = WATCHED.lock().iter().filter_map(Weak::upgrade).collect();
+    if live.is_empty() {
+        return;
+    }
+    let lag = live.iter().map(|s| s.lag_seconds()).fold(0.0, f64::max);
+    metrics.lag_seconds.set(lag);
+    let missing: usize = live.iter().map(|s| s.blobs_missing()).sum();
+    metrics.blobs_missing.set(missing as i64);
+}
+
+/// The archive metrics, registered on first use (when an archive starts).
+pub fn get() -> &'static ArchiveMetrics {
+    METRICS.get_or_init(|| {
+        let mut registry = Registry::with_prefix("spark_archive");
+        let shipped_seq = Gauge::default();
+        registry.register(
+            "shipped_seq",
+            "Last seq named by a stored manifest",
+            shipped_seq.clone(),
+        );
+        let lag_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "lag_seconds",
+            "Seconds the oldest acknowledged write not yet shipped has waited",
+            lag_seconds.clone(),
+        );
+        let fenced = Gauge::default();
+        registry.register(
+            "fenced",
+            "1 once another engine took the prefix over (writes answer 503 fenced)",
+            fenced.clone(),
+        );
+        let blobs_missing = Gauge::default();
+        registry.register(
+            "blobs_missing",
+            "Blobs recorded lost in the archive (missing or damaged locally) since start",
+            blobs_missing.clone(),
+        );
+        let objects_put = Family::<Labels, Counter>::default();
+        registry.register(
+            "objects_put",
+            "Objects stored, by kind",
+            objects_put.clone(),
+        );
+        let bytes_put = Family::<Labels, Counter>::default();
+        registry.register("bytes_put", "Bytes stored, by kind", bytes_put.clone());
+        let failures = Family::<Labels, Counter>::default();
+        registry.register("failures", "Failed ships, by kind", failures.clone());
+        let waiting_writes = Gauge::default();
+        registry.register(
+            "waiting_writes",
+            "Answers committed locally and waiting for the archive (sync mode)",
+            waiting_writes.clone(),
+        );
+        ArchiveMetrics {
+            registry,
+            shipped_seq,
+            lag_seconds,
+            fenced,
+            blobs_missing,
+            objects_put,
+            bytes_put,
+            failures,
+            waiting_writes,
+        }
+    })
+}
+
+/// Appends the archive metrics to `text` (the engine's, in the OpenMetrics
+/// format) when an archive was started in this process; keeps one `# EOF`.
+pub fn render_into(text: &mut String) {
+    let Some(metrics) = METRICS.get() else {
+        return;
+    };
+    refresh(metrics);
+    let mut extra = String::new();
+    if encode(&mut extra, &metrics.registry).is_err() {
+        return;
+    }
+    if let Some(stripped) = text.strip_suffix("# EOF\n") {
+        text.truncate(stripped.len());
+    }
+    text.push_str(&extra);
+}

@@ -1,0 +1,1347 @@
+//! The archive shipper (SPEC section 11, `log-format/ARCHIVE.md`): with
+//! `[archive]`, a background task follows the journal's durable head and
+//! ships, in this order, the blobs new ops name, the sealed segments and at
+//! most one tail chunk, then a manifest naming them. Every put is
+//! create-only; a failed ship is retried with backoff while the engine goes
+//! on taking writes. Without `[archive]` nothing here runs.
+//!
+//! One writer per prefix (ARCHIVE.md "Epoch"): [`take_over`] moves the
+//! prefix to this data directory (`serve --take-over`); a shipper whose
+//! manifest put meets a newer epoch's fences its engine (`503 fenced`).
+//!
+//! A blob is checked (size and SHA-256, as its `media.put` names them)
+//! before it is put, up to [`BLOB_PUTS_AT_ONCE`] at a time. A blob that is
+//! missing or damaged locally is never shipped: the archive records it
+//! lost (a `missing/` marker, ARCHIVE.md "Missing blob"), the log keeps
+//! shipping, and `/readyz`, `spark_archive_blobs_missing` and a WARN line
+//! name it.
+//!
+//! `async` mode ships at most once per `ship_interval_ms`. `sync` mode
+//! (the engine was opened with an [`gate::ArchiveGate`]) ships as soon as a
+//! write waits and no ship is in flight, tells the gate every stored
+//! manifest's seq, and closes the gate when it stops for good (fenced, or
+//! shut down), so that no writer waits forever; as it puts a chunk per
+//! ship, it merges runs of chunks so manifests stay small.
+//!
+//! Not built yet: leases (`[archive] lease_ms`).
+
+pub mod gate;
+pub mod metrics;
+mod takeover;
+
+pub use takeover::{take_over, take_over_on, TakenOver};
+
+use std::collections::HashSet;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
+use spark_log_format::archive::{
+    acknowledged_end, blob_key, chunk_key, epoch_key, manifest_key, missing_key, segment_key,
+    ChunkEntry, ChunkHeader, EpochDoc, Manifest, MissingBlobDoc, SegmentEntry, CHUNK_HEADER_LEN,
+};
+use spark_log_format::format::{
+    chain_hasher, chain_hex, chain_value, decode_record, segment_file_name, ChainValue,
+    RecordDecode, HEADER_CHAIN_START_OFFSET, KIND_SEAL, RECORD_LEN_OFFSET, RECORD_SEQ_OFFSET,
+    SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
+};
+use spark_log_format::{Head, HEADER_LEN};
+
+use crate::config::ArchiveSettings;
+use crate::engine::Engine;
+
+/// The longest wait between two tries of a failing ship.
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The longest wait between two tries of a failing ship in `sync` mode,
+/// where writers wait for it: they are answered within this (plus one
+/// ship) of the store coming back.
+const SYNC_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// In `sync` mode (a chunk per ship), this many chunks of one level in a
+/// row are merged into one chunk of the next level, so that a manifest
+/// lists at most `(MERGE_FAN_IN - 1)` chunks per level (ARCHIVE.md "Sync
+/// mode"); each byte is put once more per level.
+const MERGE_FAN_IN: usize = 16;
+/// How long the last ship at shutdown may take.
+pub const FINAL_SHIP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most blob puts in flight at once (newcomer finding 3: one at a time, a
+/// burst of uploads made each ship take several intervals).
+pub const BLOB_PUTS_AT_ONCE: usize = 8;
+/// `/readyz` says `behind` (not `shipping`) once the oldest unshipped op
+/// has waited this many ship intervals: a ship that hangs, or one that
+/// cannot keep up.
+pub const BEHIND_AFTER_INTERVALS: u32 = 3;
+/// At most this many lost blobs are listed in `/readyz` (all are counted).
+const MISSING_BLOBS_LISTED: usize = 100;
+/// The file in the data directory that names this writer and its epoch.
+pub const WRITER_FILE: &str = "archive-writer";
+
+/// Why the archive did not start (the server refuses to start).
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveStartError {
+    /// The settings do not make a store.
+    #[error("archive: {0}")]
+    Config(String),
+    /// The store could not be read or written at start.
+    #[error("archive: {0}")]
+    Store(#[from] StoreError),
+    /// Another writer holds the prefix.
+    #[error("archive: the prefix is held by writer {writer} (epoch {epoch}); this data directory is not that writer. To ship from this directory (a restored or a new one), point [archive] url at a new prefix; to move the prefix to this directory, restore it from the archive (`spark-replay restore`) and start it with --take-over: the other engine is then fenced (its writes answer 503 fenced)")]
+    Held {
+        /// The other writer's id.
+        writer: String,
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// The local log and the archive disagree.
+    #[error("archive: {0}")]
+    Diverged(String),
+    /// `--take-over` did not get the prefix: another engine took it at the
+    /// same time, or the writer holding it kept shipping past every try.
+    #[error("archive: take-over refused: {0}")]
+    TakeOver(String),
+    /// The writer file could not be read or written.
+    #[error("archive: {path}: {source}")]
+    Local {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why one ship failed.
+#[derive(Debug, thiserror::Error)]
+enum ShipError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("local log: {0}")]
+    Local(String),
+    /// A local blob could not be read for a reason other than its absence
+    /// (permissions, an I/O error): retried, as it may be repaired.
+    #[error("blob {path}: {message}")]
+    Blob { path: String, message: String },
+    #[error("fenced: {0}")]
+    Fenced(String),
+}
+
+impl ShipError {
+    fn kind(&self) -> &'static str {
+        match self {
+            ShipError::Store(e) => e.kind(),
+            ShipError::Local(_) => "local",
+            ShipError::Blob { .. } => "blob",
+            ShipError::Fenced(_) => "fenced",
+        }
+    }
+}
+
+fn local(context: &str, e: impl std::fmt::Display) -> ShipError {
+    ShipError::Local(format!("{context}: {e}"))
+}
+
+/// What `/readyz`, `/api/log/head` and the metrics tell about shipping.
+pub struct ArchiveStatus {
+    epoch: u64,
+    /// When the engine was fenced (set after [`Engine::fence`] returned).
+    fenced_at: Mutex<Option<Instant>>,
+    shipped_seq: AtomicU64,
+    interval: Duration,
+    engine: Arc<Engine>,
+    log_dir: PathBuf,
+    max_record_bytes: u32,
+    /// Where the first unshipped op is, and its acknowledgement time once
+    /// read.
+    next: Mutex<NextOp>,
+    /// The last ship's failure, until a ship succeeds.
+    failing: Mutex<Option<String>>,
+    /// Blobs the archive records lost since this engine started.
+    missing: Mutex<MissingBlobs>,
+}
+
+impl std::fmt::Debug for ArchiveStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchiveStatus")
+            .field("epoch", &self.epoch)
+            .field("shipped_seq", &self.shipped_seq())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The first op after the shipped seq: in segment `segment_first_seq` at
+/// byte `offset` (0: after its header), or at the start of the next
+/// segment when a seal is there.
+#[derive(Debug)]
+struct NextOp {
+    seq: u64,
+    segment_first_seq: u64,
+    offset: u64,
+    /// Its `ts_ms` (when it was sequenced, just before its fdatasync).
+    ts_ms: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct MissingBlobs {
+    seen: HashSet<[u8; 32]>,
+    listed: Vec<serde_json::Value>,
+}
+
+impl ArchiveStatus {
+    /// The last seq a stored manifest names.
+    pub fn shipped_seq(&self) -> u64 {
+        self.shipped_seq.load(Ordering::Acquire)
+    }
+
+    /// Seconds the oldest acknowledged op not yet shipped has waited (now
+    /// minus its `ts_ms`), 0 when caught up (newcomer finding 4). Computed
+    /// when read, so it grows while a put hangs and during backoff.
+    pub fn lag_seconds(&self) -> f64 {
+        let head = self.engine.head().seq;
+        let mut next = self.next.lock();
+        if head < next.seq {
+            return 0.0;
+        }
+        let ts_ms = match next.ts_ms {
+            Some(ts_ms) => ts_ms,
+            None => {
+                // Unreadable (it should not be): from now on, not zero.
+                let ts_ms = self
+                    .ts_ms_of(&next)
+                    .unwrap_or_else(spark_log_format::system_now_ms);
+                next.ts_ms = Some(ts_ms);
+                ts_ms
+            }
+        };
+        spark_log_format::system_now_ms().saturating_sub(ts_ms) as f64 / 1000.0
+    }
+
+    /// The `ts_ms` of the op `next` points at, read from the local log.
+    fn ts_ms_of(&self, next: &NextOp) -> Option<u64> {
+        let at = next.offset.max(HEADER_LEN as u64);
+        for (first_seq, at) in [(next.segment_first_seq, at), (next.seq, HEADER_LEN as u64)] {
+            let path = self.log_dir.join(segment_file_name(first_seq));
+            let prefix = read_range(&path, at, Some(at + RECORD_SEQ_OFFSET as u64)).ok()?;
+            let len = u32::from_le_bytes(
+                prefix
+                    .get(RECORD_LEN_OFFSET..RECORD_LEN_OFFSET + 4)?
+                    .try_into()
+                    .ok()?,
+            );
+            let frame = read_range(
+                &path,
+                at,
+                Some(at + RECORD_SEQ_OFFSET as u64 + u64::from(len)),
+            )
+            .ok()?;
+            match decode_record(&frame, 0, self.max_record_bytes) {
+                RecordDecode::Record { record, .. } if record.seq == next.seq => {
+                    return (record.kind != KIND_SEAL).then_some(record.ts_ms)
+                }
+                RecordDecode::Record { record, .. }
+                    if record.kind == KIND_SEAL && record.kind_version == SEAL_KIND_VERSION =>
+                {
+                    continue
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Records that everything up to `state` is shipped.
+    fn shipped(&self, state: &ShipState) {
+        *self.next.lock() = NextOp {
+            seq: state.shipped_seq + 1,
+            segment_first_seq: state.tail.segment_first_seq,
+            offset: state.tail.offset,
+            ts_ms: None,
+        };
+        self.shipped_seq.store(state.shipped_seq, Ordering::Release);
+        metrics::get().shipped_seq.set(state.shipped_seq as i64);
+    }
+
+    /// Why shipping fails, if its last try failed.
+    pub fn failing(&self) -> Option<String> {
+        self.failing.lock().clone()
+    }
+
+    /// This writer's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// When this engine learnt that another took the prefix over, if it
+    /// did: set just after the engine was fenced, so every
+    /// [`Engine::submit`] that starts after this instant is refused.
+    pub fn fenced_at(&self) -> Option<Instant> {
+        *self.fenced_at.lock()
+    }
+
+    /// `fenced` (another engine took the prefix over), `failing` (the last
+    /// ship failed, retried with backoff), `behind` (the lag passed
+    /// [`BEHIND_AFTER_INTERVALS`] ship intervals) or `shipping`.
+    pub fn status_name(&self) -> &'static str {
+        if self.fenced_at().is_some() {
+            "fenced"
+        } else if self.failing.lock().is_some() {
+            "failing"
+        } else if self.lag_seconds() > (self.interval * BEHIND_AFTER_INTERVALS).as_secs_f64() {
+            "behind"
+        } else {
+            "shipping"
+        }
+    }
+
+    /// How many blobs the archive recorded lost (missing or damaged
+    /// locally, their ops shipped without them) since this engine started.
+    pub fn blobs_missing(&self) -> usize {
+        self.missing.lock().seen.len()
+    }
+
+    /// Records a lost blob once: listed in `/readyz`, counted by
+    /// `spark_archive_blobs_missing`, and a WARN line.
+    fn record_missing(&self, op: &MediaOp, reason: &str) {
+        let mut missing = self.missing.lock();
+        if !missing.seen.insert(op.sha256) {
+            return;
+        }
+        let sha = chain_hex(&op.sha256);
+        tracing::warn!(
+            blob = %sha, media_id = %op.media_id, seq = op.seq, reason,
+            "archive: a blob is lost locally; its op is shipped without it and the archive records it missing"
+        );
+        if missing.listed.len() < MISSING_BLOBS_LISTED {
+            missing.listed.push(serde_json::json!({
+                "sha256": sha,
+                "media_id": op.media_id,
+                "seq": op.seq,
+                "reason": reason,
+            }));
+        }
+    }
+
+    /// The `archive` member of `/readyz`, its `status` as
+    /// [`ArchiveStatus::status_name`] says.
+    pub fn to_json(&self) -> serde_json::Value {
+        let failing = self.failing();
+        let lag_seconds = self.lag_seconds();
+        let missing = self.missing.lock();
+        serde_json::json!({
+            "status": self.status_name(),
+            "epoch": self.epoch,
+            "shipped_seq": self.shipped_seq(),
+            "lag_seconds": lag_seconds,
+            "error": failing,
+            "blobs_missing": missing.seen.len(),
+            "missing_blobs": missing.listed,
+        })
+    }
+}
+
+/// The running shipper: stop it with [`Shipping::stop`].
+pub struct Shipping {
+    /// What it reports.
+    pub status: Arc<ArchiveStatus>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    /// The engine's archive gate (`sync` mode), closed once shipping ends.
+    gate: Option<Arc<gate::ArchiveGate>>,
+}
+
+impl Shipping {
+    /// Ships what is committed (one last ship, up to
+    /// [`FINAL_SHIP_TIMEOUT`]), then stops. In `sync` mode the archive gate
+    /// is then closed: writes still waiting, and any later one, are
+    /// answered `503 unavailable` (durable locally, archived after the
+    /// restart), never left hanging.
+    pub async fn stop(self) {
+        self.stop.send_replace(true);
+        // The task closes the gate itself; this covers a task that failed.
+        let _ = self.task.await;
+        if let Some(gate) = &self.gate {
+            gate.close(gate::shutting_down());
+        }
+    }
+}
+
+/// A `media.put` op to ship the blob of.
+#[derive(Debug)]
+struct MediaOp {
+    seq: u64,
+    media_id: String,
+    sha256: [u8; 32],
+    size_bytes: u64,
+}
+
+/// What the local copy of a blob is.
+enum LocalBlob {
+    /// Its bytes, as its op names them.
+    Good(Vec<u8>),
+    /// Missing or damaged: never to be shipped (the reason, naming the
+    /// path).
+    Lost(String),
+    /// It could not be read (not a missing file): tried again.
+    Unreadable(String),
+}
+
+/// Reads the blob at `path` and checks it against its `media.put` with
+/// the one blob check ([`spark_core::blob::verify_reader`]; newcomer
+/// finding 2: a damaged blob put create-only could never be replaced).
+fn check_local_blob(path: &Path, sha256: &[u8; 32], size_bytes: u64) -> LocalBlob {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return LocalBlob::Lost(format!("missing: {}: {e}", path.display()))
+        }
+        Err(e) => return LocalBlob::Unreadable(e.to_string()),
+    };
+    match spark_core::blob::verify_reader(&bytes[..], sha256, size_bytes) {
+        Ok(()) => LocalBlob::Good(bytes),
+        Err(fault) => LocalBlob::Lost(format!("damaged: {}: {fault}", path.display())),
+    }
+}
+
+/// The segment being shipped as chunks.
+#[derive(Clone)]
+struct Tail {
+    segment_first_seq: u64,
+    /// Bytes of it already shipped (0: none; the next chunk has the header).
+    offset: u64,
+    chain_start: ChainValue,
+    /// Fed `chain_start` and the `offset` bytes.
+    hasher: blake3::Hasher,
+}
+
+impl Tail {
+    fn fresh(segment_first_seq: u64, chain_start: ChainValue) -> Tail {
+        Tail {
+            segment_first_seq,
+            offset: 0,
+            chain_start,
+            hasher: chain_hasher(&chain_start),
+        }
+    }
+}
+
+/// What the archive holds as of the last manifest, and where to go on.
+#[derive(Clone)]
+struct ShipState {
+    number: u64,
+    segments: Vec<SegmentEntry>,
+    chunks: Vec<ChunkEntry>,
+    /// The merge level of each of `chunks` (0: one ship's; not stored:
+    /// chunks read back from a manifest count as level 0).
+    chunk_levels: Vec<u8>,
+    shipped_seq: u64,
+    shipped_chain: ChainValue,
+    tail: Tail,
+}
+
+struct Shipper {
+    store: ArchiveStore,
+    engine: Arc<Engine>,
+    status: Arc<ArchiveStatus>,
+    log_dir: PathBuf,
+    blobs_dir: PathBuf,
+    max_record_bytes: u32,
+    state: ShipState,
+}
+
+/// The writer file: `{"writer": id, "epoch": n}`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WriterFile {
+    writer: String,
+    epoch: u64,
+}
+
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let temp = path.with_extension("tmp");
+    {
+        let mut file = std::fs::File::create(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+fn hex_chain(text: &str) -> Option<ChainValue> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(text, &mut out).ok()?;
+    Some(out)
+}
+
+/// Starts shipping `engine`'s log to the archive of `settings`: takes or
+/// resumes this data directory's writer epoch, reads the latest manifest and
+/// checks that the local log holds what it names, then spawns the shipper.
+/// Refuses (an error the server reports) when another writer holds the
+/// prefix, the archive is ahead of the local log or disagrees with it, or
+/// the store cannot be reached.
+pub async fn start(
+    settings: &ArchiveSettings,
+    data_dir: &Path,
+    engine: Arc<Engine>,
+    max_record_bytes: u32,
+) -> Result<Shipping, ArchiveStartError> {
+    let store = connect(settings)?;
+    let sync = settings.mode == crate::config::ArchiveMode::Sync;
+    if sync != engine.archive_gate().is_some() {
+        return Err(ArchiveStartError::Config(format!(
+            "mode {:?}, but the engine was opened {} an archive gate (open it with the same settings)",
+            settings.mode,
+            if sync { "without" } else { "with" }
+        )));
+    }
+    start_on(
+        store,
+        data_dir,
+        engine,
+        max_record_bytes,
+        Duration::from_millis(settings.ship_interval_ms),
+    )
+    .await
+}
+
+/// The store of `settings` (no request is made yet).
+fn connect(settings: &ArchiveSettings) -> Result<ArchiveStore, ArchiveStartError> {
+    ArchiveStore::connect(&StoreConfig {
+        url: settings.url.clone(),
+        endpoint: settings.endpoint.clone(),
+        region: settings.region.clone(),
+    })
+    .map_err(ArchiveStartError::Config)
+}
+
+/// [`start`] on a given store (tests use `object_store`'s in-memory store),
+/// shipping every `interval` (`async` mode), or as soon as a write waits
+/// when the engine has an archive gate (`sync` mode).
+pub async fn start_on(
+    store: ArchiveStore,
+    data_dir: &Path,
+    engine: Arc<Engine>,
+    max_record_bytes: u32,
+    interval: Duration,
+) -> Result<Shipping, ArchiveStartError> {
+    let epoch = take_epoch(&store, data_dir).await?;
+    let log_dir = spark_core::layout::log_dir(data_dir);
+    let state = resume(&store, &log_dir, &engine.head(), epoch).await?;
+    let status = Arc::new(ArchiveStatus {
+        epoch,
+        fenced_at: Mutex::new(None),
+        shipped_seq: AtomicU64::new(0),
+        interval,
+        engine: Arc::clone(&engine),
+        log_dir: log_dir.clone(),
+        max_record_bytes,
+        next: Mutex::new(NextOp {
+            seq: 1,
+            segment_first_seq: 1,
+            offset: 0,
+            ts_ms: None,
+        }),
+        failing: Mutex::new(None),
+        missing: Mutex::new(MissingBlobs::default()),
+    });
+    status.shipped(&state);
+    metrics::watch(&status);
+    metrics::get().fenced.set(0);
+    let engine_gate = engine.archive_gate().cloned();
+    if let Some(gate) = &engine_gate {
+        // What the latest manifest names is archived.
+        gate.archived(state.shipped_seq);
+    }
+    let shipper = Shipper {
+        store,
+        engine,
+        status: Arc::clone(&status),
+        log_dir,
+        blobs_dir: spark_core::blob::blobs_dir(data_dir),
+        max_record_bytes,
+        state,
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(shipper.run(interval, stopped));
+    Ok(Shipping {
+        status,
+        stop,
+        task,
+        gate: engine_gate,
+    })
+}
+
+/// ARCHIVE.md "Epoch": resumes this directory's epoch if it is the latest,
+/// takes epoch 1 on an untouched prefix, refuses otherwise.
+async fn take_epoch(store: &ArchiveStore, data_dir: &Path) -> Result<u64, ArchiveStartError> {
+    let mine = read_writer_file(data_dir)?;
+    match store.latest_epoch().await? {
+        Some(doc) => match &mine {
+            Some(me) if me.writer == doc.writer && me.epoch == doc.epoch => Ok(doc.epoch),
+            _ => Err(ArchiveStartError::Held {
+                writer: doc.writer,
+                epoch: doc.epoch,
+            }),
+        },
+        None => claim_epoch(store, data_dir, mine, 1)
+            .await
+            .map_err(|e| match e {
+                ArchiveStartError::TakeOver(_) => ArchiveStartError::Held {
+                    writer: "another writer (taking epoch 1 at the same time)".into(),
+                    epoch: 1,
+                },
+                other => other,
+            }),
+    }
+}
+
+fn writer_file_error(data_dir: &Path, source: std::io::Error) -> ArchiveStartError {
+    ArchiveStartError::Local {
+        path: data_dir.join(WRITER_FILE).display().to_string(),
+        source,
+    }
+}
+
+/// `<data>/archive-writer`, `None` when there is none.
+fn read_writer_file(data_dir: &Path) -> Result<Option<WriterFile>, ArchiveStartError> {
+    match std::fs::read(data_dir.join(WRITER_FILE)) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            writer_file_error(
+                data_dir,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(writer_file_error(data_dir, e)),
+    }
+}
+
+/// Takes writer epoch `epoch` for this data directory: records it in
+/// `<data>/archive-writer` (fsync of the file and the directory), then
+/// creates `epoch/<epoch>` create-only. Of two engines claiming the same
+/// epoch exactly one gets it; the other gets
+/// [`ArchiveStartError::TakeOver`]. The file first: a crash after the put
+/// leaves a prefix this directory can resume; a crash before it, or a lost
+/// race, leaves a file naming an epoch whose object names another writer
+/// id (or none), which no start takes for this directory's.
+async fn claim_epoch(
+    store: &ArchiveStore,
+    data_dir: &Path,
+    mine: Option<WriterFile>,
+    epoch: u64,
+) -> Result<u64, ArchiveStartError> {
+    let writer = mine
+        .map(|m| m.writer)
+        .unwrap_or_else(|| hex::encode(rand::random::<[u8; 16]>()));
+    let file = WriterFile {
+        writer: writer.clone(),
+        epoch,
+    };
+    let text = serde_json::to_vec(&file).expect("the writer file serializes");
+    write_durably(&data_dir.join(WRITER_FILE), &text)
+        .map_err(|e| writer_file_error(data_dir, e))?;
+    let doc = EpochDoc {
+        epoch,
+        writer,
+        taken_ms: spark_log_format::system_now_ms(),
+    };
+    let bytes = Bytes::from(doc.encode());
+    let len = bytes.len() as u64;
+    let key = epoch_key(store.prefix(), epoch);
+    match store.put_create(&key, bytes).await {
+        Ok(_) => {}
+        Err(StoreError::Conflict { .. }) => {
+            return Err(ArchiveStartError::TakeOver(format!(
+                "another engine took epoch {epoch} ({key}) at the same time"
+            )))
+        }
+        Err(other) => return Err(other.into()),
+    }
+    count_put("epoch", len);
+    Ok(epoch)
+}
+
+/// The state after the latest manifest, checked against the local log.
+async fn resume(
+    store: &ArchiveStore,
+    log_dir: &Path,
+    head: &Head,
+    epoch: u64,
+) -> Result<ShipState, ArchiveStartError> {
+    let Some(manifest) = store.latest_manifest().await? else {
+        return Ok(ShipState {
+            number: 0,
+            segments: Vec::new(),
+            chunks: Vec::new(),
+            chunk_levels: Vec::new(),
+            shipped_seq: 0,
+            shipped_chain: [0; 32],
+            tail: Tail::fresh(1, [0; 32]),
+        });
+    };
+    let diverged = |m: String| ArchiveStartError::Diverged(m);
+    if manifest.epoch > epoch {
+        return Err(diverged(format!(
+            "manifest {} was written by epoch {}, after this writer's {epoch}",
+            manifest.number, manifest.epoch
+        )));
+    }
+    if manifest.epoch < epoch {
+        return Err(ArchiveStartError::TakeOver(format!(
+            "this directory took epoch {epoch}, but the latest manifest ({}) is still epoch {}'s: \
+             the take-over stopped before its first manifest; start again with --take-over to finish it",
+            manifest.number, manifest.epoch
+        )));
+    }
+    state_after(log_dir, head, manifest)
+}
+
+/// The shipping state right after `manifest` (a manifest of this writer's
+/// epoch), checked against the local log.
+fn state_after(
+    log_dir: &Path,
+    head: &Head,
+    manifest: Manifest,
+) -> Result<ShipState, ArchiveStartError> {
+    let diverged = |m: String| ArchiveStartError::Diverged(m);
+    if manifest.shipped_seq > head.seq {
+        return Err(diverged(format!(
+            "the archive holds up to seq {}, the local log only up to {}: this directory is behind its archive (an older copy?). Restore a new directory (spark-replay restore --from <archive url> --data <new dir>) and start that one with --take-over to go on shipping to this prefix, or start this one on a new prefix to keep it as it is",
+            manifest.shipped_seq, head.seq
+        )));
+    }
+    let shipped_chain = hex_chain(&manifest.shipped_chain)
+        .ok_or_else(|| diverged(format!("manifest {}: bad shipped_chain", manifest.number)))?;
+    let tail = resume_tail(log_dir, &manifest, shipped_chain)?;
+    Ok(ShipState {
+        number: manifest.number,
+        segments: manifest.segments,
+        chunk_levels: vec![0; manifest.chunks.len()],
+        chunks: manifest.chunks,
+        shipped_seq: manifest.shipped_seq,
+        shipped_chain,
+        tail,
+    })
+}
+
+/// Where shipping goes on after `manifest`: after its last chunk (whose
+/// bytes the local log must still hold, giving the same chain), or at the
+/// segment after its last sealed one.
+fn resume_tail(
+    log_dir: &Path,
+    manifest: &Manifest,
+    shipped_chain: ChainValue,
+) -> Result<Tail, ArchiveStartError> {
+    let diverged = |m: String| ArchiveStartError::Diverged(m);
+    Ok(match (manifest.chunks.last(), manifest.segments.last()) {
+        (Some(chunk), _) => {
+            let end = chunk.offset + chunk.bytes - CHUNK_HEADER_LEN as u64;
+            let path = log_dir.join(segment_file_name(chunk.segment_first_seq));
+            let bytes = read_range(&path, 0, Some(end))
+                .map_err(|e| diverged(format!("{}: {e}", path.display())))?;
+            if (bytes.len() as u64) < end || bytes.len() < HEADER_LEN {
+                return Err(diverged(format!(
+                    "{} is shorter than what the archive holds of it",
+                    path.display()
+                )));
+            }
+            let chain_start: ChainValue = bytes
+                [HEADER_CHAIN_START_OFFSET..HEADER_CHAIN_START_OFFSET + 32]
+                .try_into()
+                .expect("32 bytes");
+            let mut hasher = chain_hasher(&chain_start);
+            hasher.update(&bytes);
+            let chain: ChainValue = hasher.clone().finalize().into();
+            if chain != shipped_chain {
+                return Err(diverged(format!(
+                    "the local {} differs from the archive up to seq {} (chain {} there, {} archived)",
+                    path.display(),
+                    manifest.shipped_seq,
+                    chain_hex(&chain),
+                    manifest.shipped_chain
+                )));
+            }
+            Tail {
+                segment_first_seq: chunk.segment_first_seq,
+                offset: end,
+                chain_start,
+                hasher,
+            }
+        }
+        (None, Some(segment)) => Tail::fresh(segment.last_seq + 1, shipped_chain),
+        (None, None) => Tail::fresh(1, [0; 32]),
+    })
+}
+
+/// Bytes `[from, to)` of a file (`to = None`: to its end).
+fn read_range(path: &Path, from: u64, to: Option<u64>) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    file.seek(SeekFrom::Start(from))?;
+    let mut out = Vec::new();
+    match to {
+        Some(to) => {
+            file.take(to.saturating_sub(from)).read_to_end(&mut out)?;
+        }
+        None => {
+            file.read_to_end(&mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+fn count_put(kind: &str, bytes: u64) {
+    let m = metrics::get();
+    let label = crate::metrics::label("kind", kind);
+    m.objects_put.get_or_create(&label).inc();
+    m.bytes_put.get_or_create(&label).inc_by(bytes);
+}
+
+impl Shipper {
+    async fn run(mut self, interval: Duration, mut stopped: tokio::sync::watch::Receiver<bool>) {
+        let gate = self.engine.archive_gate().cloned();
+        let backoff_max = if gate.is_some() {
+            SYNC_BACKOFF_MAX
+        } else {
+            BACKOFF_MAX
+        };
+        let mut wait = interval;
+        let mut healthy = true;
+        loop {
+            // In sync mode a waiting write starts a ship at once, unless the
+            // last one failed (then the backoff paces the tries).
+            let wanted = async {
+                match &gate {
+                    Some(gate) if healthy => gate.wanted().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            let stopping = tokio::select! {
+                () = tokio::time::sleep(wait) => false,
+                () = wanted => false,
+                _ = stopped.changed() => true,
+            };
+            if stopping {
+                let _ = tokio::time::timeout(FINAL_SHIP_TIMEOUT, self.tick()).await;
+                if let Some(gate) = &gate {
+                    gate.close(gate::shutting_down());
+                }
+                return;
+            }
+            match self.tick().await {
+                Ok(()) => {
+                    wait = interval;
+                    healthy = true;
+                }
+                Err(ShipError::Fenced(reason)) => {
+                    self.fence(reason.clone());
+                    if let Some(gate) = &gate {
+                        // Writes waiting for the archive are not
+                        // acknowledged: they answer 503 fenced too.
+                        gate.close(crate::engine::EngineError::Fenced(reason));
+                    }
+                    return;
+                }
+                Err(_) => {
+                    wait = (wait * 2).clamp(interval, backoff_max.max(interval));
+                    healthy = false;
+                }
+            }
+        }
+    }
+
+    /// Another engine took the prefix over: from now on this engine
+    /// acknowledges nothing (`503 fenced`, ARCHIVE.md "Epoch"), and this
+    /// shipper stops.
+    fn fence(&self, reason: String) {
+        tracing::error!(
+            epoch = self.status.epoch,
+            %reason,
+            "archive: another engine took the prefix over; this engine is fenced and \
+             acknowledges no write any more (503 fenced)"
+        );
+        self.engine.fence(reason.clone());
+        *self.status.fenced_at.lock() = Some(Instant::now());
+        *self.status.failing.lock() = Some(format!("fenced: {reason}"));
+        metrics::get().fenced.set(1);
+    }
+
+    /// One look at the head: ships if it moved, records the outcome.
+    async fn tick(&mut self) -> Result<(), ShipError> {
+        let head = self.engine.head();
+        if head.seq <= self.state.shipped_seq {
+            return Ok(());
+        }
+        let result = self.ship(&head).await;
+        match &result {
+            Ok(()) => {
+                *self.status.failing.lock() = None;
+                self.status.shipped(&self.state);
+                if let Some(gate) = self.engine.archive_gate() {
+                    // `ship` moves the state only once a manifest naming
+                    // it is stored: the commit point (ARCHIVE.md).
+                    gate.archived(self.state.shipped_seq);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "archive: ship failed; retrying with backoff");
+                metrics::get()
+                    .failures
+                    .get_or_create(&crate::metrics::label("kind", e.kind()))
+                    .inc();
+                *self.status.failing.lock() = Some(e.to_string());
+            }
+        }
+        result
+    }
+
+    async fn put(&self, kind: &str, key: &str, bytes: Vec<u8>) -> Result<(), ShipError> {
+        let len = bytes.len() as u64;
+        if self.store.put_create(key, Bytes::from(bytes)).await? == Put::Created {
+            count_put(kind, len);
+        }
+        Ok(())
+    }
+
+    /// Ships everything acknowledged up to `head`: blobs, sealed segments,
+    /// one chunk, then the manifest. The state moves only once the manifest
+    /// is stored.
+    async fn ship(&mut self, head: &Head) -> Result<(), ShipError> {
+        self.check_not_taken_over().await?;
+        self.ship_blobs(head).await?;
+        let next = self.ship_log(head).await?;
+        if next.shipped_seq == self.state.shipped_seq {
+            return Ok(());
+        }
+        self.ship_manifest(next).await
+    }
+
+    /// One HEAD before each ship (never when idle): once another engine
+    /// took the next epoch, this one is fenced before it stores anything
+    /// more, so a take-over's manifest put races at most the one manifest
+    /// this writer has in flight (ARCHIVE.md "Epoch").
+    async fn check_not_taken_over(&self) -> Result<(), ShipError> {
+        let next = epoch_key(self.store.prefix(), self.status.epoch + 1);
+        if self.store.exists(&next).await? {
+            return Err(ShipError::Fenced(format!(
+                "epoch {} was taken by another engine ({next})",
+                self.status.epoch + 1
+            )));
+        }
+        Ok(())
+    }
+
+    /// Ships the blobs named by the media ops after the shipped seq, up to
+    /// `head`, each once, [`BLOB_PUTS_AT_ONCE`] at a time: each checked
+    /// first; one lost locally is recorded missing instead (ARCHIVE.md
+    /// "Missing blob").
+    async fn ship_blobs(&self, head: &Head) -> Result<(), ShipError> {
+        let mut ops = self.media_ops(head)?;
+        ops.sort_unstable_by_key(|op| (op.sha256, op.seq));
+        ops.dedup_by_key(|op| op.sha256);
+        futures_util::stream::iter(ops)
+            .map(|op| self.ship_blob(op))
+            .buffer_unordered(BLOB_PUTS_AT_ONCE)
+            .try_collect::<()>()
+            .await
+    }
+
+    /// The `media.put` ops after the shipped seq up to `head`, read from
+    /// the local log where shipping stands (not the whole mirror).
+    fn media_ops(&self, head: &Head) -> Result<Vec<MediaOp>, ShipError> {
+        let mut out = Vec::new();
+        let mut first_seq = self.state.tail.segment_first_seq;
+        let mut offset = self.state.tail.offset.max(HEADER_LEN as u64);
+        let mut last_seq = self.state.shipped_seq;
+        let media_put = spark_core::op::OpKind::MediaPut.code();
+        while last_seq < head.seq {
+            let path = self.log_dir.join(segment_file_name(first_seq));
+            let where_ = path.display().to_string();
+            let bytes = read_range(&path, offset, None).map_err(|e| local(&where_, e))?;
+            let mut at = 0;
+            let mut sealed = false;
+            while let RecordDecode::Record { record, size } =
+                decode_record(&bytes, at, self.max_record_bytes)
+            {
+                at += size;
+                if record.kind == KIND_SEAL {
+                    sealed = record.kind_version == SEAL_KIND_VERSION;
+                    if sealed {
+                        break;
+                    }
+                    continue;
+                }
+                if record.seq > head.seq {
+                    return Ok(out);
+                }
+                last_seq = record.seq;
+                if record.kind == media_put {
+                    let op = spark_core::op::Op::decode(&record).map_err(|e| local(&where_, e))?;
+                    if let spark_core::op::OpBody::MediaPut(put) = op.body {
+                        out.push(MediaOp {
+                            seq: op.seq,
+                            media_id: put.id.to_string(),
+                            sha256: put.sha256.0,
+                            size_bytes: put.size_bytes,
+                        });
+                    }
+                }
+            }
+            if !sealed {
+                break;
+            }
+            first_seq = last_seq + 1;
+            offset = HEADER_LEN as u64;
+        }
+        Ok(out)
+    }
+
+    /// Puts one blob once its local copy is checked against its op; a lost
+    /// one (missing, or other bytes) is recorded missing unless the archive
+    /// already holds it.
+    async fn ship_blob(&self, op: MediaOp) -> Result<(), ShipError> {
+        let path = spark_core::blob::blob_path(&self.blobs_dir, &op.sha256);
+        let (sha256, size_bytes) = (op.sha256, op.size_bytes);
+        let read_path = path.clone();
+        let checked =
+            tokio::task::spawn_blocking(move || check_local_blob(&read_path, &sha256, size_bytes))
+                .await
+                .map_err(|e| ShipError::Blob {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+        let key = blob_key(self.store.prefix(), &op.sha256);
+        match checked {
+            LocalBlob::Good(bytes) => self.put("blob", &key, bytes).await,
+            LocalBlob::Unreadable(message) => Err(ShipError::Blob {
+                path: path.display().to_string(),
+                message,
+            }),
+            LocalBlob::Lost(reason) => {
+                if self.store.exists(&key).await? {
+                    return Ok(());
+                }
+                let marker = MissingBlobDoc {
+                    sha256: chain_hex(&op.sha256),
+                    seq: op.seq,
+                    media_id: op.media_id.clone(),
+                    size_bytes: op.size_bytes,
+                    reason: reason.clone(),
+                    epoch: self.status.epoch,
+                    written_ms: spark_log_format::system_now_ms(),
+                };
+                let marker_key = missing_key(self.store.prefix(), &op.sha256);
+                match self.put("missing", &marker_key, marker.encode()).await {
+                    // An earlier try's marker (its answer lost) says the same.
+                    Ok(()) | Err(ShipError::Store(StoreError::Conflict { .. })) => {}
+                    Err(e) => return Err(e),
+                }
+                self.status.record_missing(&op, &reason);
+                Ok(())
+            }
+        }
+    }
+
+    /// Ships the log from the shipped state up to `head`: the sealed
+    /// segments in between, then at most one chunk. Returns the state these
+    /// puts make, not yet named by a manifest.
+    async fn ship_log(&self, head: &Head) -> Result<ShipState, ShipError> {
+        let mut next = self.state.clone();
+        loop {
+            let tail = &mut next.tail;
+            let name = segment_file_name(tail.segment_first_seq);
+            let path = self.log_dir.join(&name);
+            let where_ = path.display().to_string();
+            let bytes = read_range(&path, tail.offset, None).map_err(|e| local(&where_, e))?;
+            let start = if tail.offset == 0 {
+                let header_chain = bytes.get(HEADER_CHAIN_START_OFFSET..HEADER_LEN);
+                if header_chain != Some(&tail.chain_start[..]) {
+                    return Err(local(
+                        &where_,
+                        "its chain_start is not the archived chain before it",
+                    ));
+                }
+                HEADER_LEN
+            } else {
+                0
+            };
+            let in_head = head.segment == name;
+            let target = if in_head { head.seq } else { u64::MAX };
+            let end = acknowledged_end(
+                &bytes,
+                start,
+                next.shipped_seq,
+                target,
+                self.max_record_bytes,
+            );
+            let body = &bytes[..end.offset];
+            if end.sealed {
+                self.ship_segment(&mut next, &path, &where_, body, end.last_seq)
+                    .await?;
+                if next.shipped_seq >= head.seq {
+                    break;
+                }
+                continue;
+            }
+            if end.last_seq <= next.shipped_seq {
+                if in_head {
+                    break;
+                }
+                return Err(local(
+                    &where_,
+                    "ends without a seal, yet the head is in a later segment",
+                ));
+            }
+            let head_chain = (in_head && end.last_seq == head.seq).then_some(&head.chain);
+            self.ship_chunk(&mut next, &where_, body, end.last_seq, head_chain)
+                .await?;
+            if self.engine.archive_gate().is_some() {
+                self.merge_chunks(&mut next, &path, &where_).await?;
+            }
+            break;
+        }
+        Ok(next)
+    }
+
+    /// Ships the tail's segment whole once it is sealed: the bytes already
+    /// shipped as chunks and `body` (the rest, up to its seal, ending at
+    /// `last_seq`), checked against its chain. Moves `next` past it.
+    async fn ship_segment(
+        &self,
+        next: &mut ShipState,
+        path: &Path,
+        where_: &str,
+        body: &[u8],
+        last_seq: u64,
+    ) -> Result<(), ShipError> {
+        let tail = &next.tail;
+        let mut whole = if tail.offset == 0 {
+            Vec::new()
+        } else {
+            read_range(path, 0, Some(tail.offset)).map_err(|e| local(where_, e))?
+        };
+        whole.extend_from_slice(body);
+        let seal_at = whole.len() - SEAL_RECORD_BYTES;
+        let chain_end: ChainValue = whole[whole.len() - SEAL_PAYLOAD_LEN..]
+            .try_into()
+            .expect("32 bytes");
+        if chain_value(&tail.chain_start, &whole[..seal_at]) != chain_end {
+            return Err(local(where_, "its seal does not match its chain"));
+        }
+        let key = segment_key(
+            self.store.prefix(),
+            tail.segment_first_seq,
+            self.status.epoch,
+        );
+        let entry = SegmentEntry {
+            key: key.clone(),
+            first_seq: tail.segment_first_seq,
+            last_seq,
+            bytes: whole.len() as u64,
+            blake3: blake3::hash(&whole).to_hex().to_string(),
+            chain_end: chain_hex(&chain_end),
+        };
+        self.put("segment", &key, whole).await?;
+        next.segments.push(entry);
+        next.chunks.clear();
+        next.chunk_levels.clear();
+        next.shipped_seq = last_seq;
+        next.shipped_chain = chain_end;
+        next.tail = Tail::fresh(last_seq + 1, chain_end);
+        Ok(())
+    }
+
+    /// Ships `body` (the tail's unsealed bytes up to `last_seq`) as one
+    /// chunk; `head_chain` is the head's chain when `last_seq` is the head,
+    /// which the chain after `body` must be. Moves `next` past it.
+    async fn ship_chunk(
+        &self,
+        next: &mut ShipState,
+        where_: &str,
+        body: &[u8],
+        last_seq: u64,
+        head_chain: Option<&ChainValue>,
+    ) -> Result<(), ShipError> {
+        let tail = &mut next.tail;
+        tail.hasher.update(body);
+        let chain_after: ChainValue = tail.hasher.clone().finalize().into();
+        if head_chain.is_some_and(|chain| chain_after != *chain) {
+            return Err(local(where_, "its bytes do not give the head's chain"));
+        }
+        let header = ChunkHeader {
+            epoch: self.status.epoch,
+            first_seq: next.shipped_seq + 1,
+            last_seq,
+            segment_first_seq: tail.segment_first_seq,
+            offset: tail.offset,
+            body_bytes: body.len() as u64,
+            body_crc: crc32fast::hash(body),
+            chain_before: next.shipped_chain,
+            chain_after,
+        };
+        let (key, object, entry) = self.chunk_object(&header, body);
+        next.chunks.push(entry);
+        next.chunk_levels.push(0);
+        tail.offset += body.len() as u64;
+        next.shipped_seq = last_seq;
+        next.shipped_chain = chain_after;
+        self.put("chunk", &key, object).await
+    }
+
+    /// The chunk object of `header` and `body`, its key and its manifest
+    /// entry.
+    fn chunk_object(&self, header: &ChunkHeader, body: &[u8]) -> (String, Vec<u8>, ChunkEntry) {
+        let object = header.encode(body);
+        let key = chunk_key(
+            self.store.prefix(),
+            header.first_seq,
+            header.last_seq,
+            header.epoch,
+        );
+        let entry = ChunkEntry {
+            key: key.clone(),
+            epoch: header.epoch,
+            segment_first_seq: header.segment_first_seq,
+            first_seq: header.first_seq,
+            last_seq: header.last_seq,
+            offset: header.offset,
+            bytes: object.len() as u64,
+            blake3: blake3::hash(&object).to_hex().to_string(),
+            chain_after: chain_hex(&header.chain_after),
+        };
+        (key, object, entry)
+    }
+
+    /// `sync` mode: while the last [`MERGE_FAN_IN`] chunks of `next` are of
+    /// one level (and this epoch's), puts one chunk holding their bytes
+    /// (read again from the local segment `path`, each piece checked
+    /// against its entry's BLAKE3) and lists it in their place, one level
+    /// up. The merged chunk is what a reader checks like any other.
+    async fn merge_chunks(
+        &self,
+        next: &mut ShipState,
+        path: &Path,
+        where_: &str,
+    ) -> Result<(), ShipError> {
+        loop {
+            let n = next.chunks.len();
+            if n < MERGE_FAN_IN {
+                return Ok(());
+            }
+            let from = n - MERGE_FAN_IN;
+            let level = next.chunk_levels[n - 1];
+            let run = &next.chunks[from..];
+            if next.chunk_levels[from..].iter().any(|l| *l != level)
+                || run.iter().any(|c| c.epoch != self.status.epoch)
+            {
+                return Ok(());
+            }
+            let start = run[0].offset;
+            let chain_before = match from {
+                0 if start == 0 => next.tail.chain_start,
+                0 => return Ok(()),
+                _ => hex_chain(&next.chunks[from - 1].chain_after)
+                    .ok_or_else(|| local(where_, "a shipped chunk has a bad chain_after"))?,
+            };
+            let last = &run[MERGE_FAN_IN - 1];
+            let end = last.offset + last.bytes - CHUNK_HEADER_LEN as u64;
+            let body = read_range(path, start, Some(end)).map_err(|e| local(where_, e))?;
+            if body.len() as u64 != end - start {
+                return Err(local(where_, "shorter than the chunks shipped from it"));
+            }
+            // Each piece is the bytes shipped before: same object, same hash.
+            let mut before = chain_before;
+            for entry in run {
+                let piece_end = entry.offset + entry.bytes - CHUNK_HEADER_LEN as u64;
+                let piece = &body[(entry.offset - start) as usize..(piece_end - start) as usize];
+                let after = hex_chain(&entry.chain_after)
+                    .ok_or_else(|| local(where_, "a shipped chunk has a bad chain_after"))?;
+                let shipped = ChunkHeader {
+                    epoch: entry.epoch,
+                    first_seq: entry.first_seq,
+                    last_seq: entry.last_seq,
+                    segment_first_seq: entry.segment_first_seq,
+                    offset: entry.offset,
+                    body_bytes: piece.len() as u64,
+                    body_crc: crc32fast::hash(piece),
+                    chain_before: before,
+                    chain_after: after,
+                };
+                if blake3::hash(&shipped.encode(piece)).to_hex().as_str() != entry.blake3 {
+                    return Err(local(
+                        where_,
+                        format!("its bytes differ from the shipped chunk {}", entry.key),
+                    ));
+                }
+                before = after;
+            }
+            let header = ChunkHeader {
+                epoch: self.status.epoch,
+                first_seq: run[0].first_seq,
+                last_seq: last.last_seq,
+                segment_first_seq: last.segment_first_seq,
+                offset: start,
+                body_bytes: body.len() as u64,
+                body_crc: crc32fast::hash(&body),
+                chain_before,
+                chain_after: before,
+            };
+            let (key, object, entry) = self.chunk_object(&header, &body);
+            self.put("chunk", &key, object).await?;
+            next.chunks.truncate(from);
+            next.chunk_levels.truncate(from);
+            next.chunks.push(entry);
+            next.chunk_levels.push(level.saturating_add(1));
+        }
+    }
+
+    /// Stores the manifest naming `next` and moves the state to it. A
+    /// manifest already at that number is an earlier try of this writer
+    /// whose answer was lost (go on from it), or another writer's (fenced or
+    /// a conflict).
+    async fn ship_manifest(&mut self, mut next: ShipState) -> Result<(), ShipError> {
+        next.number += 1;
+        let manifest = Manifest {
+            number: next.number,
+            epoch: self.status.epoch,
+            written_ms: spark_log_format::system_now_ms(),
+            shipped_seq: next.shipped_seq,
+            shipped_chain: chain_hex(&next.shipped_chain),
+            segments: next.segments.clone(),
+            chunks: next.chunks.clone(),
+        };
+        let key = manifest_key(self.store.prefix(), next.number);
+        match self.put("manifest", &key, manifest.encode()).await {
+            Ok(()) => {}
+            Err(ShipError::Store(StoreError::Conflict { .. })) => {
+                let stored = self.store.manifest(next.number).await?;
+                if stored.epoch > self.status.epoch {
+                    return Err(ShipError::Fenced(format!(
+                        "manifest {} was written by epoch {}",
+                        stored.number, stored.epoch
+                    )));
+                }
+                if stored.epoch == self.status.epoch && stored.shipped_seq <= next.shipped_seq {
+                    // An earlier try of this writer landed, its answer lost:
+                    // go on from what it says (a newer epoch's manifest
+                    // after it is found at the next put).
+                    let head_now = self.engine.head();
+                    self.state = state_after(&self.log_dir, &head_now, stored)
+                        .map_err(|e| ShipError::Local(e.to_string()))?;
+                    return Ok(());
+                }
+                return Err(ShipError::Store(StoreError::Conflict { key }));
+            }
+            Err(e) => return Err(e),
+        }
+        self.state = next;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

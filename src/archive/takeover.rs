@@ -1,0 +1,614 @@
+//! `--take-over` (SPEC section 11, ARCHIVE.md "Epoch"): moves an
+//! archive's prefix to this data directory while another engine may still
+//! hold it and ship.
+//!
+//! The rule for the local log: it must be a prefix of what the archive
+//! holds (normally it was restored from the archive with `spark-replay
+//! restore`, a while ago or just now). What the archive holds past it is
+//! fetched and appended (checked chunk by chunk and segment by segment
+//! against the chain) before the engine opens, so the local log equals the
+//! archive at the take-over point exactly. A local log that holds an op the
+//! archive does not, or other bytes, is refused before anything is taken:
+//! two writers' ops are never interleaved.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use spark_archive::{ArchiveStore, StoreError};
+use spark_log_format::archive::{
+    acknowledged_end, blob_key, manifest_key, ChunkEntry, ChunkHeader, Manifest, SegmentEntry,
+};
+use spark_log_format::format::{
+    chain_hasher, chain_hex, chain_value, parse_segment_file_name, segment_file_name, ChainValue,
+    HEADER_CHAIN_START_OFFSET, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
+};
+use spark_log_format::HEADER_LEN;
+
+use super::{
+    claim_epoch, count_put, hex_chain, read_writer_file, write_durably, ArchiveStartError,
+};
+use crate::config::ArchiveSettings;
+use crate::engine::Engine;
+
+/// How many times the take-over manifest is tried while the writer that
+/// holds the prefix keeps storing manifests under the number it needs.
+const MANIFEST_TRIES: usize = 200;
+
+/// What [`take_over`] did: this data directory holds `epoch`, manifest
+/// `manifest` (of that epoch) is the take-over point, and the local log
+/// equals the archive up to `shipped_seq` (or holds more of its own, when
+/// this directory held the prefix already).
+#[derive(Debug)]
+pub struct TakenOver {
+    /// The epoch taken (or held already, when a take-over is started again).
+    pub epoch: u64,
+    /// The number of the take-over manifest.
+    pub manifest: u64,
+    /// The last seq it names.
+    pub shipped_seq: u64,
+    store: ArchiveStore,
+}
+
+/// `spark-engine serve --take-over`, before the engine opens: takes the
+/// prefix of `settings` for this data directory (see [`take_over_on`]).
+pub async fn take_over(
+    settings: &ArchiveSettings,
+    data_dir: &Path,
+    max_record_bytes: u32,
+) -> Result<TakenOver, ArchiveStartError> {
+    take_over_on(super::connect(settings)?, data_dir, max_record_bytes).await
+}
+
+/// Takes the prefix over for `data_dir` (ARCHIVE.md "Epoch"), holding the
+/// data directory's lock meanwhile; call it before the engine opens:
+///
+/// 1. The local log is brought to the latest manifest (see the module
+///    doc); a local log that is not a prefix of the archive is refused
+///    here, with nothing taken.
+/// 2. Epoch `E + 1` is claimed: `<data>/archive-writer` durably, then
+///    `epoch/E+1` create-only; of two engines taking over at once exactly
+///    one gets it, the other is refused ([`ArchiveStartError::TakeOver`]).
+///    A directory that holds the latest epoch already (a take-over started
+///    again) skips this.
+/// 3. The take-over manifest: the latest manifest's number + 1, this
+///    epoch, listing exactly the latest manifest's entries. The old writer
+///    keeps shipping until then: when its manifest got the number first,
+///    the next number is tried (up to [`MANIFEST_TRIES`] times). From this
+///    put on, the old writer's next manifest put fails and it is fenced.
+/// 4. The local log is brought to the take-over point (the archive holds
+///    still now).
+///
+/// Then open the engine, fetch the blobs its new ops name
+/// ([`TakenOver::fetch_missing_blobs`]) and start shipping
+/// ([`TakenOver::start`], which is [`super::start`] on the same store).
+pub async fn take_over_on(
+    store: ArchiveStore,
+    data_dir: &Path,
+    max_record_bytes: u32,
+) -> Result<TakenOver, ArchiveStartError> {
+    let _lock = crate::engine::lock_data_dir(data_dir).map_err(|e| ArchiveStartError::Local {
+        path: data_dir.display().to_string(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let log_dir = spark_core::layout::log_dir(data_dir);
+    crate::engine::create_dir_durably(&log_dir).map_err(|source| ArchiveStartError::Local {
+        path: log_dir.display().to_string(),
+        source,
+    })?;
+    let mine = read_writer_file(data_dir)?;
+    let latest_epoch = store.latest_epoch().await?;
+    let held = matches!((&mine, &latest_epoch),
+        (Some(me), Some(doc)) if me.writer == doc.writer && me.epoch == doc.epoch);
+    let mut latest = store.latest_manifest().await?;
+    let epoch = match latest_epoch {
+        Some(doc) if held => doc.epoch,
+        other => {
+            // Refuses a local log that is not a prefix of the archive
+            // before anything is taken.
+            catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await?;
+            let next = other.map_or(1, |doc| doc.epoch + 1);
+            claim_epoch(&store, data_dir, mine, next).await?
+        }
+    };
+    for _ in 0..MANIFEST_TRIES {
+        if let Some(m) = &latest {
+            if m.epoch > epoch {
+                return Err(ArchiveStartError::TakeOver(format!(
+                    "manifest {} was written by epoch {}, after this directory's {epoch}: \
+                     another engine took the prefix over since",
+                    m.number, m.epoch
+                )));
+            }
+            if m.epoch == epoch {
+                // Stored by an earlier try of this directory (whose
+                // catch-up may not have finished), or this directory held
+                // the prefix already and may hold more (its own ops, not
+                // shipped yet): the usual start checks those against it.
+                catch_up(&store, &log_dir, Some(m), max_record_bytes, true).await?;
+                return Ok(TakenOver {
+                    epoch,
+                    manifest: m.number,
+                    shipped_seq: m.shipped_seq,
+                    store,
+                });
+            }
+        }
+        // No catch-up in this loop: the manifest put must be quick to win
+        // the number from a writer that ships every interval. The local
+        // log is a prefix of the archive (checked above), so of every
+        // later manifest too (each extends the one before).
+        let manifest = takeover_manifest(latest.as_ref(), epoch);
+        let key = manifest_key(store.prefix(), manifest.number);
+        let bytes = Bytes::from(manifest.encode());
+        let len = bytes.len() as u64;
+        match store.put_create(&key, bytes).await {
+            Ok(_) => {
+                count_put("manifest", len);
+                // The archive holds still now (the old writer is fenced at
+                // its next manifest put): fetch what the local log lacks.
+                catch_up(&store, &log_dir, Some(&manifest), max_record_bytes, false).await?;
+                tracing::info!(
+                    epoch,
+                    manifest = manifest.number,
+                    shipped_seq = manifest.shipped_seq,
+                    "archive: took the prefix over; the engine that held it is fenced at its next ship"
+                );
+                return Ok(TakenOver {
+                    epoch,
+                    manifest: manifest.number,
+                    shipped_seq: manifest.shipped_seq,
+                    store,
+                });
+            }
+            Err(StoreError::Conflict { .. }) => {
+                // The old writer (or a try of ours whose answer was lost)
+                // stored this number first: go on from what is there.
+                latest = Some(store.manifest(manifest.number).await?);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ArchiveStartError::TakeOver(format!(
+        "the writer that held the prefix stored {MANIFEST_TRIES} manifests while this engine \
+         tried to take over after them; this directory holds epoch {epoch}: start again with \
+         --take-over"
+    )))
+}
+
+/// The manifest after `latest` for `epoch`, naming exactly its entries.
+fn takeover_manifest(latest: Option<&Manifest>, epoch: u64) -> Manifest {
+    match latest {
+        Some(m) => Manifest {
+            number: m.number + 1,
+            epoch,
+            written_ms: spark_log_format::system_now_ms(),
+            ..m.clone()
+        },
+        None => Manifest {
+            number: 1,
+            epoch,
+            written_ms: spark_log_format::system_now_ms(),
+            ..empty_archive()
+        },
+    }
+}
+
+/// What an archive with no manifest holds: nothing (number 0).
+fn empty_archive() -> Manifest {
+    Manifest {
+        number: 0,
+        epoch: 0,
+        written_ms: 0,
+        shipped_seq: 0,
+        shipped_chain: chain_hex(&[0; 32]),
+        segments: Vec::new(),
+        chunks: Vec::new(),
+    }
+}
+
+impl TakenOver {
+    /// [`super::start`] on the store the take-over used (building an S3
+    /// client again costs tens of milliseconds), once the engine is open.
+    pub async fn start(
+        &self,
+        settings: &ArchiveSettings,
+        data_dir: &Path,
+        engine: std::sync::Arc<Engine>,
+        max_record_bytes: u32,
+    ) -> Result<super::Shipping, ArchiveStartError> {
+        super::start_on(
+            self.store.clone(),
+            data_dir,
+            engine,
+            max_record_bytes,
+            std::time::Duration::from_millis(settings.ship_interval_ms),
+        )
+        .await
+    }
+
+    /// Fetches into the blob store every blob a `media.put` op of `engine`
+    /// names that is missing locally (the ops the take-over appended from
+    /// the archive), each checked against its SHA-256 and size. Returns how
+    /// many it fetched.
+    pub async fn fetch_missing_blobs(
+        &self,
+        engine: &Engine,
+        data_dir: &Path,
+    ) -> Result<usize, ArchiveStartError> {
+        let blobs_dir = spark_core::blob::blobs_dir(data_dir);
+        let mut media: Vec<([u8; 32], u64)> = engine.read(|mirror| {
+            mirror
+                .media
+                .values()
+                .map(|m| (m.sha256.0, m.size_bytes))
+                .collect()
+        });
+        media.sort_unstable();
+        media.dedup();
+        let mut fetched = 0;
+        for (sha, size) in media {
+            let path = spark_core::blob::blob_path(&blobs_dir, &sha);
+            if path.exists() {
+                continue;
+            }
+            let key = blob_key(self.store.prefix(), &sha);
+            let bytes = self.store.get_required(&key).await?;
+            let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&bytes).into();
+            if digest != sha || bytes.len() as u64 != size {
+                return Err(ArchiveStartError::Diverged(format!(
+                    "{key}: {} bytes with SHA-256 {}, the media.put op says {size} bytes",
+                    bytes.len(),
+                    hex::encode(digest)
+                )));
+            }
+            crate::engine::create_dir_durably(&blobs_dir).map_err(|e| local(&blobs_dir, e))?;
+            write_durably(&path, &bytes).map_err(|e| local(&path, e))?;
+            fetched += 1;
+        }
+        Ok(fetched)
+    }
+}
+
+fn local(path: &Path, source: std::io::Error) -> ArchiveStartError {
+    ArchiveStartError::Local {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn diverged(message: String) -> ArchiveStartError {
+    ArchiveStartError::Diverged(format!(
+        "{message}; the local log is not a prefix of the archive, so this directory cannot \
+         take the prefix over: restore it from the archive into an empty directory \
+         (`spark-replay restore`) and take over from there"
+    ))
+}
+
+/// The segment files of the local log, by first seq.
+fn local_segments(log_dir: &Path) -> Result<Vec<u64>, ArchiveStartError> {
+    let mut firsts = Vec::new();
+    for entry in std::fs::read_dir(log_dir).map_err(|e| local(log_dir, e))? {
+        let entry = entry.map_err(|e| local(log_dir, e))?;
+        if let Some(first) = entry.file_name().to_str().and_then(parse_segment_file_name) {
+            firsts.push(first);
+        }
+    }
+    firsts.sort_unstable();
+    Ok(firsts)
+}
+
+/// A local segment's acknowledged bytes, its first seq, whether it is
+/// sealed, and whether it holds any record.
+struct LocalSegment {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    end: usize,
+    sealed: bool,
+    has_records: bool,
+}
+
+fn read_local(
+    log_dir: &Path,
+    first: u64,
+    max_record_bytes: u32,
+) -> Result<LocalSegment, ArchiveStartError> {
+    let path = log_dir.join(segment_file_name(first));
+    let bytes = std::fs::read(&path).map_err(|e| local(&path, e))?;
+    if bytes.len() < HEADER_LEN {
+        return Ok(LocalSegment {
+            path,
+            bytes,
+            end: 0,
+            sealed: false,
+            has_records: false,
+        });
+    }
+    let end = acknowledged_end(&bytes, HEADER_LEN, first - 1, u64::MAX, max_record_bytes);
+    Ok(LocalSegment {
+        path,
+        bytes,
+        end: end.offset,
+        sealed: end.sealed,
+        has_records: end.last_seq >= first,
+    })
+}
+
+/// Writes `bytes` as `path` (a new file or in place of the old one),
+/// durably.
+fn write_segment(path: &Path, bytes: &[u8]) -> Result<(), ArchiveStartError> {
+    write_durably(path, bytes).map_err(|e| local(path, e))
+}
+
+/// Brings the local log to what `manifest` names (`None`: an empty
+/// archive): checks that it is a prefix of it, then fetches and appends the
+/// rest. Refuses ([`ArchiveStartError::Diverged`]) a local log that holds
+/// other bytes, or more ops than the archive unless `allow_more` (this
+/// directory's own ops, not shipped yet: the shipper's start checks them).
+async fn catch_up(
+    store: &ArchiveStore,
+    log_dir: &Path,
+    manifest: Option<&Manifest>,
+    max_record_bytes: u32,
+    allow_more: bool,
+) -> Result<(), ArchiveStartError> {
+    let empty = empty_archive();
+    let manifest = manifest.unwrap_or(&empty);
+    let locals = local_segments(log_dir)?;
+    let mut locals = locals.iter().copied().peekable();
+    let mut chain: ChainValue = [0; 32];
+    for entry in &manifest.segments {
+        let here = match locals.peek() {
+            Some(&first) if first == entry.first_seq => {
+                locals.next();
+                Some(read_local(log_dir, first, max_record_bytes)?)
+            }
+            Some(&first) if first < entry.first_seq => {
+                return Err(diverged(format!(
+                    "the local log has segment {} where the archive has {}",
+                    segment_file_name(first),
+                    entry.key
+                )))
+            }
+            _ => None,
+        };
+        catch_up_sealed(store, log_dir, entry, &chain, here, locals.peek().is_some()).await?;
+        chain = parse_chain(&entry.chain_end, &entry.key)?;
+    }
+    let Some(first_chunk) = manifest.chunks.first() else {
+        // Past the archive: only the engine's next segment, still empty.
+        for first in locals {
+            let rest = read_local(log_dir, first, max_record_bytes)?;
+            if rest.has_records && !allow_more {
+                return Err(diverged(format!(
+                    "{} holds ops after the archive's last (seq {})",
+                    rest.path.display(),
+                    manifest.shipped_seq
+                )));
+            }
+        }
+        return Ok(());
+    };
+    let segment = first_chunk.segment_first_seq;
+    let here = match locals.next() {
+        Some(first) if first == segment => Some(read_local(log_dir, first, max_record_bytes)?),
+        Some(first) => {
+            return Err(diverged(format!(
+                "the local log has segment {} where the archive's tail is segment {}",
+                segment_file_name(first),
+                segment_file_name(segment)
+            )))
+        }
+        None => None,
+    };
+    if let Some(after) = locals.next() {
+        if allow_more {
+            return Ok(());
+        }
+        return Err(diverged(format!(
+            "the local log has segment {} after the archive's last",
+            segment_file_name(after)
+        )));
+    }
+    catch_up_chunks(store, log_dir, &manifest.chunks, &chain, here, allow_more).await
+}
+
+fn parse_chain(text: &str, key: &str) -> Result<ChainValue, ArchiveStartError> {
+    hex_chain(text).ok_or_else(|| {
+        ArchiveStartError::Store(StoreError::Missing {
+            key: format!("{key} (its manifest entry has a bad chain value)"),
+        })
+    })
+}
+
+/// One sealed segment of the archive against the local one (`here`, when
+/// the local log has that file): equal, or a local prefix of it that is
+/// completed from the archive, or missing locally and fetched. `more_after`:
+/// the local log has later segment files.
+async fn catch_up_sealed(
+    store: &ArchiveStore,
+    log_dir: &Path,
+    entry: &SegmentEntry,
+    chain: &ChainValue,
+    here: Option<LocalSegment>,
+    more_after: bool,
+) -> Result<(), ArchiveStartError> {
+    if let Some(local) = &here {
+        if local.sealed {
+            let same = local.end as u64 == entry.bytes
+                && blake3::hash(&local.bytes[..local.end]).to_hex().as_str() == entry.blake3;
+            if !same {
+                return Err(diverged(format!(
+                    "the local sealed segment {} differs from the archive's {}",
+                    local.path.display(),
+                    entry.key
+                )));
+            }
+            return Ok(());
+        }
+        if more_after {
+            return Err(diverged(format!(
+                "the local segment {} is not sealed, yet later segments follow it",
+                local.path.display()
+            )));
+        }
+    }
+    let archived = store
+        .get_listed(&entry.key, entry.bytes, &entry.blake3)
+        .await?;
+    check_sealed(entry, &archived, chain)?;
+    if let Some(local) = &here {
+        if local.has_records && archived.get(..local.end) != Some(&local.bytes[..local.end]) {
+            return Err(diverged(format!(
+                "the local segment {} differs from the archive's {} in its first {} bytes",
+                local.path.display(),
+                entry.key,
+                local.end
+            )));
+        }
+    }
+    write_segment(&log_dir.join(segment_file_name(entry.first_seq)), &archived)
+}
+
+/// A fetched sealed segment: its `chain_start` is the chain before it, and
+/// its seal holds the chain of its bytes, the manifest's `chain_end`.
+fn check_sealed(
+    entry: &SegmentEntry,
+    bytes: &[u8],
+    chain: &ChainValue,
+) -> Result<(), ArchiveStartError> {
+    let damaged = |what: &str| {
+        ArchiveStartError::Store(StoreError::Damaged {
+            key: entry.key.clone(),
+            source: spark_log_format::archive::ObjectError::Mismatch(what.to_owned()),
+        })
+    };
+    if bytes.len() < HEADER_LEN + SEAL_RECORD_BYTES
+        || bytes[HEADER_CHAIN_START_OFFSET..HEADER_LEN] != chain[..]
+    {
+        return Err(damaged("its chain_start is not the chain before it"));
+    }
+    let seal_at = bytes.len() - SEAL_RECORD_BYTES;
+    let end = chain_value(chain, &bytes[..seal_at]);
+    if bytes[bytes.len() - SEAL_PAYLOAD_LEN..] != end[..] || chain_hex(&end) != entry.chain_end {
+        return Err(damaged("its seal does not hold the chain of its bytes"));
+    }
+    Ok(())
+}
+
+/// The archive's tail chunks against the local tail segment (`here`, when
+/// the local log has it): the local bytes must end where a chunk ends, with
+/// that chunk's chain; the chunks after are fetched, checked and appended.
+async fn catch_up_chunks(
+    store: &ArchiveStore,
+    log_dir: &Path,
+    chunks: &[ChunkEntry],
+    chain_start: &ChainValue,
+    here: Option<LocalSegment>,
+    allow_more: bool,
+) -> Result<(), ArchiveStartError> {
+    let first = &chunks[0];
+    let archived_end = chunks.last().map_or(0, |c| c.offset + body_bytes(c));
+    if allow_more
+        && here
+            .as_ref()
+            .is_some_and(|l| l.sealed || l.end as u64 > archived_end)
+    {
+        return Ok(());
+    }
+    let path = log_dir.join(segment_file_name(first.segment_first_seq));
+    let mut bytes: Vec<u8> = Vec::new();
+    if let Some(local) = here.filter(|l| l.has_records || l.sealed) {
+        if local.sealed {
+            return Err(diverged(format!(
+                "the local segment {} is sealed; the archive holds only part of it",
+                local.path.display()
+            )));
+        }
+        if local.bytes[HEADER_CHAIN_START_OFFSET..HEADER_LEN] != chain_start[..] {
+            return Err(diverged(format!(
+                "the local segment {} starts from another chain than the archive's",
+                local.path.display()
+            )));
+        }
+        let ends_at = chunks
+            .iter()
+            .find(|c| c.offset + body_bytes(c) == local.end as u64);
+        let Some(chunk) = ends_at else {
+            return Err(diverged(format!(
+                "the local segment {} ends at byte {}, which no archived chunk ends at (the \
+                 archive holds {archived_end} bytes of it)",
+                local.path.display(),
+                local.end
+            )));
+        };
+        let local_chain = chain_value(chain_start, &local.bytes[..local.end]);
+        if chain_hex(&local_chain) != chunk.chain_after {
+            return Err(diverged(format!(
+                "the local segment {} differs from the archive up to seq {} (chain {}, archived {})",
+                local.path.display(),
+                chunk.last_seq,
+                chain_hex(&local_chain),
+                chunk.chain_after
+            )));
+        }
+        bytes = local.bytes[..local.end].to_vec();
+    }
+    let mut hasher = chain_hasher(chain_start);
+    hasher.update(&bytes);
+    let mut running: ChainValue = if bytes.is_empty() {
+        *chain_start
+    } else {
+        hasher.clone().finalize().into()
+    };
+    let mut fetched = false;
+    let have = bytes.len() as u64;
+    for entry in chunks.iter().filter(|c| c.offset >= have) {
+        let object = store
+            .get_listed(&entry.key, entry.bytes, &entry.blake3)
+            .await?;
+        let damaged = |what: String| {
+            ArchiveStartError::Store(StoreError::Damaged {
+                key: entry.key.clone(),
+                source: spark_log_format::archive::ObjectError::Mismatch(what),
+            })
+        };
+        let (header, body) = ChunkHeader::decode(&object).map_err(|source| {
+            ArchiveStartError::Store(StoreError::Damaged {
+                key: entry.key.clone(),
+                source,
+            })
+        })?;
+        if header.offset != bytes.len() as u64
+            || header.segment_first_seq != entry.segment_first_seq
+            || header.chain_before != running
+        {
+            return Err(damaged(format!(
+                "offset {} and chain_before {} do not follow the {} bytes before it (chain {})",
+                header.offset,
+                chain_hex(&header.chain_before),
+                bytes.len(),
+                chain_hex(&running)
+            )));
+        }
+        hasher.update(body);
+        running = hasher.clone().finalize().into();
+        if running != header.chain_after || chain_hex(&running) != entry.chain_after {
+            return Err(damaged(format!(
+                "its bytes give chain {}, it says {}",
+                chain_hex(&running),
+                chain_hex(&header.chain_after)
+            )));
+        }
+        bytes.extend_from_slice(body);
+        fetched = true;
+    }
+    if fetched {
+        write_segment(&path, &bytes)?;
+    }
+    Ok(())
+}
+
+/// The body bytes of a chunk: its object less the header.
+fn body_bytes(chunk: &ChunkEntry) -> u64 {
+    chunk.bytes - spark_log_format::archive::CHUNK_HEADER_LEN as u64
+}

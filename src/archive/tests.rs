@@ -1,0 +1,1091 @@
+//! The shipper against `object_store`'s in-memory store wrapped to fail
+//! puts on demand: failures are retried while writes go on, and a manifest
+//! written by a newer epoch fences the shipper. With puts held and
+//! recorded: blobs are checked and a lost one is recorded missing while the
+//! log ships, blob puts overlap (a bounded number) before the log objects,
+//! and the lag grows while a put hangs (newcomer findings 2 to 4). In `sync` mode: no
+//! acknowledgment precedes the manifest put naming its op, writes wait
+//! while the store is down, and a fence or a shutdown answers them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::memory::InMemory;
+use object_store::path::Path as StorePath;
+use object_store::{
+    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use spark_archive::ArchiveStore;
+use spark_log_format::archive::{manifest_key, Manifest};
+
+use super::*;
+use crate::clock::SystemClock;
+use crate::config::Settings;
+use crate::engine::{Command, CreateMoment, EngineError};
+
+/// An in-memory store whose puts fail while `down` is set and wait while
+/// `hold` is set; it records the order of the puts that landed and how
+/// many blob puts overlapped.
+#[derive(Debug, Default)]
+struct Flaky {
+    inner: InMemory,
+    down: AtomicBool,
+    /// Puts asked for (failed ones included).
+    puts: AtomicUsize,
+    hold: AtomicBool,
+    /// Blob puts take 30 ms (to overlap).
+    slow_blobs: AtomicBool,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+    /// Keys of the puts that landed, in order.
+    keys: parking_lot::Mutex<Vec<String>>,
+    /// Each put first sleeps this many ms (a slow store).
+    put_delay_ms: AtomicU64,
+    /// When above 0: every this-many-th put fails.
+    fail_every: AtomicUsize,
+    /// The highest `shipped_seq` of a manifest whose put has completed.
+    stored_seq: AtomicU64,
+    /// Each put of an epoch object waits this long first (a race window).
+    epoch_put_delay_ms: u64,
+}
+
+fn flaky() -> Flaky {
+    Flaky::default()
+}
+
+impl std::fmt::Display for Flaky {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Flaky({})", self.inner)
+    }
+}
+
+fn refused() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "Flaky",
+        source: "connection refused (the test took the store down)".into(),
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Flaky {
+    async fn put_opts(
+        &self,
+        location: &StorePath,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let nth = self.puts.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.epoch_put_delay_ms > 0 && location.as_ref().contains("epoch/") {
+            tokio::time::sleep(Duration::from_millis(self.epoch_put_delay_ms)).await;
+        }
+        let delay_ms = self.put_delay_ms.load(Ordering::SeqCst);
+        if delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        }
+        let every = self.fail_every.load(Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) || (every > 0 && nth.is_multiple_of(every)) {
+            return Err(refused());
+        }
+        while self.hold.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if location.as_ref().contains("blob/") && self.slow_blobs.load(Ordering::SeqCst) {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        let bytes: Vec<u8> = payload.iter().flat_map(|b| b.iter().copied()).collect();
+        let result = self.inner.put_opts(location, payload, opts).await;
+        self.keys.lock().push(location.to_string());
+        let stored = result?;
+        if let Some(number) = location
+            .as_ref()
+            .rsplit_once("manifest/")
+            .and_then(|(_, n)| n.parse::<u64>().ok())
+        {
+            let manifest = Manifest::decode(&bytes, number).expect("the shipper's manifest");
+            self.stored_seq
+                .fetch_max(manifest.shipped_seq, Ordering::SeqCst);
+        }
+        Ok(stored)
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &StorePath,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &StorePath,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn delete(&self, location: &StorePath) -> object_store::Result<()> {
+        self.inner.delete(location).await
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&StorePath>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&StorePath>,
+    ) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy(&self, from: &StorePath, to: &StorePath) -> object_store::Result<()> {
+        self.inner.copy(from, to).await
+    }
+
+    async fn copy_if_not_exists(
+        &self,
+        from: &StorePath,
+        to: &StorePath,
+    ) -> object_store::Result<()> {
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}
+
+fn create(n: u64) -> Command {
+    Command::CreateMoment(CreateMoment {
+        id: Some(crate::Id::from_parts(1_767_225_600_000 + n, n.into())),
+        request_id: Some(format!("r-{n}")),
+        text: Some(format!(
+            "moment {n} with enough words to fill small segments"
+        )),
+        caption: None,
+        lang: None,
+        captured_at_ms: None,
+        device: "t".into(),
+    })
+}
+
+async fn engine_on(data: &std::path::Path) -> Arc<Engine> {
+    let mut settings = Settings {
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    };
+    settings.log.segment_size_bytes = 4096;
+    Arc::new(
+        Engine::open(
+            &settings,
+            Arc::new(spark_log_format::OsFs),
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    )
+}
+
+async fn ship_every_20_ms(
+    store: ArchiveStore,
+    data: &std::path::Path,
+    engine: &Arc<Engine>,
+) -> Result<Shipping, ArchiveStartError> {
+    start_on(
+        store,
+        data,
+        Arc::clone(engine),
+        spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        Duration::from_millis(20),
+    )
+    .await
+}
+
+/// A writer on a new data directory that wrote creates `1..=writes` and
+/// shipped them all.
+async fn shipped_writer(
+    store: &ArchiveStore,
+    writes: u64,
+) -> (tempfile::TempDir, Arc<Engine>, Shipping) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let shipping = ship_every_20_ms(store.clone(), dir.path(), &engine)
+        .await
+        .unwrap();
+    for n in 1..=writes {
+        engine.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    (dir, engine, shipping)
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_puts_are_retried_while_writes_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let flaky = Arc::new(flaky());
+    let store = ArchiveStore::new(flaky.clone(), "shard".into());
+    let shipping = ship_every_20_ms(store.clone(), dir.path(), &engine)
+        .await
+        .unwrap();
+    // Idle: nothing is put but the epoch.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(store.latest_manifest().await.unwrap(), None);
+
+    flaky.down.store(true, Ordering::SeqCst);
+    for n in 1..=60 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    until("a failure", || shipping.status.failing().is_some()).await;
+    assert_eq!(shipping.status.shipped_seq(), 0);
+    assert_eq!(shipping.status.to_json()["status"], "failing");
+
+    flaky.down.store(false, Ordering::SeqCst);
+    let head = engine.head();
+    until("catching up", || shipping.status.shipped_seq() == head.seq).await;
+    assert!(shipping.status.failing().is_none());
+    let manifest = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!(manifest.shipped_seq, head.seq);
+    assert_eq!(manifest.shipped_chain, head.chain_hex());
+    assert!(manifest.segments.len() >= 2, "4 KiB segments sealed");
+    // Segments are gapless from seq 1 and chunks follow them.
+    let mut next = 1;
+    for s in &manifest.segments {
+        assert_eq!(s.first_seq, next);
+        next = s.last_seq + 1;
+    }
+    for c in &manifest.chunks {
+        assert_eq!(c.first_seq, next);
+        next = c.last_seq + 1;
+    }
+    assert_eq!(next, head.seq + 1);
+    // Caught up and idle: no request at all.
+    let puts = flaky.puts.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(flaky.puts.load(Ordering::SeqCst), puts);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_data_directory_on_the_same_prefix_is_refused() {
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let first = tempfile::tempdir().unwrap();
+    let engine = engine_on(first.path()).await;
+    let shipping = ship_every_20_ms(store.clone(), first.path(), &engine)
+        .await
+        .unwrap();
+    shipping.stop().await;
+    let second = tempfile::tempdir().unwrap();
+    let other = engine_on(second.path()).await;
+    let refused = ship_every_20_ms(store.clone(), second.path(), &other).await;
+    let said = refused.as_ref().err().map(ToString::to_string);
+    assert!(
+        matches!(refused, Err(ArchiveStartError::Held { epoch: 1, .. })),
+        "{:?}",
+        refused.err()
+    );
+    // It says what to do next (newcomer finding 10).
+    let said = said.unwrap();
+    assert!(
+        said.contains("new prefix") && said.contains("--take-over"),
+        "{said}"
+    );
+    // The first one resumes its epoch.
+    let again = ship_every_20_ms(store.clone(), first.path(), &engine)
+        .await
+        .unwrap();
+    assert_eq!(again.status.epoch(), 1);
+    for n in 1..=5 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    let head = engine.head();
+    until("shipping", || again.status.shipped_seq() == head.seq).await;
+    again.stop().await;
+    engine.shutdown().await;
+    other.shutdown().await;
+    // This writer's directory behind its archive (an older copy) is
+    // refused, and told how to go on.
+    let older = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        first.path().join(WRITER_FILE),
+        older.path().join(WRITER_FILE),
+    )
+    .unwrap();
+    let older_engine = engine_on(older.path()).await;
+    let behind = ship_every_20_ms(store, older.path(), &older_engine)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        behind.contains("spark-replay restore")
+            && behind.contains("--take-over")
+            && behind.contains("new prefix"),
+        "{behind}"
+    );
+    older_engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_of_a_newer_epoch_fences_the_shipper() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), String::new());
+    let shipping = ship_every_20_ms(store.clone(), dir.path(), &engine)
+        .await
+        .unwrap();
+    assert_eq!(shipping.status.epoch(), 1);
+    // Another writer took the prefix over and wrote the next manifest.
+    let theirs = Manifest {
+        number: 1,
+        epoch: 2,
+        written_ms: 0,
+        shipped_seq: 0,
+        shipped_chain: chain_hex(&[0; 32]),
+        segments: Vec::new(),
+        chunks: Vec::new(),
+    };
+    store
+        .put_create(&manifest_key("", 1), Bytes::from(theirs.encode()))
+        .await
+        .unwrap();
+    engine.submit(create(1)).await.unwrap();
+    until("the fence", || {
+        shipping
+            .status
+            .failing()
+            .is_some_and(|e| e.starts_with("fenced"))
+    })
+    .await;
+    assert_eq!(shipping.status.shipped_seq(), 0);
+    // The same data directory is refused at its next start.
+    shipping.stop().await;
+    let again = ship_every_20_ms(store, dir.path(), &engine).await;
+    assert!(
+        matches!(again, Err(ArchiveStartError::Diverged(_))),
+        "{:?}",
+        again.err()
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_fences_the_old_engine_which_acknowledges_nothing_after() {
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let (old_dir, old, shipping) = shipped_writer(&store, 80).await;
+    // Without --take-over a second directory is refused, naming the flag.
+    let new_dir = tempfile::tempdir().unwrap();
+    let refused = take_epoch(&store, new_dir.path()).await.unwrap_err();
+    assert!(refused.to_string().contains("--take-over"), "{refused}");
+
+    // An empty directory takes over: the archive's log is fetched.
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let taken = take_over_on(store.clone(), new_dir.path(), max)
+        .await
+        .unwrap();
+    assert_eq!((taken.epoch, taken.shipped_seq), (2, old.head().seq));
+    let new = engine_on(new_dir.path()).await;
+    assert_eq!(new.head(), old.head());
+    let new_shipping = ship_every_20_ms(store.clone(), new_dir.path(), &new)
+        .await
+        .unwrap();
+    assert_eq!(new_shipping.status.epoch(), 2);
+
+    // The old engine acknowledges until its next ship meets the take-over
+    // manifest, then nothing.
+    let mut n = 1000;
+    while shipping.status.fenced_at().is_none() {
+        n += 1;
+        let _ = old.submit(create(n)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(n < 20_000, "never fenced");
+    }
+    let refused = old.submit(create(n + 1)).await.unwrap_err();
+    assert!(matches!(refused, EngineError::Fenced(_)), "{refused:?}");
+    assert_eq!(shipping.status.status_name(), "fenced");
+    assert_eq!(shipping.status.to_json()["status"], "fenced");
+    assert_eq!(metrics::get().fenced.get(), 1);
+
+    // The new engine ships on from the take-over point, as epoch 2.
+    for n in 5000..5040 {
+        new.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        new_shipping.status.shipped_seq() == new.head().seq
+    })
+    .await;
+    let latest = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!(latest.epoch, 2);
+    assert_eq!(latest.shipped_chain, new.head().chain_hex());
+    // The old directory is refused at its next start.
+    shipping.stop().await;
+    let again = take_epoch(&store, old_dir.path()).await;
+    assert!(matches!(
+        again,
+        Err(ArchiveStartError::Held { epoch: 2, .. })
+    ));
+    new_shipping.stop().await;
+    new.shutdown().await;
+    old.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_take_overs_at_once_exactly_one_wins() {
+    let slow = Arc::new(Flaky {
+        epoch_put_delay_ms: 100,
+        ..flaky()
+    });
+    let store = ArchiveStore::new(slow, "p".into());
+    let (_old_dir, old, shipping) = shipped_writer(&store, 30).await;
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    // Both read epoch 1 as the latest, then race to create epoch 2.
+    let tasks: Vec<_> = dirs
+        .iter()
+        .map(|d| {
+            let (store, path) = (store.clone(), d.path().to_owned());
+            tokio::spawn(async move { take_over_on(store, &path, max).await })
+        })
+        .collect();
+    let mut won = Vec::new();
+    let mut lost = Vec::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        match task.await.unwrap() {
+            Ok(taken) => won.push((i, taken)),
+            Err(e) => lost.push((i, e)),
+        }
+    }
+    assert_eq!((won.len(), lost.len()), (1, 1), "{lost:?}");
+    assert_eq!(won[0].1.epoch, 2);
+    let (loser, why) = &lost[0];
+    assert!(
+        matches!(why, ArchiveStartError::TakeOver(m) if m.contains("at the same time")),
+        "{why}"
+    );
+    // The loser refuses to start; the winner ships as epoch 2.
+    let loser_engine = engine_on(dirs[*loser].path()).await;
+    let refused = ship_every_20_ms(store.clone(), dirs[*loser].path(), &loser_engine).await;
+    assert!(matches!(
+        refused,
+        Err(ArchiveStartError::Held { epoch: 2, .. })
+    ));
+    let winner = won[0].0;
+    let engine = engine_on(dirs[winner].path()).await;
+    let ships = ship_every_20_ms(store.clone(), dirs[winner].path(), &engine)
+        .await
+        .unwrap();
+    assert_eq!(ships.status.epoch(), 2);
+    ships.stop().await;
+    shipping.stop().await;
+    for e in [engine, loser_engine, old] {
+        e.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_refuses_a_local_log_with_ops_the_archive_lacks() {
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let (_old_dir, old, shipping) = shipped_writer(&store, 5).await;
+    // Another history: its own ops, never shipped.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = engine_on(other_dir.path()).await;
+    for n in 100..=103 {
+        other.submit(create(n)).await.unwrap();
+    }
+    other.shutdown().await;
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let refused = take_over_on(store.clone(), other_dir.path(), max)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, ArchiveStartError::Diverged(m) if m.contains("not a prefix")),
+        "{refused}"
+    );
+    // Nothing was taken: the old writer still holds epoch 1 and ships.
+    assert_eq!(store.latest_epoch().await.unwrap().unwrap().epoch, 1);
+    old.submit(create(6)).await.unwrap();
+    until("shipped", || {
+        shipping.status.shipped_seq() == old.head().seq
+    })
+    .await;
+    assert!(shipping.status.fenced_at().is_none());
+    shipping.stop().await;
+    old.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_fetches_the_blobs_of_the_ops_it_fetched() {
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let (old_dir, old, shipping) = shipped_writer(&store, 3).await;
+    let bytes = b"jpeg bytes of a photo";
+    let sha256: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(bytes).into();
+    let blobs_dir = spark_core::blob::blobs_dir(old_dir.path());
+    std::fs::create_dir_all(&blobs_dir).unwrap();
+    std::fs::write(spark_core::blob::blob_path(&blobs_dir, &sha256), bytes).unwrap();
+    old.submit(Command::PutMedia(crate::engine::PutMedia {
+        id: crate::Id::from_parts(1_767_225_700_000, 1),
+        moment_id: crate::Id::from_parts(1_767_225_600_001, 1),
+        role: crate::op::MediaRole::Copy,
+        sha256,
+        size_bytes: bytes.len() as u64,
+        content_type: "image/jpeg".into(),
+        device: "t".into(),
+    }))
+    .await
+    .unwrap();
+    until("shipped", || {
+        shipping.status.shipped_seq() == old.head().seq
+    })
+    .await;
+
+    let new_dir = tempfile::tempdir().unwrap();
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let taken = take_over_on(store.clone(), new_dir.path(), max)
+        .await
+        .unwrap();
+    let new = engine_on(new_dir.path()).await;
+    assert_eq!(new.head(), old.head());
+    assert_eq!(
+        taken
+            .fetch_missing_blobs(&new, new_dir.path())
+            .await
+            .unwrap(),
+        1
+    );
+    let fetched =
+        spark_core::blob::blob_path(&spark_core::blob::blobs_dir(new_dir.path()), &sha256);
+    assert_eq!(std::fs::read(fetched).unwrap(), bytes);
+    // Nothing is missing any more.
+    assert_eq!(
+        taken
+            .fetch_missing_blobs(&new, new_dir.path())
+            .await
+            .unwrap(),
+        0
+    );
+    shipping.stop().await;
+    new.shutdown().await;
+    old.shutdown().await;
+}
+
+/// The value of an archive gauge as a scrape renders it now.
+fn scraped(gauge: &str) -> f64 {
+    let mut text = String::from("# EOF\n");
+    metrics::render_into(&mut text);
+    text.lines()
+        .find_map(|l| l.strip_prefix(gauge)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {gauge} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+fn sha256_of(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).into()
+}
+
+/// A `media.put` for moment `moment` naming `bytes`; the blob is written
+/// to `data`'s blob store as `stored` (None: not at all).
+async fn put_media(
+    engine: &Engine,
+    data: &std::path::Path,
+    moment: u64,
+    bytes: &[u8],
+    stored: Option<&[u8]>,
+) -> [u8; 32] {
+    let sha256 = sha256_of(bytes);
+    let blobs = spark_core::blob::blobs_dir(data);
+    std::fs::create_dir_all(&blobs).unwrap();
+    if let Some(stored) = stored {
+        std::fs::write(spark_core::blob::blob_path(&blobs, &sha256), stored).unwrap();
+    }
+    engine
+        .submit(Command::PutMedia(crate::engine::PutMedia {
+            id: crate::Id::from_parts(1_767_225_700_000 + moment, moment.into()),
+            moment_id: crate::Id::from_parts(1_767_225_600_000 + moment, moment.into()),
+            role: spark_core::op::MediaRole::Copy,
+            sha256,
+            size_bytes: bytes.len() as u64,
+            content_type: "image/jpeg".into(),
+            device: "t".into(),
+        }))
+        .await
+        .unwrap();
+    sha256
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_local_blob_is_never_shipped_and_the_log_keeps_shipping() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let shipping = ship_every_20_ms(store.clone(), dir.path(), &engine)
+        .await
+        .unwrap();
+    for n in 1..=3 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    let good = put_media(
+        &engine,
+        dir.path(),
+        1,
+        b"a good photo",
+        Some(b"a good photo"),
+    )
+    .await;
+    let missing = put_media(&engine, dir.path(), 2, b"a lost photo", None).await;
+    let damaged = put_media(
+        &engine,
+        dir.path(),
+        3,
+        b"a damaged photo",
+        Some(b"a damaged phoTo"),
+    )
+    .await;
+    for n in 4..=6 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    let head = engine.head();
+    until("shipping past the lost blobs", || {
+        shipping.status.shipped_seq() == head.seq
+    })
+    .await;
+    assert!(shipping.status.failing().is_none());
+    // The good blob is stored; the lost ones are not, each has its marker.
+    assert_eq!(
+        store.get(&blob_key("p", &good)).await.unwrap().unwrap(),
+        &b"a good photo"[..]
+    );
+    for (sha, says) in [(missing, "missing: "), (damaged, "damaged: ")] {
+        assert_eq!(store.get(&blob_key("p", &sha)).await.unwrap(), None);
+        let bytes = store
+            .get(&missing_key("p", &sha))
+            .await
+            .unwrap()
+            .expect("a marker");
+        let marker = MissingBlobDoc::decode(&bytes, &sha).unwrap();
+        assert!(marker.reason.starts_with(says), "{}", marker.reason);
+        assert!(marker.reason.contains(&hex::encode(sha)), "the path");
+        assert_eq!(marker.epoch, 1);
+        assert!(MissingBlobDoc::decode(&bytes, &good).is_err());
+    }
+    // Named in /readyz and the metrics.
+    assert_eq!(shipping.status.blobs_missing(), 2);
+    let json = shipping.status.to_json();
+    assert_eq!(json["status"], "shipping", "{json}");
+    assert_eq!(json["blobs_missing"], 2);
+    let listed: Vec<&str> = json["missing_blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["sha256"].as_str().unwrap())
+        .collect();
+    assert!(listed.contains(&hex::encode(missing).as_str()), "{json}");
+    assert!(listed.contains(&hex::encode(damaged).as_str()), "{json}");
+    assert!(scraped("spark_archive_blobs_missing") >= 2.0);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_are_put_a_few_at_a_time_before_the_log_that_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    for n in 1..=24 {
+        engine.submit(create(n)).await.unwrap();
+        let bytes = format!("photo {n}").into_bytes();
+        put_media(&engine, dir.path(), n, &bytes, Some(&bytes)).await;
+    }
+    let store_puts = Arc::new(Flaky::default());
+    store_puts.slow_blobs.store(true, Ordering::SeqCst);
+    let store = ArchiveStore::new(store_puts.clone(), String::new());
+    let shipping = ship_every_20_ms(store, dir.path(), &engine).await.unwrap();
+    let head = engine.head();
+    until("shipping", || shipping.status.shipped_seq() == head.seq).await;
+    let most = store_puts.most_in_flight.load(Ordering::SeqCst);
+    assert!(
+        (2..=BLOB_PUTS_AT_ONCE).contains(&most),
+        "{most} blob puts at once"
+    );
+    let keys = store_puts.keys.lock().clone();
+    let blobs: Vec<usize> = (0..keys.len())
+        .filter(|&i| keys[i].starts_with("blob/"))
+        .collect();
+    assert_eq!(blobs.len(), 24);
+    let first_log = keys
+        .iter()
+        .position(|k| k.starts_with("chunk/") || k.starts_with("segment/"))
+        .unwrap();
+    assert!(
+        blobs.iter().all(|&i| i < first_log),
+        "a log object before a blob: {keys:?}"
+    );
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_grows_while_a_put_hangs_and_readyz_says_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let store_puts = Arc::new(Flaky::default());
+    let store = ArchiveStore::new(store_puts.clone(), String::new());
+    let shipping = ship_every_20_ms(store, dir.path(), &engine).await.unwrap();
+    assert_eq!(shipping.status.lag_seconds(), 0.0);
+    store_puts.hold.store(true, Ordering::SeqCst);
+    engine.submit(create(1)).await.unwrap();
+    until("the lag to pass 0.3 s", || {
+        shipping.status.lag_seconds() >= 0.3
+    })
+    .await;
+    {
+        let next = shipping.status.next.lock();
+        let ts_ms = shipping.status.ts_ms_of(&next);
+        assert!(ts_ms.is_some(), "the op's time is read from the log");
+        assert_eq!(next.ts_ms, ts_ms, "and kept");
+    }
+    // Nothing failed, the put hangs: behind, with the lag, not "shipping".
+    let json = shipping.status.to_json();
+    assert_eq!(json["status"], "behind", "{json}");
+    assert!(json["error"].is_null(), "{json}");
+    assert!(json["lag_seconds"].as_f64().unwrap() >= 0.3, "{json}");
+    // The gauge is read at the scrape, not when a ship ends.
+    assert!(scraped("spark_archive_lag_seconds") >= 0.3);
+    // The lag is the age of the oldest unshipped op: a later write does
+    // not reset it.
+    let before = shipping.status.lag_seconds();
+    engine.submit(create(2)).await.unwrap();
+    assert!(shipping.status.lag_seconds() >= before);
+    store_puts.hold.store(false, Ordering::SeqCst);
+    let head = engine.head();
+    until("catching up", || shipping.status.shipped_seq() == head.seq).await;
+    assert_eq!(shipping.status.lag_seconds(), 0.0);
+    assert_eq!(shipping.status.to_json()["status"], "shipping");
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+/// An engine with 4 KiB segments, opened for an archive in `mode` (in
+/// `sync` mode it has an archive gate).
+async fn engine_in(data: &std::path::Path, mode: crate::config::ArchiveMode) -> Arc<Engine> {
+    let mut settings = Settings {
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    };
+    settings.log.segment_size_bytes = 4096;
+    settings.archive = Some(crate::config::ArchiveSettings {
+        url: "s3://unused/p".into(),
+        endpoint: None,
+        region: "us-east-1".into(),
+        ship_interval_ms: 20,
+        mode,
+    });
+    Arc::new(
+        Engine::open(
+            &settings,
+            Arc::new(spark_log_format::OsFs),
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    )
+}
+
+/// Hang guard for a write that is expected to finish (never a speed check).
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+async fn ship_sync(flaky: &Arc<Flaky>, data: &std::path::Path, engine: &Arc<Engine>) -> Shipping {
+    assert!(engine.archive_gate().is_some(), "opened in sync mode");
+    ship_every_20_ms(
+        ArchiveStore::new(flaky.clone(), "shard".into()),
+        data,
+        engine,
+    )
+    .await
+    .unwrap()
+}
+
+fn moment_id(n: u64) -> crate::Id {
+    crate::Id::from_parts(1_767_225_600_000 + n, n.into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_acknowledgments_never_precede_the_manifest_put() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), crate::config::ArchiveMode::Sync).await;
+    let flaky = Arc::new(Flaky::default());
+    // A slow store that fails every 7th put: batches pile up during a
+    // ship, and failed ships are retried.
+    flaky.put_delay_ms.store(15, Ordering::SeqCst);
+    flaky.fail_every.store(7, Ordering::SeqCst);
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    let writers: Vec<_> = (0..16u64)
+        .map(|w| {
+            let engine = Arc::clone(&engine);
+            let flaky = Arc::clone(&flaky);
+            tokio::spawn(async move {
+                for i in 0..10u64 {
+                    let n = 1 + w * 10 + i;
+                    let outcome = tokio::time::timeout(HANG_GUARD, engine.submit(create(n)))
+                        .await
+                        .expect("hang guard")
+                        .unwrap();
+                    let stored = flaky.stored_seq.load(Ordering::SeqCst);
+                    let seq = engine.read(|m| m.moments[&moment_id(n)].created_seq());
+                    assert!(
+                        seq <= stored,
+                        "create {n} (seq {seq}) acknowledged before a manifest naming it was stored (stored up to {stored}): {outcome:?}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    // Group commit over the archive: fewer manifests than acknowledged
+    // batches is the point, but any count is correct; every op is named.
+    let manifest = shipping
+        .status
+        .shipped_seq()
+        .max(flaky.stored_seq.load(Ordering::SeqCst));
+    assert_eq!(manifest, engine.head().seq);
+    // A retry of an archived write is answered at once, the same way.
+    let again = engine.submit(create(1)).await.unwrap();
+    assert!(matches!(
+        again,
+        crate::engine::Outcome::MomentCreated { created: false, .. }
+    ));
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_writes_and_their_retries_wait_while_the_store_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), crate::config::ArchiveMode::Sync).await;
+    let flaky = Arc::new(Flaky::default());
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    engine.submit(create(1)).await.unwrap();
+    flaky.down.store(true, Ordering::SeqCst);
+    let first = tokio::spawn({
+        let engine = Arc::clone(&engine);
+        async move { engine.submit(create(2)).await }
+    });
+    // Durable locally and visible to readers, not acknowledged.
+    until("the local commit", || engine.head().seq == 2).await;
+    assert!(engine.read(|m| m.moments.contains_key(&moment_id(2))));
+    // A retry of it (same request id): answered from the index, and held
+    // the same way.
+    let retry = tokio::spawn({
+        let engine = Arc::clone(&engine);
+        async move { engine.submit(create(2)).await }
+    });
+    until("a failure", || shipping.status.failing().is_some()).await;
+    until("the retry held", || {
+        engine.archive_gate().unwrap().waiting_answers() == 2
+    })
+    .await;
+    assert!(!first.is_finished() && !retry.is_finished());
+    assert_eq!(shipping.status.shipped_seq(), 1);
+
+    flaky.down.store(false, Ordering::SeqCst);
+    let first = tokio::time::timeout(HANG_GUARD, first)
+        .await
+        .expect("hang guard")
+        .unwrap()
+        .unwrap();
+    let retry = tokio::time::timeout(HANG_GUARD, retry)
+        .await
+        .expect("hang guard")
+        .unwrap()
+        .unwrap();
+    assert!(flaky.stored_seq.load(Ordering::SeqCst) >= 2);
+    assert!(matches!(
+        first,
+        crate::engine::Outcome::MomentCreated { created: true, .. }
+    ));
+    assert!(matches!(
+        retry,
+        crate::engine::Outcome::MomentCreated { created: false, .. }
+    ));
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_media_blobs_are_stored_before_the_put_is_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), crate::config::ArchiveMode::Sync).await;
+    let flaky = Arc::new(Flaky::default());
+    flaky.put_delay_ms.store(10, Ordering::SeqCst);
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    engine.submit(create(1)).await.unwrap();
+    let media =
+        crate::media::MediaStore::open(dir.path(), Arc::new(spark_log_format::OsFs)).unwrap();
+    let body = futures_util::stream::iter(vec![Ok(bytes::Bytes::from_static(b"jpeg bytes"))]);
+    let received = media.receive(Box::pin(body), 1 << 20).await.unwrap();
+    media.commit(&received).await.unwrap();
+    engine
+        .submit(Command::PutMedia(crate::engine::PutMedia {
+            id: crate::Id::from_parts(1_767_225_700_000, 1),
+            moment_id: moment_id(1),
+            role: crate::op::MediaRole::Copy,
+            sha256: received.sha256,
+            size_bytes: 10,
+            content_type: "image/jpeg".into(),
+            device: "t".into(),
+        }))
+        .await
+        .unwrap();
+    let key = StorePath::from(blob_key("shard", &received.sha256));
+    let stored = flaky.inner.get(&key).await.unwrap().bytes().await.unwrap();
+    assert_eq!(&stored[..], b"jpeg bytes");
+    assert_eq!(flaky.stored_seq.load(Ordering::SeqCst), engine.head().seq);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_shutdown_answers_waiting_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), crate::config::ArchiveMode::Sync).await;
+    let flaky = Arc::new(Flaky::default());
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    flaky.down.store(true, Ordering::SeqCst);
+    let waiting = tokio::spawn({
+        let engine = Arc::clone(&engine);
+        async move { engine.submit(create(1)).await }
+    });
+    until("the local commit", || engine.head().seq == 1).await;
+    engine.shutdown().await;
+    tokio::time::timeout(HANG_GUARD, shipping.stop())
+        .await
+        .expect("hang guard");
+    let answer = tokio::time::timeout(HANG_GUARD, waiting)
+        .await
+        .expect("hang guard")
+        .unwrap();
+    match answer {
+        Err(crate::engine::EngineError::Unavailable(why)) => {
+            assert!(why.contains("archived after the restart"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(flaky.stored_seq.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_a_fenced_shipper_fails_waiting_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), crate::config::ArchiveMode::Sync).await;
+    let flaky = Arc::new(Flaky::default());
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    // Another writer took the prefix over and wrote the next manifest.
+    let theirs = Manifest {
+        number: 1,
+        epoch: 2,
+        written_ms: 0,
+        shipped_seq: 0,
+        shipped_chain: chain_hex(&[0; 32]),
+        segments: Vec::new(),
+        chunks: Vec::new(),
+    };
+    ArchiveStore::new(flaky.clone(), "shard".into())
+        .put_create(&manifest_key("shard", 1), Bytes::from(theirs.encode()))
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(HANG_GUARD, engine.submit(create(1)))
+        .await
+        .expect("hang guard");
+    match answer {
+        Err(crate::engine::EngineError::Fenced(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(engine.archive_gate().unwrap().closed().is_some());
+    // Later writes are refused at once, never acknowledged.
+    assert!(engine.submit(create(2)).await.is_err());
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_merges_chunks_so_manifests_stay_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings {
+        data_dir: dir.path().to_owned(),
+        ..Settings::default()
+    };
+    settings.archive = Some(crate::config::ArchiveSettings {
+        url: "s3://unused/p".into(),
+        endpoint: None,
+        region: "us-east-1".into(),
+        ship_interval_ms: 20,
+        mode: crate::config::ArchiveMode::Sync,
+    });
+    let engine = Arc::new(
+        Engine::open(
+            &settings,
+            Arc::new(spark_log_format::OsFs),
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    );
+    let flaky = Arc::new(Flaky::default());
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    // One write at a time: a ship (a chunk) each, in one open segment.
+    let writes = 300;
+    for n in 1..=writes {
+        engine.submit(create(n)).await.unwrap();
+    }
+    let store = ArchiveStore::new(flaky.clone(), "shard".into());
+    let manifest = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!(manifest.shipped_seq, writes);
+    assert!(manifest.segments.is_empty());
+    // 300 ships in levels of 16: 300 = 1*256 + 2*16 + 12.
+    assert_eq!(manifest.chunks.len(), 1 + 2 + 12, "{:?}", manifest.chunks);
+    // The chunks are the segment's bytes, in order, with their chains.
+    let mut bytes = Vec::new();
+    let segment =
+        std::fs::read(spark_core::layout::log_dir(dir.path()).join(segment_file_name(1))).unwrap();
+    let chain_start: ChainValue = segment[HEADER_CHAIN_START_OFFSET..HEADER_LEN]
+        .try_into()
+        .unwrap();
+    let mut chain = chain_start;
+    for entry in &manifest.chunks {
+        let object = flaky
+            .inner
+            .get(&StorePath::from(entry.key.as_str()))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(blake3::hash(&object).to_hex().as_str(), entry.blake3);
+        let (header, body) = ChunkHeader::decode(&object).unwrap();
+        assert_eq!(header.offset, bytes.len() as u64);
+        assert_eq!(header.chain_before, chain);
+        bytes.extend_from_slice(body);
+        chain = chain_value(&chain_start, &bytes);
+        assert_eq!(header.chain_after, chain);
+    }
+    assert_eq!(&bytes[..], &segment[..bytes.len()]);
+    assert_eq!(chain, engine.head().chain);
+    shipping.stop().await;
+    engine.shutdown().await;
+}

@@ -1,0 +1,442 @@
+//! Access (SPEC section 9) and operations: bearer tokens naming devices,
+//! health and readiness, `token add`, `config print`, environment
+//! overrides, JSON logs, and the refusal to serve the network without a token.
+
+use crate::common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use common::{settings, ulid, TestServer};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use spark_engine::config::TokenEntry;
+use spark_engine::op::Op;
+use spark_log_format::{LogReader, ScanOptions};
+
+const TOKEN: &str = "spk_test_token_for_phone_1";
+
+fn with_token(dir: &std::path::Path) -> spark_engine::Settings {
+    let mut s = settings(dir);
+    s.access.tokens.push(TokenEntry {
+        device: "phone-1".into(),
+        sha256: hex::encode(Sha256::digest(TOKEN.as_bytes())),
+    });
+    s
+}
+
+#[tokio::test]
+async fn every_route_but_health_needs_a_valid_token_and_ops_record_its_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(with_token(dir.path())).await;
+    let id = ulid();
+    let body = json!({"id": id, "client_request_id": "r1"});
+    for headers in [
+        vec![],
+        vec![("Authorization", "Bearer wrong")],
+        vec![("Authorization", "Basic abc")],
+    ] {
+        let (s, v, h) = server
+            .call("POST", "/api/moments", Some(body.clone()), &headers)
+            .await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (401, json!("unauthorized")),
+            "{headers:?}"
+        );
+        assert_eq!(h["content-type"], "application/problem+json");
+    }
+    for path in [
+        "/api/moments",
+        "/api/log/head",
+        "/api/phrases",
+        "/api/events",
+    ] {
+        let (s, _, _) = server.call("GET", path, None, &[]).await;
+        assert_eq!(s, 401, "{path}");
+    }
+    for path in ["/healthz", "/readyz"] {
+        let (s, v, _) = server.call("GET", path, None, &[]).await;
+        assert_eq!(s, 200, "{path}: {v}");
+    }
+    let auth = format!("Bearer {TOKEN}");
+    let (s, _, _) = server
+        .call(
+            "POST",
+            "/api/moments",
+            Some(body),
+            &[("Authorization", &auth)],
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (s, _, _) = server
+        .call(
+            "GET",
+            &format!("/api/moments/{id}"),
+            None,
+            &[("Authorization", &auth)],
+        )
+        .await;
+    assert_eq!(s, 200);
+    server.stop().await;
+    let reader = LogReader::open(&dir.path().join("log")).unwrap();
+    let mut devices = Vec::new();
+    reader
+        .scan(ScanOptions::default(), |_, r| {
+            devices.push(Op::decode(&r).unwrap().body.device().to_owned());
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(
+        devices,
+        vec!["phone-1"],
+        "nothing written for refused requests; the op names the device"
+    );
+}
+
+#[tokio::test]
+async fn listening_beyond_loopback_needs_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut open = settings(dir.path());
+    open.listen = "0.0.0.0:0".parse().unwrap();
+    let error = spark_engine::server::start(open)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("no access token"), "{error}");
+    let mut guarded = with_token(dir.path());
+    guarded.listen = "0.0.0.0:0".parse().unwrap();
+    let running = spark_engine::server::start_with(
+        guarded,
+        Arc::new(spark_log_format::OsFs),
+        Arc::new(spark_engine::clock::SystemClock),
+    )
+    .await
+    .expect("starts with a token");
+    running.shutdown().await;
+}
+
+fn engine(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn token_add_config_print_and_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("spark.toml");
+    std::fs::write(&config, "[limits]\njson_body_limit_bytes = 1000\n").unwrap();
+    let (code, token, err) = engine(
+        &[
+            "token",
+            "add",
+            "phone-2",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let token = token.trim();
+    assert!(token.starts_with("spk_") && token.len() > 40);
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(!text.contains(token), "the token itself is never stored");
+    assert!(text.contains(&hex::encode(Sha256::digest(token.as_bytes()))));
+    assert!(
+        text.contains("json_body_limit_bytes = 1000"),
+        "the file keeps its settings"
+    );
+
+    let (code, printed, err) = engine(
+        &["config", "print", "--config", config.to_str().unwrap()],
+        &[("SPARK_LOG_GROUP_COMMIT_MAX_OPS", "7")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        printed.contains("json_body_limit_bytes = 1000"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("group_commit_max_ops = 7"),
+        "environment overrides: {printed}"
+    );
+    assert!(
+        printed.contains("device = \"phone-2\"") && printed.contains("<hidden>"),
+        "{printed}"
+    );
+    assert!(!printed.contains(&hex::encode(Sha256::digest(token.as_bytes()))));
+
+    std::fs::write(&config, "[limits]\njson_body_limit = 5\n").unwrap();
+    let (code, _, err) = engine(
+        &["config", "print", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("json_body_limit"),
+        "unknown keys are named: {err}"
+    );
+}
+
+#[test]
+fn json_logs_for_machines() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (child, addr) = start_engine_in(
+        dir.path(),
+        &[
+            "--log-format",
+            "json",
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            data.to_str().unwrap(),
+        ],
+    );
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    let (ok, logs) = stop_engine(child);
+    assert!(ok, "{logs}");
+    let lines: Vec<&str> = logs.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(v.get("level").is_some(), "{l}");
+    }
+}
+
+#[test]
+fn printed_config_takes_a_token_and_flags_work_before_the_subcommand() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("printed.toml");
+    // A newcomer saves `config print` as the settings file...
+    let (code, printed, err) = engine(&["config", "print"], &[]);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(&config, printed).unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // ...and adds a token to it.
+    let (code, _, err) = engine(
+        &[
+            "token",
+            "add",
+            "phone-9",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "token add kept the file's permissions");
+
+    // Flags before the subcommand mean the same as after it.
+    let (code, printed, err) = engine(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:9",
+            "config",
+            "print",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(printed.contains("127.0.0.1:9"), "{printed}");
+    assert!(printed.contains("phone-9"), "{printed}");
+}
+
+#[tokio::test]
+async fn a_401_names_the_bearer_scheme_which_is_case_insensitive() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(with_token(dir.path())).await;
+    let (s, _, h) = server.call("GET", "/api/moments", None, &[]).await;
+    assert_eq!(s, 401);
+    assert_eq!(h["www-authenticate"], "Bearer");
+    let upper = format!("BEARER {TOKEN}");
+    let (s, _, _) = server
+        .call("GET", "/api/moments", None, &[("Authorization", &upper)])
+        .await;
+    assert_eq!(s, 200);
+    server.stop().await;
+}
+
+#[test]
+fn environment_typos_are_refused_and_bounds_are_checked_after_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = engine(
+        &["config", "print"],
+        &[("SPARK_LIMITS_CONECTIONS_MAX", "5")],
+    );
+    assert_eq!(code, 1, "a typo in a settings variable is refused");
+    assert!(
+        err.contains("environment variable SPARK_LIMITS_CONECTIONS_MAX"),
+        "{err}"
+    );
+    let (code, _, err) = engine(
+        &["config", "print"],
+        &[("SPARK_LIMITS_CONNECTIONS_MAX", "many")],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("SPARK_LIMITS_CONNECTIONS_MAX"), "{err}");
+
+    // A file that is valid only with its override applied is accepted.
+    let config = dir.path().join("spark.toml");
+    std::fs::write(&config, "[limits]\nlist_limit_default = 2000\n").unwrap();
+    let (code, _, err) = engine(
+        &["config", "print", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 1, "default above the max alone: {err}");
+    assert!(err.contains("list_limit_default"), "{err}");
+    let (code, printed, err) = engine(
+        &["config", "print", "--config", config.to_str().unwrap()],
+        &[("SPARK_LIMITS_LIST_LIMIT_MAX", "5000")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(printed.contains("list_limit_max = 5000"), "{printed}");
+}
+
+#[test]
+fn with_json_logs_a_fatal_error_is_a_json_line_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (code, _, err) = engine(
+        &[
+            "--log-format",
+            "json",
+            "--listen",
+            "0.0.0.0:0",
+            "--data",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.to_string().contains("token")),
+        "{err}"
+    );
+}
+
+/// Starts the real binary in `cwd` with `args`; returns it and the address
+/// it printed.
+fn start_engine_in(cwd: &std::path::Path, args: &[&str]) -> (std::process::Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("SPARK_CONFIG")
+        .env_remove("SPARK_LISTEN")
+        .env_remove("SPARK_DATA")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (child, addr)
+}
+
+/// SIGTERM, then the exit status and stderr.
+fn stop_engine(child: std::process::Child) -> (bool, String) {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_plain_restart_uses_the_token_that_token_add_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    // `token add` with no --config writes ./spark.toml...
+    let out = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
+        .args(["token", "add", "phone-1"])
+        .current_dir(dir.path())
+        .env_remove("SPARK_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("spark.toml") && said.contains("restart"),
+        "{said}"
+    );
+    assert!(dir.path().join("spark.toml").is_file());
+    // ...and a plain start in that directory reads it: access control is on.
+    let (child, addr) = start_engine_in(dir.path(), &["--listen", "127.0.0.1:0"]);
+    let client = reqwest::blocking::Client::new();
+    let url = format!("http://{addr}/api/moments");
+    assert_eq!(client.get(&url).send().unwrap().status().as_u16(), 401);
+    let answer = client.get(&url).bearer_auth(&token).send().unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    let (ok, logs) = stop_engine(child);
+    assert!(ok, "{logs}");
+    assert!(
+        logs.contains("spark.toml"),
+        "the start says which file: {logs}"
+    );
+
+    // A --config naming another file while ./spark.toml exists: warned.
+    let other = dir.path().join("other.toml");
+    std::fs::write(&other, "").unwrap();
+    let (child, _) = start_engine_in(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            other.to_str().unwrap(),
+        ],
+    );
+    let (ok, logs) = stop_engine(child);
+    assert!(ok, "{logs}");
+    assert!(logs.contains("NOT read"), "{logs}");
+}
+
+#[test]
+fn listen_takes_a_host_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (child, addr) = start_engine_in(
+        dir.path(),
+        &["--listen", "localhost:0", "--data", data.to_str().unwrap()],
+    );
+    let ip: std::net::SocketAddr = addr.parse().unwrap();
+    assert!(ip.ip().is_loopback(), "{addr}");
+    let health = reqwest::blocking::get(format!("http://{addr}/healthz")).unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    let (ok, logs) = stop_engine(child);
+    assert!(ok, "{logs}");
+    // A name that resolves to nothing is refused, naming the forms.
+    let (code, _, err) = engine(&["--listen", "no-such-host.invalid:0"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("HOST:PORT"), "{err}");
+}

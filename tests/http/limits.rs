@@ -1,0 +1,251 @@
+//! Connection hygiene (issue 8): the connection limit, the request-head
+//! timeout and the request timeout, against a live server over raw TCP so
+//! that a client can be made as slow or as greedy as a bad one is.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{log_records, settings, ulid, TestServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads one HTTP/1.1 answer (head and a `Content-Length` body) and returns
+/// its status and body text; `None` when the connection closes first.
+async fn read_answer(stream: &mut TcpStream) -> Option<(u16, String)> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).to_string();
+            let status: u16 = head.split(' ').nth(1)?.parse().ok()?;
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            while buffer.len() < end + 4 + length {
+                let n = stream.read(&mut chunk).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+            }
+            let body = String::from_utf8_lossy(&buffer[end + 4..end + 4 + length]).to_string();
+            return Some((status, body));
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Settings with a 400 ms request timeout (the longest long poll cut to 0
+/// so that the timeout may be that short).
+fn request_timeout_400_ms(dir: &std::path::Path) -> spark_engine::Settings {
+    let mut s = settings(dir);
+    s.limits.request_timeout_ms = 400;
+    s.brains.turn_wait_max_s = 0;
+    s
+}
+
+/// Reads `stream` to its end, failing if the server keeps it open for 10 s;
+/// returns what came before the close.
+async fn closed_by_the_server(stream: &mut TcpStream) -> Vec<u8> {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection was held open");
+    rest
+}
+
+async fn get_head(stream: &mut TcpStream) -> Option<(u16, String)> {
+    stream
+        .write_all(b"GET /api/log/head HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .ok()?;
+    read_answer(stream).await
+}
+
+#[tokio::test]
+async fn the_listener_pauses_at_the_connection_limit_and_resumes_when_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.connections_max = 2;
+    let server = TestServer::start_with(s).await;
+    let addr = server.running.addr;
+
+    let mut first = TcpStream::connect(addr).await.unwrap();
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(get_head(&mut first).await.unwrap().0, 200);
+    assert_eq!(get_head(&mut second).await.unwrap().0, 200);
+
+    // The third connects (the kernel's backlog takes it) but is not served
+    // while two are open.
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    let waiting = tokio::time::timeout(Duration::from_millis(700), get_head(&mut third)).await;
+    assert!(
+        waiting.is_err(),
+        "a third connection was served over the limit of 2"
+    );
+
+    // One closes: the third is accepted and its request (already sent) is
+    // answered.
+    drop(first);
+    let answer = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut third))
+        .await
+        .expect("served once a slot frees");
+    assert_eq!(answer.unwrap().0, 200);
+    // The kept-alive second connection still works.
+    assert_eq!(get_head(&mut second).await.unwrap().0, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_head_that_never_ends_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.header_read_timeout_ms = 300;
+    let server = TestServer::start_with(s).await;
+
+    let mut slow = TcpStream::connect(server.running.addr).await.unwrap();
+    slow.write_all(b"GET /api/log/head HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // The server closes it (perhaps after a 408); it does not wait forever.
+    closed_by_the_server(&mut slow).await;
+    assert!(started.elapsed() >= Duration::from_millis(200));
+
+    // A prompt client on another connection is served as usual.
+    let mut prompt = TcpStream::connect(server.running.addr).await.unwrap();
+    assert_eq!(get_head(&mut prompt).await.unwrap().0, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_gets_408_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(request_timeout_400_ms(dir.path())).await;
+    let before = log_records(dir.path()).len();
+
+    let body = format!(r#"{{"id":"{}","client_request_id":"stall-1"}}"#, ulid());
+    let mut stream = TcpStream::connect(server.running.addr).await.unwrap();
+    let head = format!(
+        "POST /api/moments HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // Half the body, then nothing.
+    stream
+        .write_all(&body.as_bytes()[..body.len() / 2])
+        .await
+        .unwrap();
+    let (status, text) = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut stream))
+        .await
+        .expect("answered within the timeout")
+        .expect("an answer, not a bare close");
+    assert_eq!(status, 408, "{text}");
+    let problem: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(problem["code"], "request_timeout");
+    assert_eq!(
+        log_records(dir.path()).len(),
+        before,
+        "a stalled body wrote"
+    );
+
+    // The same create sent whole is answered 201 on a new connection.
+    let (status, _) = server
+        .post(
+            "/api/moments",
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        )
+        .await;
+    assert_eq!(status, 201);
+    server.stop().await;
+}
+
+#[test]
+fn the_request_timeout_must_outlast_the_longest_long_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.brains.turn_wait_max_s = 60;
+    s.limits.request_timeout_ms = 60_000;
+    let error = s.validate().unwrap_err().to_string();
+    assert!(error.contains("limits.request_timeout_ms"), "{error}");
+    s.limits.request_timeout_ms = 61_000;
+    s.validate().unwrap();
+    s.limits.connections_max = 0;
+    assert!(s
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("connections_max"));
+}
+
+#[tokio::test]
+async fn silent_sockets_are_closed_and_do_not_hold_the_connection_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.connections_max = 2;
+    s.limits.header_read_timeout_ms = 300;
+    let server = TestServer::start_with(s).await;
+    let addr = server.running.addr;
+
+    // Two sockets that never send a byte, and one that opens with the
+    // HTTP/2 preface (cleartext HTTP/2 is not served).
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut preface = TcpStream::connect(addr).await.unwrap();
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    for stream in [&mut silent, &mut preface] {
+        let rest = closed_by_the_server(stream).await;
+        assert!(
+            !String::from_utf8_lossy(&rest).contains("HTTP/2"),
+            "answered in HTTP/2"
+        );
+    }
+    // Their slots are free again: a prompt client is served.
+    let mut prompt = TcpStream::connect(addr).await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), get_head(&mut prompt))
+        .await
+        .expect("served once the silent sockets are closed");
+    assert_eq!(answer.unwrap().0, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stalled_upload_cut_by_the_timeout_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(request_timeout_400_ms(dir.path())).await;
+    let moment = ulid();
+    let (status, _) = server
+        .post("/api/moments", serde_json::json!({ "id": moment }))
+        .await;
+    assert_eq!(status, 201);
+
+    let mut stream = TcpStream::connect(server.running.addr).await.unwrap();
+    let head = format!(
+        "PUT /api/media/{} HTTP/1.1\r\nhost: x\r\nx-moment-id: {moment}\r\nx-media-role: original\r\ncontent-type: image/jpeg\r\ncontent-length: 3000\r\n\r\n",
+        ulid()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&[7u8; 1000]).await.unwrap();
+    let (status, _) = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut stream))
+        .await
+        .expect("answered within the timeout")
+        .expect("an answer");
+    assert_eq!(status, 408);
+    let tmp = dir.path().join("media").join("tmp");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in media/tmp: {left:?}");
+    server.stop().await;
+}

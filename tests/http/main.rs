@@ -1,0 +1,24 @@
+//! The HTTP API against in-process servers on ephemeral ports: moments,
+//! media, turns, messages, replays, access, limits, the OpenAPI document, concurrent
+//! duplicates, the brains behind turns, and the README's walk-throughs. One
+//! test binary (issue 13): each file is the module it was as its own binary,
+//! under the same name.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod access;
+mod brain_local;
+mod brain_openai;
+mod concurrency;
+mod events_slow;
+mod limits;
+mod media;
+mod media_races;
+mod messages;
+mod moments_api;
+mod openapi;
+mod readme;
+mod replayed;
+mod seed_lesson;
+mod turns;
