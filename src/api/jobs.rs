@@ -10,7 +10,7 @@ use warp::http::Method;
 use warp::reply::Response;
 
 use crate::engine::{Command, StartJob};
-use crate::ids::{check_job_id, Id};
+use crate::ids::Id;
 
 use super::{ApiError, AppState, Request};
 
@@ -21,7 +21,9 @@ struct JobBody {
     moment_id: String,
 }
 
-/// `POST /api/jobs`: `202` for a new job, `200` for a known job id.
+/// `POST /api/jobs`: `202` for a new job, `200` for a known job id. The
+/// job id's cap is the core's rule (`spark_core::rules::jobs`), checked
+/// for every caller of `Engine::submit`.
 pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
     if req.method != Method::POST {
         return Err(ApiError::method_not_allowed("POST"));
@@ -32,7 +34,6 @@ pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, A
         .ok_or_else(|| {
             ApiError::invalid_request("a JSON object with job_id and moment_id is required")
         })?;
-    check_job_id(&body.job_id)?;
     let moment_id = Id::parse(&body.moment_id).map_err(|e| ApiError::invalid_id("moment_id", e))?;
     let command = Command::StartJob(StartJob {
         job_id: body.job_id,

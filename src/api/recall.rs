@@ -12,7 +12,6 @@ use warp::http::Method;
 use warp::reply::Response;
 
 use crate::engine::{Command, StartRecall};
-use crate::ids::check_recall_id;
 
 use super::{ApiError, AppState, Request};
 
@@ -23,6 +22,8 @@ struct RecallBody {
 }
 
 /// `POST /api/recall`: `202` for a new session, `200` for a known recall id.
+/// The recall id's cap is the core's rule (`spark_core::rules::recall`),
+/// checked for every caller of `Engine::submit`.
 pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
     if req.method != Method::POST {
         return Err(ApiError::method_not_allowed("POST"));
@@ -31,9 +32,6 @@ pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, A
         .json(state.settings.limits.json_body_limit_bytes)
         .await?
         .unwrap_or_default();
-    if let Some(id) = &body.id {
-        check_recall_id(id)?;
-    }
     let seat = state
         .seats
         .first()

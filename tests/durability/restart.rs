@@ -149,3 +149,140 @@ fn every_acknowledged_write_survives_kill_9_under_load() {
     }
     assert!(server.terminate().success());
 }
+
+/// Format version 1 at the engine's level (issue 14): the ops of a real
+/// workload, written again as one version-1 segment (no commit marks), open
+/// in the engine to the same mirror, request index and head seq as their
+/// version-2 log, `spark-replay verify` and `rebuild` accept them, and a
+/// server on the version-1 log serves the same moments and takes new writes
+/// (into a version-2 segment).
+#[test]
+fn a_version_1_log_of_real_ops_replays_verifies_and_serves_as_its_version_2_log() {
+    use spark_log_format::format::{encode_record, RecordIn, SegmentHeader, KIND_SEAL};
+    use spark_log_format::{LogReader, ScanOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let v2 = dir.path().join("v2");
+    let client = reqwest::blocking::Client::new();
+    let server = ServerProcess::start(&v2);
+    let mut ids = Vec::new();
+    for n in 0..12 {
+        let (s, v) = post(
+            &client,
+            &server.url("/api/moments"),
+            json!({"client_request_id": format!("req-{n}"), "text": format!("sign {n}")}),
+        );
+        assert_eq!(s, 201, "{v}");
+        ids.push(v["moment"]["id"].as_str().unwrap().to_owned());
+    }
+    for (n, id) in ids.iter().enumerate().step_by(3) {
+        let r = client
+            .patch(server.url(&format!("/api/moments/{id}")))
+            .json(&json!({"caption": format!("edit {n}")}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    let r = client
+        .delete(server.url(&format!("/api/moments/{}", ids[1])))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let served = |base: &ServerProcess| -> Vec<Value> {
+        ids.iter()
+            .map(|id| {
+                client
+                    .get(base.url(&format!("/api/moments/{id}")))
+                    .send()
+                    .unwrap()
+                    .json::<Value>()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let before = served(&server);
+    assert!(server.terminate().success());
+
+    // The same records, framed as version 1 wrote them: a version-1 header,
+    // then each record, with no commit mark.
+    let reader = LogReader::open(&v2.join("log")).unwrap();
+    let mut segment = SegmentHeader {
+        first_seq: 1,
+        created_ms: 1_767_225_600_000,
+        chain_start: [0; 32],
+    }
+    .encode_version(1)
+    .to_vec();
+    let mut count = 0u64;
+    reader
+        .scan(ScanOptions::default(), |_, r| {
+            if r.kind != KIND_SEAL {
+                let record = RecordIn {
+                    ts_ms: r.ts_ms,
+                    kind: r.kind,
+                    kind_version: r.kind_version,
+                    payload: r.payload,
+                };
+                encode_record(&mut segment, r.seq, &record).unwrap();
+                count += 1;
+            }
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    drop(reader);
+    assert_eq!(count, 12 + 4 + 1);
+    let v1 = dir.path().join("v1");
+    std::fs::create_dir_all(v1.join("log")).unwrap();
+    std::fs::write(v1.join("log").join("00000000000000000001.seg"), &segment).unwrap();
+
+    assert_eq!(replayed_state(&v1), replayed_state(&v2));
+    let replay =
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_spark-engine")).with_file_name("spark-replay");
+    let missing = (!replay.is_file()).then(|| {
+        format!(
+            "{} is not built (`cargo test --workspace` builds it)",
+            replay.display()
+        )
+    });
+    if common::run_or_skip(
+        "restart::a_version_1_log_of_real_ops (its spark-replay part)",
+        missing,
+        "SPARK_REQUIRE_REPLAY",
+    ) {
+        for args in [&["verify"][..], &["rebuild"][..]] {
+            let outputs: Vec<String> = [&v1, &v2]
+                .iter()
+                .map(|data| {
+                    let out = std::process::Command::new(&replay)
+                        .args(args)
+                        .arg("--data")
+                        .arg(data)
+                        .output()
+                        .unwrap();
+                    assert!(
+                        out.status.success(),
+                        "spark-replay {args:?} on {}: {}",
+                        data.display(),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    String::from_utf8_lossy(&out.stdout).into_owned()
+                })
+                .collect();
+            if args == ["rebuild"] {
+                assert_eq!(outputs[0], outputs[1], "the same mirror digest");
+            }
+        }
+    }
+
+    let server = ServerProcess::start(&v1);
+    assert_eq!(served(&server), before);
+    let (s, _) = post(
+        &client,
+        &server.url("/api/moments"),
+        json!({"client_request_id": "after-v1", "text": "new"}),
+    );
+    assert_eq!(s, 201);
+    assert!(server.terminate().success());
+    let (_, seq, _) = replayed_state(&v1);
+    assert_eq!(seq, count + 1);
+}

@@ -249,3 +249,86 @@ async fn a_stalled_upload_cut_by_the_timeout_leaves_no_temporary_file() {
     assert!(left.is_empty(), "left in media/tmp: {left:?}");
     server.stop().await;
 }
+
+/// The disk reserve without root (issue 19 item 1; the full-disk tests in
+/// `tests/durability/disk_full.rs` need a small tmpfs): a reserve above the
+/// file system's free space refuses every write that would grow the log or
+/// the media store with `507 insufficient_storage` and `Retry-After`, an
+/// upload by its declared length before a byte of its body is read (no
+/// temporary file); reads, `/healthz` and the event stream's catch-up go
+/// on; `/readyz` says why and the refusals are counted by reason.
+#[tokio::test]
+async fn a_reserve_above_the_free_space_refuses_writes_with_507_and_uploads_before_their_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = settings(dir.path());
+    cfg.log.disk_reserve_bytes = 0;
+    let server = TestServer::start_with(cfg.clone()).await;
+    let moment = ulid();
+    let (status, _) = server
+        .post("/api/moments", serde_json::json!({ "id": moment }))
+        .await;
+    assert_eq!(status, 201);
+    server.stop().await;
+
+    let free = spark_engine::disk::free_bytes(dir.path()).unwrap();
+    cfg.log.disk_reserve_bytes = free.saturating_mul(2).max(1 << 40);
+    let server = TestServer::start_with(cfg).await;
+    let refused = server
+        .client
+        .post(server.url("/api/moments"))
+        .json(&serde_json::json!({ "id": ulid(), "text": "kein Platz" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 507);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "insufficient_storage", "{body}");
+
+    // Reads go on.
+    let (status, read) = server.get(&format!("/api/moments/{moment}")).await;
+    assert_eq!((status, read["id"].as_str()), (200, Some(moment.as_str())));
+    let (status, _) = server.get("/healthz").await;
+    assert_eq!(status, 200);
+    let (status, ready) = server.get("/readyz").await;
+    assert_eq!(
+        (status, ready["code"].as_str()),
+        (507, Some("insufficient_storage"))
+    );
+    let events = server
+        .client
+        .get(server.url("/api/events?after=0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status().as_u16(), 200);
+
+    // An upload declaring 10 MiB is refused on its head alone: the answer
+    // comes though not one byte of the body was sent.
+    let mut stream = TcpStream::connect(server.running.addr).await.unwrap();
+    let head = format!(
+        "PUT /api/media/{} HTTP/1.1\r\nhost: x\r\nx-moment-id: {moment}\r\nx-media-role: original\r\ncontent-type: image/jpeg\r\ncontent-length: 10485760\r\n\r\n",
+        ulid()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let (status, text) = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut stream))
+        .await
+        .expect("answered before the body")
+        .expect("an answer");
+    assert_eq!(status, 507, "{text}");
+    assert!(text.contains("insufficient_storage"), "{text}");
+    let tmp = dir.path().join("media").join("tmp");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in media/tmp: {left:?}");
+
+    let metrics = server.metrics_text().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("spark_writes_refused_total{reason=\"disk_reserve\"}")),
+        "{metrics}"
+    );
+    server.stop().await;
+}
