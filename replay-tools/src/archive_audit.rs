@@ -97,6 +97,21 @@ async fn compare(
     manifest: &Manifest,
     log_dir: &Path,
 ) -> Result<Result<ChainValue, Difference>, Failure> {
+    let chain = match compare_segments(store, manifest, log_dir).await? {
+        Ok(chain) => chain,
+        Err(difference) => return Ok(Err(difference)),
+    };
+    compare_chunks(store, manifest, log_dir, chain).await
+}
+
+/// The sealed segments `manifest` names against the local files: the first
+/// difference, or the chain value at the end of the last of them (zeros
+/// when there is none).
+async fn compare_segments(
+    store: &spark_archive::ArchiveStore,
+    manifest: &Manifest,
+    log_dir: &Path,
+) -> Result<Result<ChainValue, Difference>, Failure> {
     let mut chain: ChainValue = [0; 32];
     for entry in &manifest.segments {
         let name = segment_file_name(entry.first_seq);
@@ -134,6 +149,19 @@ async fn compare(
             what,
         }));
     }
+    Ok(Ok(chain))
+}
+
+/// The tail chunks `manifest` names against the local tail segment, from
+/// `chain` (the chain after the sealed segments): the first difference, or
+/// the chain value at the archive's shipped seq. A chunk whose bytes agree
+/// but whose `chain_after` does not is damage in the archive.
+async fn compare_chunks(
+    store: &spark_archive::ArchiveStore,
+    manifest: &Manifest,
+    log_dir: &Path,
+    mut chain: ChainValue,
+) -> Result<Result<ChainValue, Difference>, Failure> {
     let Some(first) = manifest.chunks.first() else {
         return Ok(Ok(chain));
     };

@@ -167,12 +167,25 @@ impl ServerProcess {
     /// [`ServerProcess::start`] with settings from environment variables
     /// (`SPARK_<SECTION>_<KEY>`).
     pub fn start_with_env(data: &Path, env: &[(&str, &str)]) -> ServerProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
+        // Its log goes to an unnamed temporary file (a pipe nobody reads
+        // would fill and stall it), read back only if it fails to start.
+        let mut stderr = tempfile::tempfile().expect("a temporary file");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spark-engine"));
+        // The test's own `SPARK_*` variables (long modes such as
+        // `SPARK_MEDIA_KILL_CYCLES`, `SPARK_REQUIRE_*`) are not the
+        // server's: it refuses a `SPARK_<SECTION>_` variable it does not
+        // know. Only `env` reaches it.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SPARK_") {
+                command.env_remove(name);
+            }
+        }
+        let mut child = command
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr.try_clone().expect("a second handle"))
             .spawn()
             .expect("binary starts");
         let stdout = child.stdout.take().unwrap();
@@ -182,7 +195,15 @@ impl ServerProcess {
             .split("http://")
             .nth(1)
             .map(|s| s.trim().to_owned())
-            .unwrap_or_else(|| panic!("no address in {line:?}"));
+            .unwrap_or_else(|| {
+                // Why it did not start: its exit status and what it logged.
+                use std::io::{Read as _, Seek as _};
+                let status = child.wait();
+                let mut logged = String::new();
+                let _ = stderr.rewind();
+                let _ = stderr.take(8192).read_to_string(&mut logged);
+                panic!("no address in {line:?}; the server exited ({status:?}) after logging:\n{logged}")
+            });
         ServerProcess {
             child,
             base: format!("http://{addr}"),

@@ -177,7 +177,17 @@ impl EngineProcess {
     /// for the line naming its address (panics with its log if it exits).
     pub fn start(binary: &Path, data: &Path, config: &Path) -> EngineProcess {
         let log = config.with_file_name("server.log");
-        let mut child = Command::new(binary)
+        let mut command = Command::new(binary);
+        // The test's own `SPARK_*` variables (`SPARK_ARCHIVE_KILLS`,
+        // `SPARK_REQUIRE_S3`, ...) are not the engine's: it refuses a
+        // `SPARK_ARCHIVE_` variable it does not know. Its settings come
+        // from `config` alone.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SPARK_") {
+                command.env_remove(name);
+            }
+        }
+        let mut child = command
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data)
             .arg("--config")
