@@ -1191,8 +1191,7 @@ async fn leases_off_an_idle_writer_puts_nothing_and_a_second_engine_is_refused()
     assert!(refused.to_string().contains("--take-over"), "{refused}");
     let on = take_over_if_expired_on(store.clone(), other.path(), max, 60)
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     let said = on.to_string();
     assert!(
         matches!(on, ArchiveStartError::Held { epoch: 1, .. }),
@@ -1231,11 +1230,15 @@ async fn an_idle_writer_renews_its_lease_about_every_third_of_it() {
     let shipped = store.latest_manifest().await.unwrap().unwrap();
     // Idle for 1.5 s: about one renewal per lease_ms / 3 = 100 ms.
     let before = manifest_puts(&flaky);
+    let idle_from = Instant::now();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let renewals = manifest_puts(&flaky) - before;
+    // Never more often than one per lease_ms / 3, and not much less.
+    let most = idle_from.elapsed().as_millis() as usize / 100 + 1;
     assert!(
-        (5..=16).contains(&renewals),
-        "{renewals} renewals in 1.5 s with a 300 ms lease"
+        (5..=most).contains(&renewals),
+        "{renewals} renewals in {:?} with a 300 ms lease",
+        idle_from.elapsed()
     );
     assert_eq!(engine.head(), head, "renewals add no op");
     let all = history(&store).await;
@@ -1302,7 +1305,7 @@ async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_
     });
     let old_store = ArchiveStore::new(old_side.clone(), "p".into());
     let new_store = ArchiveStore::new(new_side.clone(), "p".into());
-    let lease_ms = 400;
+    let lease_ms = 600;
     let old_dir = tempfile::tempdir().unwrap();
     let old = engine_on(old_dir.path()).await;
     let shipping = ship_leased(old_store.clone(), old_dir.path(), &old, lease_ms)
@@ -1322,8 +1325,7 @@ async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_
     while spark_log_format::system_now_ms() < until_ms {
         let refused = take_over_if_expired_on(new_store.clone(), new_dir.path(), max, lease_ms)
             .await
-            .err()
-            .expect("refused while the lease is live");
+            .expect_err("refused while the lease is live");
         let said = refused.to_string();
         assert!(
             matches!(refused, ArchiveStartError::Held { epoch: 1, .. }),
@@ -1354,7 +1356,7 @@ async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_
         }
     };
     assert!(
-        cut_at.elapsed() >= Duration::from_millis(lease_ms * 2 / 3),
+        cut_at.elapsed() >= Duration::from_millis(lease_ms / 2),
         "taken over {:?} after the last possible renewal",
         cut_at.elapsed()
     );
@@ -1397,8 +1399,7 @@ async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_
     shipping.stop().await;
     let again = take_over_if_expired_on(old_store.clone(), old_dir.path(), max, lease_ms)
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         matches!(again, ArchiveStartError::Held { epoch: 2, .. }),
         "{again}"
