@@ -752,6 +752,27 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_archive_block_parses_to_the_archive_defaults() {
+        let block = readme_toml_blocks()
+            .into_iter()
+            .find(|b| b.contains("[archive]"))
+            .expect("README shows an [archive] block");
+        let parsed: Settings = toml::from_str(&block).unwrap();
+        parsed.validate().unwrap();
+        let archive = parsed.archive.unwrap();
+        assert_eq!(
+            (
+                archive.region.as_str(),
+                archive.ship_interval_ms,
+                archive.mode,
+                archive.lease_ms
+            ),
+            ("us-east-1", 1000, ArchiveMode::Async, 0),
+            "README's archive defaults drifted from the code"
+        );
+    }
+
+    #[test]
     fn environment_overrides_every_scalar_setting() {
         let mut s = Settings::default();
         let vars = [

@@ -998,8 +998,17 @@ impl Shipper {
         } else {
             Ok(())
         };
-        if result.is_ok() && self.renewal_due() {
-            result = self.renew().await;
+        // Also after a failed ship (not a fence): a writer that is alive
+        // and reaches the store keeps its lease while a local fault (an
+        // unreadable blob, say) holds its ship back, so that no standby
+        // takes over from an archive that lacks writes this one still has.
+        if !matches!(result, Err(ShipError::Fenced(_))) && self.renewal_due() {
+            let renewed = self.renew().await;
+            result = match (result, renewed) {
+                (_, Err(fenced @ ShipError::Fenced(_))) => Err(fenced),
+                (Err(e), _) => Err(e),
+                (Ok(()), renewed) => renewed,
+            };
         }
         match &result {
             Ok(()) => {
@@ -1469,7 +1478,13 @@ impl Shipper {
                         stored.number, stored.epoch
                     )));
                 }
-                if stored.epoch == self.status.epoch && stored.shipped_seq <= next.shipped_seq {
+                // A renewal repeats the last state: any manifest of this
+                // epoch under its number is one of this writer's whose
+                // answer was lost (a ship's or a renewal's).
+                let renewal = kind == "renewal";
+                if stored.epoch == self.status.epoch
+                    && (renewal || stored.shipped_seq <= next.shipped_seq)
+                {
                     // An earlier try of this writer landed, its answer lost:
                     // go on from what it says (a newer epoch's manifest
                     // after it is found at the next put).

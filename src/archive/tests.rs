@@ -1482,3 +1482,64 @@ fn a_lease_is_read_from_the_holders_last_manifest_or_its_epoch() {
     let unleased = LeaseView::of(&doc, Some(&manifest(2, 20_000, 0)));
     assert_eq!(unleased.expires_in_ms(300, u64::MAX), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_keeps_its_lease_while_a_local_fault_holds_its_ship_back() {
+    let flaky = Arc::new(flaky());
+    let store = ArchiveStore::new(flaky.clone(), "p".into());
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let lease_ms = 300;
+    let shipping = ship_leased(store.clone(), dir.path(), &engine, lease_ms)
+        .await
+        .unwrap();
+    engine.submit(create(1)).await.unwrap();
+    until("shipped", || shipping.status.shipped_seq() == 1).await;
+    // A blob that cannot be read (a directory where its file should be):
+    // not a loss, the ship fails with kind `blob` and is retried.
+    let bytes = b"a photo behind a directory";
+    let blob =
+        spark_core::blob::blob_path(&spark_core::blob::blobs_dir(dir.path()), &sha256_of(bytes));
+    std::fs::create_dir_all(&blob).unwrap();
+    put_media(&engine, dir.path(), 1, bytes, None).await;
+    until("the ship to fail", || {
+        shipping
+            .status
+            .failing()
+            .is_some_and(|e| e.starts_with("blob"))
+    })
+    .await;
+    // The lease is renewed all the same: no standby takes over from an
+    // archive that lacks a write this engine still holds.
+    let before = store.latest_manifest().await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(2 * lease_ms)).await;
+    let after = store.latest_manifest().await.unwrap().unwrap();
+    assert!(
+        after.number >= before.number + 2,
+        "manifests {} then {}",
+        before.number,
+        after.number
+    );
+    assert_eq!((after.shipped_seq, after.epoch), (1, 1));
+    assert!(shipping
+        .status
+        .failing()
+        .is_some_and(|e| e.starts_with("blob")));
+    let other = tempfile::tempdir().unwrap();
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let refused = take_over_if_expired_on(store.clone(), other.path(), max, lease_ms)
+        .await
+        .expect_err("the lease is live");
+    assert!(
+        matches!(refused, ArchiveStartError::Held { epoch: 1, .. }),
+        "{refused}"
+    );
+    // Repaired: the op ships.
+    std::fs::remove_dir(&blob).unwrap();
+    std::fs::write(&blob, bytes).unwrap();
+    let head = engine.head();
+    until("shipped", || shipping.status.shipped_seq() == head.seq).await;
+    assert_extends(&history(&store).await);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
