@@ -1549,3 +1549,32 @@ async fn a_writer_keeps_its_lease_while_a_local_fault_holds_its_ship_back() {
     shipping.stop().await;
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_renewals_while_idle_leave_writes_acknowledged_once_archived() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), crate::config::ArchiveMode::Sync).await;
+    let flaky = Arc::new(Flaky::default());
+    let store = ArchiveStore::new(flaky.clone(), "shard".into());
+    let shipping = ship_leased(store.clone(), dir.path(), &engine, 150)
+        .await
+        .unwrap();
+    for n in 1..=5 {
+        engine.submit(create(n)).await.unwrap();
+        assert!(flaky.stored_seq.load(Ordering::SeqCst) >= engine.head().seq);
+    }
+    let shipped = store.latest_manifest().await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let renewed = store.latest_manifest().await.unwrap().unwrap();
+    assert!(renewed.number >= shipped.number + 2, "{}", renewed.number);
+    assert_eq!(
+        (renewed.shipped_seq, &renewed.chunks),
+        (shipped.shipped_seq, &shipped.chunks)
+    );
+    // A write after renewals: acknowledged once a manifest names it.
+    engine.submit(create(6)).await.unwrap();
+    assert_eq!(flaky.stored_seq.load(Ordering::SeqCst), engine.head().seq);
+    assert_extends(&history(&store).await);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
