@@ -134,7 +134,11 @@ pub async fn take_over_if_expired(
 /// ([`LeaseView`]).
 ///
 /// - Nobody yet, or this data directory: `Ok(None)`, the usual start goes
-///   on (and claims epoch 1, or resumes its own).
+///   on (and claims epoch 1, or resumes its own); except when this
+///   directory holds the latest epoch but the latest manifest is of an
+///   older one (a take-over that stopped between its epoch and its
+///   manifest): that take-over is finished, as a start with `--take-over`
+///   would, and `Ok(Some(_))`.
 /// - Another writer whose lease expired by this engine's clock: a WARN line
 ///   naming it and how long ago its lease was last renewed, then the
 ///   take-over `--take-over` runs ([`super::take_over_leased`]), checking
@@ -159,13 +163,24 @@ pub async fn take_over_if_expired_on(
     let Some(doc) = store.latest_epoch().await? else {
         return Ok(None);
     };
+    let latest = store.latest_manifest().await?;
     if mine
         .as_ref()
         .is_some_and(|me| me.writer == doc.writer && me.epoch == doc.epoch)
     {
+        if latest.as_ref().is_some_and(|m| m.epoch < doc.epoch) {
+            tracing::warn!(
+                epoch = doc.epoch,
+                "archive: this directory took epoch {} but its take-over stopped before its \
+                 manifest; finishing it",
+                doc.epoch
+            );
+            return take_over_leased(store, data_dir, max_record_bytes, lease_ms, None)
+                .await
+                .map(Some);
+        }
         return Ok(None);
     }
-    let latest = store.latest_manifest().await?;
     let view = LeaseView::of(&doc, latest.as_ref());
     let now_ms = spark_log_format::system_now_ms();
     if view.expires_in_ms(lease_ms, now_ms) != Some(0) {

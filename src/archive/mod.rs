@@ -554,6 +554,7 @@ fn connect(settings: &ArchiveSettings) -> Result<ArchiveStore, ArchiveStartError
 /// [`start`] on a given store (tests use `object_store`'s in-memory store),
 /// shipping every `interval` (`async` mode), or as soon as a write waits
 /// when the engine has an archive gate (`sync` mode).
+///
 /// Leases off (see [`start_on_leased`]).
 pub async fn start_on(
     store: ArchiveStore,

@@ -1578,3 +1578,52 @@ async fn sync_renewals_while_idle_leave_writes_acknowledged_once_archived() {
     shipping.stop().await;
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_that_stopped_before_its_manifest_is_finished_at_the_next_leased_start() {
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let lease_ms = 150;
+    let old_dir = tempfile::tempdir().unwrap();
+    let old = engine_on(old_dir.path()).await;
+    let shipping = ship_leased(store.clone(), old_dir.path(), &old, lease_ms)
+        .await
+        .unwrap();
+    for n in 1..=10 {
+        old.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == old.head().seq
+    })
+    .await;
+    shipping.stop().await;
+    // A standby claimed epoch 2 and stopped before its take-over manifest.
+    let new_dir = tempfile::tempdir().unwrap();
+    claim_epoch(&store, new_dir.path(), None, 2, lease_ms)
+        .await
+        .unwrap();
+    assert_eq!(store.latest_manifest().await.unwrap().unwrap().epoch, 1);
+    // Its next start (leases on, no --take-over) finishes the take-over.
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let taken = take_over_if_expired_on(store.clone(), new_dir.path(), max, lease_ms)
+        .await
+        .unwrap()
+        .expect("the take-over is finished");
+    assert_eq!((taken.epoch, taken.shipped_seq), (2, old.head().seq));
+    let latest = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!((latest.epoch, latest.lease_ms), (2, lease_ms));
+    let new = engine_on(new_dir.path()).await;
+    assert_eq!(new.head(), old.head());
+    let ships = ship_leased(store.clone(), new_dir.path(), &new, lease_ms)
+        .await
+        .unwrap();
+    assert_eq!(ships.status.epoch(), 2);
+    // Then a start of the same directory is the usual one.
+    ships.stop().await;
+    let again = take_over_if_expired_on(store.clone(), new_dir.path(), max, lease_ms)
+        .await
+        .unwrap();
+    assert!(again.is_none());
+    assert_extends(&history(&store).await);
+    new.shutdown().await;
+    old.shutdown().await;
+}
