@@ -137,7 +137,26 @@ pub struct ArchiveSettings {
     /// `async` (default) or `sync`.
     #[serde(default)]
     pub mode: ArchiveMode,
+    /// The writer's lease on the prefix, in ms (`log-format/ARCHIVE.md`
+    /// "Lease"). `0` (the default): leases off, exactly as without the
+    /// setting: a second engine on the prefix refuses to start unless told
+    /// `--take-over`, and an idle writer makes no request. Above 0 (at
+    /// least 3 x `ship_interval_ms`, at most 86400000 = a day): the writer
+    /// stores a manifest at least every `lease_ms / 3` ms, idle or not (a
+    /// renewal when nothing else needs one: one PUT of a few hundred bytes
+    /// to a few KiB), and a second engine with leases on takes the prefix
+    /// over by itself, as `--take-over` does, once the holder's last
+    /// manifest is older than the longer of its lease and this one by the
+    /// second engine's clock. Safety never rests on the clocks (fencing by
+    /// create-only puts does): a wrong clock only makes a take-over come
+    /// early (the old writer is fenced) or late. Env
+    /// `SPARK_ARCHIVE_LEASE_MS`.
+    #[serde(default)]
+    pub lease_ms: u64,
 }
+
+/// The largest `[archive] lease_ms`: a day.
+pub const LEASE_MS_MAX: u64 = 86_400_000;
 
 fn default_archive_region() -> String {
     "us-east-1".to_owned()
@@ -519,6 +538,7 @@ impl Settings {
                 region: default_archive_region(),
                 ship_interval_ms: default_ship_interval_ms(),
                 mode: ArchiveMode::default(),
+                lease_ms: 0,
             });
             return Ok(());
         }
@@ -620,6 +640,15 @@ impl Settings {
             if !(10..=3_600_000).contains(&archive.ship_interval_ms) {
                 return invalid("archive.ship_interval_ms", "must be 10 to 3600000");
             }
+            if archive.lease_ms != 0
+                && (archive.lease_ms < archive.ship_interval_ms.saturating_mul(3)
+                    || archive.lease_ms > LEASE_MS_MAX)
+            {
+                return invalid(
+                    "archive.lease_ms",
+                    "must be 0 (leases off) or from 3 x archive.ship_interval_ms to 86400000",
+                );
+            }
         }
         if self.log.disk_reserve_bytes != 0
             && self.log.disk_reserve_bytes < self.log.preallocate_bytes
@@ -720,6 +749,27 @@ mod tests {
         let seats: Settings = toml::from_str(&blocks[1]).unwrap();
         assert_eq!(seats.brains.seats.len(), 2);
         seats.validate().unwrap();
+    }
+
+    #[test]
+    fn the_readme_archive_block_parses_to_the_archive_defaults() {
+        let block = readme_toml_blocks()
+            .into_iter()
+            .find(|b| b.contains("[archive]"))
+            .expect("README shows an [archive] block");
+        let parsed: Settings = toml::from_str(&block).unwrap();
+        parsed.validate().unwrap();
+        let archive = parsed.archive.unwrap();
+        assert_eq!(
+            (
+                archive.region.as_str(),
+                archive.ship_interval_ms,
+                archive.mode,
+                archive.lease_ms
+            ),
+            ("us-east-1", 1000, ArchiveMode::Async, 0),
+            "README's archive defaults drifted from the code"
+        );
     }
 
     #[test]
@@ -841,6 +891,7 @@ mod tests {
         assert_eq!(archive.ship_interval_ms, 1000);
         assert_eq!(archive.region, "us-east-1");
         assert_eq!(archive.mode, ArchiveMode::Async);
+        assert_eq!(archive.lease_ms, 0, "leases are off by default");
         parsed.validate().unwrap();
         assert!(!Settings::default().to_toml_redacted().contains("archive"));
         let refused = |archive: ArchiveSettings| {
@@ -874,6 +925,37 @@ mod tests {
             }),
             "archive.ship_interval_ms"
         );
+        // A lease: 0, or at least three ship intervals (a renewal every
+        // lease_ms / 3 needs a tick in between), at most a day.
+        for lease_ms in [1, 2999, LEASE_MS_MAX + 1] {
+            assert_eq!(
+                refused(ArchiveSettings {
+                    ship_interval_ms: 1000,
+                    lease_ms,
+                    ..archive.clone()
+                }),
+                "archive.lease_ms",
+                "{lease_ms}"
+            );
+        }
+        for lease_ms in [0, 3000, 30_000, LEASE_MS_MAX] {
+            Settings {
+                archive: Some(ArchiveSettings {
+                    ship_interval_ms: 1000,
+                    lease_ms,
+                    ..archive.clone()
+                }),
+                ..Settings::default()
+            }
+            .validate()
+            .unwrap();
+        }
+        let leased: Settings = toml::from_str(
+            "[archive]\nurl = \"s3://abc/p\"\nship_interval_ms = 200\nlease_ms = 600\n",
+        )
+        .unwrap();
+        leased.validate().unwrap();
+        assert_eq!(leased.archive.unwrap().lease_ms, 600);
         assert_eq!(
             refused(ArchiveSettings {
                 endpoint: Some("127.0.0.1:8333".into()),
@@ -921,6 +1003,7 @@ mod tests {
             ("SPARK_ARCHIVE_REGION", "eu-west-1"),
             ("SPARK_ARCHIVE_SHIP_INTERVAL_MS", "500"),
             ("SPARK_ARCHIVE_MODE", "async"),
+            ("SPARK_ARCHIVE_LEASE_MS", "1500"),
         ]))
         .unwrap();
         let archive = s.archive.clone().unwrap();
@@ -928,7 +1011,22 @@ mod tests {
         assert_eq!(archive.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert_eq!(archive.region, "eu-west-1");
         assert_eq!(archive.ship_interval_ms, 500);
+        assert_eq!(archive.lease_ms, 1500);
         s.validate().unwrap();
+        // Checked like the file's: below 3 ship intervals is refused.
+        s.apply_env(env(&[("SPARK_ARCHIVE_LEASE_MS", "1499")]))
+            .unwrap();
+        assert!(matches!(
+            s.validate(),
+            Err(SettingsError::Invalid {
+                key: "archive.lease_ms",
+                ..
+            })
+        ));
+        let not_a_number = s.apply_env(env(&[("SPARK_ARCHIVE_LEASE_MS", "3s")]));
+        assert!(not_a_number.is_err());
+        s.apply_env(env(&[("SPARK_ARCHIVE_LEASE_MS", "0")]))
+            .unwrap();
         let bad_mode = s.apply_env(env(&[("SPARK_ARCHIVE_MODE", "later")]));
         assert!(bad_mode.is_err());
     }

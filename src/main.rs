@@ -85,7 +85,10 @@ struct ServeArgs {
     /// must hold a prefix of the archive (restore it first with
     /// `spark-replay restore`); the rest is fetched, then the other engine
     /// is fenced: its writes answer `503 fenced`. No environment variable
-    /// on purpose: give it once, for the start that moves the shard.
+    /// on purpose: give it once, for the start that moves the shard. With
+    /// `[archive] lease_ms` above 0, a start without it does the same by
+    /// itself once the other engine's lease expired, and otherwise refuses,
+    /// saying when the lease expires.
     #[arg(long)]
     take_over: bool,
 }

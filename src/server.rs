@@ -249,14 +249,21 @@ async fn open_engine(
 
 /// With `--take-over` (and `[archive]`, which validation requires): takes
 /// the archive's prefix over before the engine opens (it may append the
-/// archive's ops to the local log).
+/// archive's ops to the local log). Without it, with leases on (`[archive]
+/// lease_ms` above 0): takes the prefix over the same way when another
+/// writer holds it and its lease expired, and refuses the start, saying
+/// when the lease expires, while it is live (ARCHIVE.md "Lease").
 async fn take_over(settings: &Settings) -> Result<Option<crate::archive::TakenOver>, StartError> {
-    let Some(archive) = settings.archive.as_ref().filter(|_| settings.take_over) else {
+    let Some(archive) = settings.archive.as_ref() else {
         return Ok(None);
     };
-    let taken =
-        crate::archive::take_over(archive, &settings.data_dir, settings.log.max_record_bytes)
-            .await?;
+    let (data_dir, max_record_bytes) = (&settings.data_dir, settings.log.max_record_bytes);
+    if !settings.take_over {
+        let taken =
+            crate::archive::take_over_if_expired(archive, data_dir, max_record_bytes).await?;
+        return Ok(taken);
+    }
+    let taken = crate::archive::take_over(archive, data_dir, max_record_bytes).await?;
     Ok(Some(taken))
 }
 

@@ -353,6 +353,18 @@ pub struct Manifest {
     pub segments: Vec<SegmentEntry>,
     /// Chunks of the one unsealed segment after them, in seq order.
     pub chunks: Vec<ChunkEntry>,
+    /// The lease its writer holds the prefix with, in ms (ARCHIVE.md
+    /// "Lease"): its writer stores a manifest at least every
+    /// `lease_ms / 3` ms, and another engine with leases on may take the
+    /// prefix over once `written_ms` is older than this. `0` (left out of
+    /// the JSON, as before leases existed): no lease, a take-over needs
+    /// `--take-over`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lease_ms: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 impl Manifest {
@@ -384,6 +396,11 @@ pub struct EpochDoc {
     pub writer: String,
     /// Unix ms when it was taken.
     pub taken_ms: u64,
+    /// The lease its writer took the prefix with, in ms, until its first
+    /// manifest says otherwise (ARCHIVE.md "Lease"); `0` (left out of the
+    /// JSON): no lease.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lease_ms: u64,
 }
 
 impl EpochDoc {
@@ -767,7 +784,49 @@ mod tests {
             shipped_chain: "f".repeat(64),
             segments,
             chunks,
+            lease_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_lease_renewal_extends_and_no_lease_keeps_the_old_bytes() {
+        // A renewal: the same entries under the same epoch, numbered next,
+        // written later (ARCHIVE.md "Lease").
+        let m1 = Manifest {
+            lease_ms: 3000,
+            ..manifest(1, 1, vec![segment(1, 12)], vec![chunk(13, 13, 20, 1)])
+        };
+        let renewal = Manifest {
+            number: 2,
+            written_ms: m1.written_ms + 1000,
+            ..m1.clone()
+        };
+        assert_eq!(extends(&m1, &renewal), Ok(()));
+        let bytes = renewal.encode();
+        assert_eq!(Manifest::decode(&bytes, 2).unwrap(), renewal);
+        assert!(String::from_utf8_lossy(&bytes).contains("\"lease_ms\":3000"));
+        // Without a lease the field is left out: the bytes of a manifest
+        // (and an epoch object) are what they were before leases.
+        let plain = Manifest {
+            lease_ms: 0,
+            ..renewal
+        };
+        let bytes = plain.encode();
+        assert!(!String::from_utf8_lossy(&bytes).contains("lease_ms"));
+        assert_eq!(Manifest::decode(&bytes, 2).unwrap().lease_ms, 0);
+        let epoch = EpochDoc {
+            epoch: 3,
+            writer: "w".into(),
+            taken_ms: 5,
+            lease_ms: 0,
+        };
+        let bytes = epoch.encode();
+        assert!(!String::from_utf8_lossy(&bytes).contains("lease_ms"));
+        let leased = EpochDoc {
+            lease_ms: 900,
+            ..epoch
+        };
+        assert_eq!(EpochDoc::decode(&leased.encode(), 3).unwrap(), leased);
     }
 
     #[test]

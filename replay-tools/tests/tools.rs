@@ -3,6 +3,8 @@
 
 #[path = "tools/archive_kill9.rs"]
 mod archive_kill9;
+#[path = "tools/archive_lease.rs"]
+mod archive_lease;
 #[path = "tools/archive_s3.rs"]
 mod archive_s3;
 #[path = "tools/archive_sync.rs"]

@@ -31,7 +31,9 @@ pub struct ArchiveMetrics {
     /// the engine started, computed at each scrape.
     pub blobs_missing: Gauge,
     /// `spark_archive_objects_put_total`, by kind (`segment`, `chunk`,
-    /// `manifest`, `blob`, `missing` (a missing-blob marker), `epoch`).
+    /// `manifest`, `renewal` (a manifest stored only to renew the lease,
+    /// ARCHIVE.md "Lease"), `blob`, `missing` (a missing-blob marker),
+    /// `epoch`).
     pub objects_put: Family<Labels, Counter>,
     /// `spark_archive_bytes_put_total`, by kind.
     pub bytes_put: Family<Labels, Counter>,

@@ -23,13 +23,20 @@
 //! shut down), so that no writer waits forever; as it puts a chunk per
 //! ship, it merges runs of chunks so manifests stay small.
 //!
-//! Not built yet: leases (`[archive] lease_ms`).
+//! Leases (`[archive] lease_ms`, ARCHIVE.md "Lease"): with a lease, the
+//! shipper stores a manifest at least every `lease_ms / 3`, idle or not (a
+//! renewal: the last manifest's entries, numbered next), and
+//! [`take_over_if_expired`] lets a second engine take the prefix over by
+//! itself once the holder's lease expired. Without one, an idle writer
+//! makes no request and only `--take-over` moves the prefix.
 
 pub mod gate;
+mod lease;
 pub mod metrics;
 mod takeover;
 
-pub use takeover::{take_over, take_over_on, TakenOver};
+pub use lease::{take_over_if_expired, take_over_if_expired_on, LeaseView};
+pub use takeover::{take_over, take_over_leased, take_over_on, TakenOver};
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -91,12 +98,16 @@ pub enum ArchiveStartError {
     #[error("archive: {0}")]
     Store(#[from] StoreError),
     /// Another writer holds the prefix.
-    #[error("archive: the prefix is held by writer {writer} (epoch {epoch}); this data directory is not that writer. To ship from this directory (a restored or a new one), point [archive] url at a new prefix; to move the prefix to this directory, restore it from the archive (`spark-replay restore`) and start it with --take-over: the other engine is then fenced (its writes answer 503 fenced)")]
+    #[error("archive: the prefix is held by writer {writer} (epoch {epoch}); this data directory is not that writer. To ship from this directory (a restored or a new one), point [archive] url at a new prefix; to move the prefix to this directory, restore it from the archive (`spark-replay restore`) and start it with --take-over: the other engine is then fenced (its writes answer 503 fenced){lease}")]
     Held {
         /// The other writer's id.
         writer: String,
         /// Its epoch.
         epoch: u64,
+        /// With leases on (`[archive] lease_ms` above 0): a sentence
+        /// (starting with `. `) saying when the holder's lease expires, or
+        /// that it holds the prefix without one; empty with leases off.
+        lease: String,
     },
     /// The local log and the archive disagree.
     #[error("archive: {0}")]
@@ -149,6 +160,8 @@ fn local(context: &str, e: impl std::fmt::Display) -> ShipError {
 /// What `/readyz`, `/api/log/head` and the metrics tell about shipping.
 pub struct ArchiveStatus {
     epoch: u64,
+    /// `[archive] lease_ms` (0: leases off).
+    lease_ms: u64,
     /// When the engine was fenced (set after [`Engine::fence`] returned).
     fenced_at: Mutex<Option<Instant>>,
     shipped_seq: AtomicU64,
@@ -276,6 +289,12 @@ impl ArchiveStatus {
         self.epoch
     }
 
+    /// The lease this writer renews, in ms (`[archive] lease_ms`; 0: leases
+    /// off).
+    pub fn lease_ms(&self) -> u64 {
+        self.lease_ms
+    }
+
     /// When this engine learnt that another took the prefix over, if it
     /// did: set just after the engine was fenced, so every
     /// [`Engine::submit`] that starts after this instant is refused.
@@ -335,6 +354,7 @@ impl ArchiveStatus {
         serde_json::json!({
             "status": self.status_name(),
             "epoch": self.epoch,
+            "lease_ms": self.lease_ms,
             "shipped_seq": self.shipped_seq(),
             "lag_seconds": lag_seconds,
             "error": failing,
@@ -451,6 +471,17 @@ struct Shipper {
     blobs_dir: PathBuf,
     max_record_bytes: u32,
     state: ShipState,
+    /// The lease this writer renews (`[archive] lease_ms`), `None` when off.
+    lease: Option<Duration>,
+    /// When the last manifest (or, before the first, the epoch object) was
+    /// written, on this process's monotonic clock: a renewal is due
+    /// `lease / 3` after it.
+    renewed_at: Instant,
+    /// The `lease_ms` the archive says this writer holds (its last
+    /// manifest's, or its epoch object's): a renewal is due at once when it
+    /// is not this writer's, so that the archive never advertises a lease
+    /// nobody renews.
+    advertised_lease_ms: u64,
 }
 
 /// The writer file: `{"writer": id, "epoch": n}`.
@@ -499,12 +530,13 @@ pub async fn start(
             if sync { "without" } else { "with" }
         )));
     }
-    start_on(
+    start_on_leased(
         store,
         data_dir,
         engine,
         max_record_bytes,
         Duration::from_millis(settings.ship_interval_ms),
+        settings.lease_ms,
     )
     .await
 }
@@ -522,6 +554,8 @@ fn connect(settings: &ArchiveSettings) -> Result<ArchiveStore, ArchiveStartError
 /// [`start`] on a given store (tests use `object_store`'s in-memory store),
 /// shipping every `interval` (`async` mode), or as soon as a write waits
 /// when the engine has an archive gate (`sync` mode).
+///
+/// Leases off (see [`start_on_leased`]).
 pub async fn start_on(
     store: ArchiveStore,
     data_dir: &Path,
@@ -529,11 +563,34 @@ pub async fn start_on(
     max_record_bytes: u32,
     interval: Duration,
 ) -> Result<Shipping, ArchiveStartError> {
-    let epoch = take_epoch(&store, data_dir).await?;
+    start_on_leased(store, data_dir, engine, max_record_bytes, interval, 0).await
+}
+
+/// [`start_on`] with a lease of `lease_ms` ms (`[archive] lease_ms`; 0:
+/// off, exactly [`start_on`]): the shipper then stores a manifest at least
+/// every `lease_ms / 3` ms, a renewal when nothing else needs one
+/// (ARCHIVE.md "Lease"), and right after the start when the archive
+/// advertises another lease for this writer than `lease_ms` (a restart
+/// with another setting). An epoch this start claims (epoch 1 on an
+/// untouched prefix) records `lease_ms`.
+pub async fn start_on_leased(
+    store: ArchiveStore,
+    data_dir: &Path,
+    engine: Arc<Engine>,
+    max_record_bytes: u32,
+    interval: Duration,
+    lease_ms: u64,
+) -> Result<Shipping, ArchiveStartError> {
+    let doc = take_epoch(&store, data_dir, lease_ms).await?;
+    let epoch = doc.epoch;
     let log_dir = spark_core::layout::log_dir(data_dir);
-    let state = resume(&store, &log_dir, &engine.head(), epoch).await?;
+    let (state, last) = resume(&store, &log_dir, &engine.head(), epoch).await?;
+    // The lease as the archive holds it: the last manifest's, or before
+    // the first one of this epoch, the epoch object's.
+    let (written_ms, advertised_lease_ms) = last.unwrap_or((doc.taken_ms, doc.lease_ms));
     let status = Arc::new(ArchiveStatus {
         epoch,
+        lease_ms,
         fenced_at: Mutex::new(None),
         shipped_seq: AtomicU64::new(0),
         interval,
@@ -565,6 +622,9 @@ pub async fn start_on(
         blobs_dir: spark_core::blob::blobs_dir(data_dir),
         max_record_bytes,
         state,
+        lease: (lease_ms > 0).then(|| Duration::from_millis(lease_ms)),
+        renewed_at: instant_of(written_ms),
+        advertised_lease_ms,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(shipper.run(interval, stopped));
@@ -576,24 +636,43 @@ pub async fn start_on(
     })
 }
 
+/// The [`Instant`] at which the wall clock read `written_ms` (Unix ms),
+/// as far as this process can tell: now less the age, the age clamped to
+/// [0, a day] (a clock that went back makes it now: a renewal comes later,
+/// never earlier than the schedule says).
+fn instant_of(written_ms: u64) -> Instant {
+    let age = spark_log_format::system_now_ms()
+        .saturating_sub(written_ms)
+        .min(crate::config::LEASE_MS_MAX);
+    let now = Instant::now();
+    now.checked_sub(Duration::from_millis(age)).unwrap_or(now)
+}
+
 /// ARCHIVE.md "Epoch": resumes this directory's epoch if it is the latest,
-/// takes epoch 1 on an untouched prefix, refuses otherwise.
-async fn take_epoch(store: &ArchiveStore, data_dir: &Path) -> Result<u64, ArchiveStartError> {
+/// takes epoch 1 on an untouched prefix (recording `lease_ms` in its epoch
+/// object), refuses otherwise. Returns the epoch object.
+async fn take_epoch(
+    store: &ArchiveStore,
+    data_dir: &Path,
+    lease_ms: u64,
+) -> Result<EpochDoc, ArchiveStartError> {
     let mine = read_writer_file(data_dir)?;
     match store.latest_epoch().await? {
         Some(doc) => match &mine {
-            Some(me) if me.writer == doc.writer && me.epoch == doc.epoch => Ok(doc.epoch),
+            Some(me) if me.writer == doc.writer && me.epoch == doc.epoch => Ok(doc),
             _ => Err(ArchiveStartError::Held {
                 writer: doc.writer,
                 epoch: doc.epoch,
+                lease: String::new(),
             }),
         },
-        None => claim_epoch(store, data_dir, mine, 1)
+        None => claim_epoch(store, data_dir, mine, 1, lease_ms)
             .await
             .map_err(|e| match e {
                 ArchiveStartError::TakeOver(_) => ArchiveStartError::Held {
                     writer: "another writer (taking epoch 1 at the same time)".into(),
                     epoch: 1,
+                    lease: String::new(),
                 },
                 other => other,
             }),
@@ -621,20 +700,23 @@ fn read_writer_file(data_dir: &Path) -> Result<Option<WriterFile>, ArchiveStartE
     }
 }
 
-/// Takes writer epoch `epoch` for this data directory: records it in
+/// Takes writer epoch `epoch` for this data directory, with a lease of
+/// `lease_ms` (0: none) recorded in its epoch object: records it in
 /// `<data>/archive-writer` (fsync of the file and the directory), then
 /// creates `epoch/<epoch>` create-only. Of two engines claiming the same
 /// epoch exactly one gets it; the other gets
 /// [`ArchiveStartError::TakeOver`]. The file first: a crash after the put
 /// leaves a prefix this directory can resume; a crash before it, or a lost
 /// race, leaves a file naming an epoch whose object names another writer
-/// id (or none), which no start takes for this directory's.
+/// id (or none), which no start takes for this directory's. Returns the
+/// epoch object stored.
 async fn claim_epoch(
     store: &ArchiveStore,
     data_dir: &Path,
     mine: Option<WriterFile>,
     epoch: u64,
-) -> Result<u64, ArchiveStartError> {
+    lease_ms: u64,
+) -> Result<EpochDoc, ArchiveStartError> {
     let writer = mine
         .map(|m| m.writer)
         .unwrap_or_else(|| hex::encode(rand::random::<[u8; 16]>()));
@@ -649,6 +731,7 @@ async fn claim_epoch(
         epoch,
         writer,
         taken_ms: spark_log_format::system_now_ms(),
+        lease_ms,
     };
     let bytes = Bytes::from(doc.encode());
     let len = bytes.len() as u64;
@@ -663,18 +746,19 @@ async fn claim_epoch(
         Err(other) => return Err(other.into()),
     }
     count_put("epoch", len);
-    Ok(epoch)
+    Ok(doc)
 }
 
-/// The state after the latest manifest, checked against the local log.
+/// The state after the latest manifest, checked against the local log,
+/// with that manifest's `written_ms` and `lease_ms` (`None`: no manifest).
 async fn resume(
     store: &ArchiveStore,
     log_dir: &Path,
     head: &Head,
     epoch: u64,
-) -> Result<ShipState, ArchiveStartError> {
+) -> Result<(ShipState, Option<(u64, u64)>), ArchiveStartError> {
     let Some(manifest) = store.latest_manifest().await? else {
-        return Ok(ShipState {
+        let empty = ShipState {
             number: 0,
             segments: Vec::new(),
             chunks: Vec::new(),
@@ -682,7 +766,8 @@ async fn resume(
             shipped_seq: 0,
             shipped_chain: [0; 32],
             tail: Tail::fresh(1, [0; 32]),
-        });
+        };
+        return Ok((empty, None));
     };
     let diverged = |m: String| ArchiveStartError::Diverged(m);
     if manifest.epoch > epoch {
@@ -698,7 +783,8 @@ async fn resume(
             manifest.number, manifest.epoch
         )));
     }
-    state_after(log_dir, head, manifest)
+    let last = (manifest.written_ms, manifest.lease_ms);
+    Ok((state_after(log_dir, head, manifest)?, Some(last)))
 }
 
 /// The shipping state right after `manifest` (a manifest of this writer's
@@ -804,11 +890,15 @@ fn count_put(kind: &str, bytes: u64) {
 impl Shipper {
     async fn run(mut self, interval: Duration, mut stopped: tokio::sync::watch::Receiver<bool>) {
         let gate = self.engine.archive_gate().cloned();
-        let backoff_max = if gate.is_some() {
+        let mut backoff_max = if gate.is_some() {
             SYNC_BACKOFF_MAX
         } else {
             BACKOFF_MAX
         };
+        if let Some(lease) = self.lease {
+            // A failing renewal is tried again well within the lease.
+            backoff_max = backoff_max.min(lease / 3);
+        }
         let mut wait = interval;
         let mut healthy = true;
         loop {
@@ -820,8 +910,14 @@ impl Shipper {
                     _ => std::future::pending().await,
                 }
             };
+            // With a lease, wake up when the renewal is due if that comes
+            // first (the backoff paces a failing one).
+            let sleep = match self.renewal_due_in() {
+                Some(due_in) if healthy => wait.min(due_in),
+                _ => wait,
+            };
             let stopping = tokio::select! {
-                () = tokio::time::sleep(wait) => false,
+                () = tokio::time::sleep(sleep) => false,
                 () = wanted => false,
                 _ = stopped.changed() => true,
             };
@@ -870,13 +966,51 @@ impl Shipper {
         metrics::get().fenced.set(1);
     }
 
-    /// One look at the head: ships if it moved, records the outcome.
+    /// How long until the lease's renewal is due (zero: due now), `None`
+    /// with leases off.
+    fn renewal_due_in(&self) -> Option<Duration> {
+        let lease = self.lease?;
+        if self.advertised_lease_ms != lease.as_millis() as u64 {
+            return Some(Duration::ZERO);
+        }
+        Some((self.renewed_at + lease / 3).saturating_duration_since(Instant::now()))
+    }
+
+    /// Whether a renewal is due now: `lease / 3` passed since the last
+    /// manifest, or the archive advertises another lease for this writer
+    /// than its own (with leases off, one manifest after a start that had a
+    /// lease, so that no lease nobody renews is left advertised).
+    fn renewal_due(&self) -> bool {
+        self.renewal_due_in().is_some_and(|d| d.is_zero())
+            || self.advertised_lease_ms != self.lease.map_or(0, |l| l.as_millis() as u64)
+    }
+
+    /// One look at the head: ships if it moved, then renews the lease if no
+    /// manifest was stored for `lease / 3` (ARCHIVE.md "Lease"), and
+    /// records the outcome. With leases off and the head still, no request.
     async fn tick(&mut self) -> Result<(), ShipError> {
         let head = self.engine.head();
-        if head.seq <= self.state.shipped_seq {
+        let moved = head.seq > self.state.shipped_seq;
+        if !moved && !self.renewal_due() {
             return Ok(());
         }
-        let result = self.ship(&head).await;
+        let mut result = if moved {
+            self.ship(&head).await
+        } else {
+            Ok(())
+        };
+        // Also after a failed ship (not a fence): a writer that is alive
+        // and reaches the store keeps its lease while a local fault (an
+        // unreadable blob, say) holds its ship back, so that no standby
+        // takes over from an archive that lacks writes this one still has.
+        if !matches!(result, Err(ShipError::Fenced(_))) && self.renewal_due() {
+            let renewed = self.renew().await;
+            result = match (result, renewed) {
+                (_, Err(fenced @ ShipError::Fenced(_))) => Err(fenced),
+                (Err(e), _) => Err(e),
+                (Ok(()), renewed) => renewed,
+            };
+        }
         match &result {
             Ok(()) => {
                 *self.status.failing.lock() = None;
@@ -897,6 +1031,15 @@ impl Shipper {
             }
         }
         result
+    }
+
+    /// Renews the lease: stores the next manifest with the entries of the
+    /// last one (ARCHIVE.md "Lease"), create-only like every manifest, so
+    /// that a newer epoch's manifest under its number fences this writer
+    /// as a ship's would.
+    async fn renew(&mut self) -> Result<(), ShipError> {
+        let next = self.state.clone();
+        self.ship_manifest_as("renewal", next).await
     }
 
     async fn put(&self, kind: &str, key: &str, bytes: Vec<u8>) -> Result<(), ShipError> {
@@ -1303,8 +1446,18 @@ impl Shipper {
     /// manifest already at that number is an earlier try of this writer
     /// whose answer was lost (go on from it), or another writer's (fenced or
     /// a conflict).
-    async fn ship_manifest(&mut self, mut next: ShipState) -> Result<(), ShipError> {
+    async fn ship_manifest(&mut self, next: ShipState) -> Result<(), ShipError> {
+        self.ship_manifest_as("manifest", next).await
+    }
+
+    /// [`Shipper::ship_manifest`], its put counted as `kind` (`manifest`,
+    /// or `renewal` for a lease renewal). Every stored manifest renews the
+    /// lease: it carries this writer's `lease_ms`, and the renewal clock
+    /// restarts from just before its put.
+    async fn ship_manifest_as(&mut self, kind: &str, mut next: ShipState) -> Result<(), ShipError> {
         next.number += 1;
+        let lease_ms = self.lease.map_or(0, |l| l.as_millis() as u64);
+        let started = Instant::now();
         let manifest = Manifest {
             number: next.number,
             epoch: self.status.epoch,
@@ -1313,9 +1466,10 @@ impl Shipper {
             shipped_chain: chain_hex(&next.shipped_chain),
             segments: next.segments.clone(),
             chunks: next.chunks.clone(),
+            lease_ms,
         };
         let key = manifest_key(self.store.prefix(), next.number);
-        match self.put("manifest", &key, manifest.encode()).await {
+        match self.put(kind, &key, manifest.encode()).await {
             Ok(()) => {}
             Err(ShipError::Store(StoreError::Conflict { .. })) => {
                 let stored = self.store.manifest(next.number).await?;
@@ -1325,11 +1479,19 @@ impl Shipper {
                         stored.number, stored.epoch
                     )));
                 }
-                if stored.epoch == self.status.epoch && stored.shipped_seq <= next.shipped_seq {
+                // A renewal repeats the last state: any manifest of this
+                // epoch under its number is one of this writer's whose
+                // answer was lost (a ship's or a renewal's).
+                let renewal = kind == "renewal";
+                if stored.epoch == self.status.epoch
+                    && (renewal || stored.shipped_seq <= next.shipped_seq)
+                {
                     // An earlier try of this writer landed, its answer lost:
                     // go on from what it says (a newer epoch's manifest
                     // after it is found at the next put).
                     let head_now = self.engine.head();
+                    self.renewed_at = instant_of(stored.written_ms);
+                    self.advertised_lease_ms = stored.lease_ms;
                     self.state = state_after(&self.log_dir, &head_now, stored)
                         .map_err(|e| ShipError::Local(e.to_string()))?;
                     return Ok(());
@@ -1339,6 +1501,8 @@ impl Shipper {
             Err(e) => return Err(e),
         }
         self.state = next;
+        self.renewed_at = started;
+        self.advertised_lease_ms = lease_ms;
         Ok(())
     }
 }

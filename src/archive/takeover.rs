@@ -56,7 +56,14 @@ pub async fn take_over(
     data_dir: &Path,
     max_record_bytes: u32,
 ) -> Result<TakenOver, ArchiveStartError> {
-    take_over_on(super::connect(settings)?, data_dir, max_record_bytes).await
+    take_over_leased(
+        super::connect(settings)?,
+        data_dir,
+        max_record_bytes,
+        settings.lease_ms,
+        None,
+    )
+    .await
 }
 
 /// Takes the prefix over for `data_dir` (ARCHIVE.md "Epoch"), holding the
@@ -81,10 +88,30 @@ pub async fn take_over(
 /// Then open the engine, fetch the blobs its new ops name
 /// ([`TakenOver::fetch_missing_blobs`]) and start shipping
 /// ([`TakenOver::start`], which is [`super::start`] on the same store).
+///
+/// Leases off: the epoch and the take-over manifest record no lease (see
+/// [`take_over_leased`]).
 pub async fn take_over_on(
     store: ArchiveStore,
     data_dir: &Path,
     max_record_bytes: u32,
+) -> Result<TakenOver, ArchiveStartError> {
+    take_over_leased(store, data_dir, max_record_bytes, 0, None).await
+}
+
+/// [`take_over_on`] for a writer with a lease of `lease_ms` (0: none),
+/// which its epoch object and take-over manifest record. `expired`: the
+/// take-over is one of a lease found expired ([`super::take_over_if_expired`]),
+/// so right before claiming the epoch (after the catch-up, which may take a
+/// while) the archive is read again and the take-over is refused, with
+/// nothing taken, if another engine took the prefix since or its holder
+/// renewed its lease meanwhile.
+pub async fn take_over_leased(
+    store: ArchiveStore,
+    data_dir: &Path,
+    max_record_bytes: u32,
+    lease_ms: u64,
+    expired: Option<&super::LeaseView>,
 ) -> Result<TakenOver, ArchiveStartError> {
     let _lock = crate::engine::lock_data_dir(data_dir).map_err(|e| ArchiveStartError::Local {
         path: data_dir.display().to_string(),
@@ -106,8 +133,13 @@ pub async fn take_over_on(
             // Refuses a local log that is not a prefix of the archive
             // before anything is taken.
             catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await?;
+            if let Some(view) = expired {
+                super::lease::still_expired(&store, view, lease_ms).await?;
+            }
             let next = other.map_or(1, |doc| doc.epoch + 1);
-            claim_epoch(&store, data_dir, mine, next).await?
+            claim_epoch(&store, data_dir, mine, next, lease_ms)
+                .await?
+                .epoch
         }
     };
     for _ in 0..MANIFEST_TRIES {
@@ -137,7 +169,7 @@ pub async fn take_over_on(
         // the number from a writer that ships every interval. The local
         // log is a prefix of the archive (checked above), so of every
         // later manifest too (each extends the one before).
-        let manifest = takeover_manifest(latest.as_ref(), epoch);
+        let manifest = takeover_manifest(latest.as_ref(), epoch, lease_ms);
         let key = manifest_key(store.prefix(), manifest.number);
         let bytes = Bytes::from(manifest.encode());
         let len = bytes.len() as u64;
@@ -175,19 +207,22 @@ pub async fn take_over_on(
     )))
 }
 
-/// The manifest after `latest` for `epoch`, naming exactly its entries.
-fn takeover_manifest(latest: Option<&Manifest>, epoch: u64) -> Manifest {
+/// The manifest after `latest` for `epoch` (with a lease of `lease_ms`),
+/// naming exactly its entries.
+fn takeover_manifest(latest: Option<&Manifest>, epoch: u64, lease_ms: u64) -> Manifest {
     match latest {
         Some(m) => Manifest {
             number: m.number + 1,
             epoch,
             written_ms: spark_log_format::system_now_ms(),
+            lease_ms,
             ..m.clone()
         },
         None => Manifest {
             number: 1,
             epoch,
             written_ms: spark_log_format::system_now_ms(),
+            lease_ms,
             ..empty_archive()
         },
     }
@@ -203,6 +238,7 @@ fn empty_archive() -> Manifest {
         shipped_chain: chain_hex(&[0; 32]),
         segments: Vec::new(),
         chunks: Vec::new(),
+        lease_ms: 0,
     }
 }
 
@@ -216,12 +252,13 @@ impl TakenOver {
         engine: std::sync::Arc<Engine>,
         max_record_bytes: u32,
     ) -> Result<super::Shipping, ArchiveStartError> {
-        super::start_on(
+        super::start_on_leased(
             self.store.clone(),
             data_dir,
             engine,
             max_record_bytes,
             std::time::Duration::from_millis(settings.ship_interval_ms),
+            settings.lease_ms,
         )
         .await
     }

@@ -5,7 +5,10 @@
 //! log ships, blob puts overlap (a bounded number) before the log objects,
 //! and the lag grows while a put hangs (newcomer findings 2 to 4). In `sync` mode: no
 //! acknowledgment precedes the manifest put naming its op, writes wait
-//! while the store is down, and a fence or a shutdown answers them.
+//! while the store is down, and a fence or a shutdown answers them. With
+//! leases: an idle writer renews, a second engine is refused while the lease
+//! is live and takes over by itself once it expired, and the old writer is
+//! fenced when it comes back.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,7 +33,9 @@ use crate::engine::{Command, CreateMoment, EngineError};
 /// many blob puts overlapped.
 #[derive(Debug, Default)]
 struct Flaky {
-    inner: InMemory,
+    /// The objects (shared by two `Flaky`s: two engines' views of one
+    /// store, one of them cut off while the other is not).
+    inner: Arc<InMemory>,
     down: AtomicBool,
     /// Puts asked for (failed ones included).
     puts: AtomicUsize,
@@ -360,12 +365,19 @@ async fn a_manifest_of_a_newer_epoch_fences_the_shipper() {
         shipped_chain: chain_hex(&[0; 32]),
         segments: Vec::new(),
         chunks: Vec::new(),
+        lease_ms: 0,
     };
     store
         .put_create(&manifest_key("", 1), Bytes::from(theirs.encode()))
         .await
         .unwrap();
-    engine.submit(create(1)).await.unwrap();
+    // Acknowledged, or refused when the ship that meets the fence comes
+    // before its answer (a write whose answer comes back after the fence
+    // is refused too).
+    match engine.submit(create(1)).await {
+        Ok(_) | Err(EngineError::Fenced(_)) => {}
+        Err(other) => panic!("{other:?}"),
+    }
     until("the fence", || {
         shipping
             .status
@@ -391,7 +403,7 @@ async fn a_take_over_fences_the_old_engine_which_acknowledges_nothing_after() {
     let (old_dir, old, shipping) = shipped_writer(&store, 80).await;
     // Without --take-over a second directory is refused, naming the flag.
     let new_dir = tempfile::tempdir().unwrap();
-    let refused = take_epoch(&store, new_dir.path()).await.unwrap_err();
+    let refused = take_epoch(&store, new_dir.path(), 0).await.unwrap_err();
     assert!(refused.to_string().contains("--take-over"), "{refused}");
 
     // An empty directory takes over: the archive's log is fetched.
@@ -435,7 +447,7 @@ async fn a_take_over_fences_the_old_engine_which_acknowledges_nothing_after() {
     assert_eq!(latest.shipped_chain, new.head().chain_hex());
     // The old directory is refused at its next start.
     shipping.stop().await;
-    let again = take_epoch(&store, old_dir.path()).await;
+    let again = take_epoch(&store, old_dir.path(), 0).await;
     assert!(matches!(
         again,
         Err(ArchiveStartError::Held { epoch: 2, .. })
@@ -795,6 +807,7 @@ async fn engine_in(data: &std::path::Path, mode: crate::config::ArchiveMode) -> 
         region: "us-east-1".into(),
         ship_interval_ms: 20,
         mode,
+        lease_ms: 0,
     });
     Arc::new(
         Engine::open(
@@ -1005,6 +1018,7 @@ async fn sync_a_fenced_shipper_fails_waiting_writes() {
         shipped_chain: chain_hex(&[0; 32]),
         segments: Vec::new(),
         chunks: Vec::new(),
+        lease_ms: 0,
     };
     ArchiveStore::new(flaky.clone(), "shard".into())
         .put_create(&manifest_key("shard", 1), Bytes::from(theirs.encode()))
@@ -1037,6 +1051,7 @@ async fn sync_merges_chunks_so_manifests_stay_small() {
         region: "us-east-1".into(),
         ship_interval_ms: 20,
         mode: crate::config::ArchiveMode::Sync,
+        lease_ms: 0,
     });
     let engine = Arc::new(
         Engine::open(
@@ -1088,4 +1103,527 @@ async fn sync_merges_chunks_so_manifests_stay_small() {
     assert_eq!(chain, engine.head().chain);
     shipping.stop().await;
     engine.shutdown().await;
+}
+
+/// A writer with a lease of `lease_ms`, shipping every 20 ms.
+async fn ship_leased(
+    store: ArchiveStore,
+    data: &std::path::Path,
+    engine: &Arc<Engine>,
+    lease_ms: u64,
+) -> Result<Shipping, ArchiveStartError> {
+    start_on_leased(
+        store,
+        data,
+        Arc::clone(engine),
+        spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        Duration::from_millis(20),
+        lease_ms,
+    )
+    .await
+}
+
+/// Every manifest `1..=latest` of `store`, in order.
+async fn history(store: &ArchiveStore) -> Vec<Manifest> {
+    let latest = store
+        .latest_manifest()
+        .await
+        .unwrap()
+        .map_or(0, |m| m.number);
+    let mut out = Vec::new();
+    for n in 1..=latest {
+        out.push(store.manifest(n).await.unwrap());
+    }
+    out
+}
+
+/// The history extends manifest by manifest (what `verify --from` checks,
+/// ARCHIVE.md "Manifest history").
+fn assert_extends(history: &[Manifest]) {
+    for pair in history.windows(2) {
+        assert_eq!(
+            spark_log_format::archive::extends(&pair[0], &pair[1]),
+            Ok(()),
+            "manifest {} -> {}",
+            pair[0].number,
+            pair[1].number
+        );
+    }
+}
+
+fn manifest_puts(flaky: &Flaky) -> usize {
+    flaky
+        .keys
+        .lock()
+        .iter()
+        .filter(|k| k.contains("manifest/"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_off_an_idle_writer_puts_nothing_and_a_second_engine_is_refused() {
+    let flaky = Arc::new(flaky());
+    let store = ArchiveStore::new(flaky.clone(), "p".into());
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let shipping = ship_leased(store.clone(), dir.path(), &engine, 0)
+        .await
+        .unwrap();
+    assert_eq!(shipping.status.lease_ms(), 0);
+    for n in 1..=5 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    // Idle for what would be several leases: not one request.
+    let puts = flaky.puts.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(flaky.puts.load(Ordering::SeqCst), puts);
+    let latest = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!(latest.lease_ms, 0);
+    assert!(!String::from_utf8_lossy(&latest.encode()).contains("lease_ms"));
+    // A second engine with leases off is not even asked about the lease;
+    // with leases on it finds no lease to expire: refused either way, and
+    // told about --take-over.
+    let other = tempfile::tempdir().unwrap();
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let off = take_over_if_expired_on(store.clone(), other.path(), max, 0)
+        .await
+        .unwrap();
+    assert!(off.is_none());
+    let refused = take_epoch(&store, other.path(), 0).await.unwrap_err();
+    assert!(refused.to_string().contains("--take-over"), "{refused}");
+    let on = take_over_if_expired_on(store.clone(), other.path(), max, 60)
+        .await
+        .expect_err("refused");
+    let said = on.to_string();
+    assert!(
+        matches!(on, ArchiveStartError::Held { epoch: 1, .. }),
+        "{said}"
+    );
+    assert!(
+        said.contains("without a lease") && said.contains("--take-over"),
+        "{said}"
+    );
+    assert_eq!(store.latest_epoch().await.unwrap().unwrap().epoch, 1);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_writer_renews_its_lease_about_every_third_of_it() {
+    let flaky = Arc::new(flaky());
+    let store = ArchiveStore::new(flaky.clone(), "p".into());
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let lease_ms = 300;
+    let shipping = ship_leased(store.clone(), dir.path(), &engine, lease_ms)
+        .await
+        .unwrap();
+    assert_eq!(shipping.status.to_json()["lease_ms"], lease_ms);
+    // Idle from the start: the first renewal is manifest 1, empty.
+    until("a first renewal", || manifest_puts(&flaky) >= 1).await;
+    let first = store.manifest(1).await.unwrap();
+    assert_eq!((first.epoch, first.shipped_seq), (1, 0));
+    assert_eq!(first.lease_ms, lease_ms);
+    for n in 1..=30 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    let head = engine.head();
+    until("shipped", || shipping.status.shipped_seq() == head.seq).await;
+    let shipped = store.latest_manifest().await.unwrap().unwrap();
+    // Idle for 1.5 s: about one renewal per lease_ms / 3 = 100 ms.
+    let before = manifest_puts(&flaky);
+    let idle_from = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let renewals = manifest_puts(&flaky) - before;
+    // Never more often than one per lease_ms / 3, and not much less.
+    let most = idle_from.elapsed().as_millis() as usize / 100 + 1;
+    assert!(
+        (5..=most).contains(&renewals),
+        "{renewals} renewals in {:?} with a 300 ms lease",
+        idle_from.elapsed()
+    );
+    assert_eq!(engine.head(), head, "renewals add no op");
+    let all = history(&store).await;
+    assert_extends(&all);
+    let renewed: Vec<&Manifest> = all.iter().filter(|m| m.number > shipped.number).collect();
+    assert!(renewed.len() >= renewals);
+    let mut written = shipped.written_ms;
+    for m in &renewed {
+        // The last manifest's entries, numbered next, written later.
+        assert_eq!(
+            (
+                &m.segments,
+                &m.chunks,
+                m.shipped_seq,
+                &m.shipped_chain,
+                m.epoch
+            ),
+            (
+                &shipped.segments,
+                &shipped.chunks,
+                shipped.shipped_seq,
+                &shipped.shipped_chain,
+                1
+            )
+        );
+        assert_eq!(m.lease_ms, lease_ms);
+        assert!(m.written_ms >= written);
+        // Never near the lease: a renewal is due every third of it.
+        assert!(
+            m.written_ms - written < lease_ms,
+            "{} ms between manifests {} and {}",
+            m.written_ms - written,
+            m.number - 1,
+            m.number
+        );
+        written = m.written_ms;
+    }
+    // A take-over from an archive with renewals: the log is fetched and
+    // equal (what restore reads too: the latest manifest's entries).
+    shipping.stop().await;
+    let new_dir = tempfile::tempdir().unwrap();
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let taken = take_over_on(store.clone(), new_dir.path(), max)
+        .await
+        .unwrap();
+    assert_eq!(taken.shipped_seq, head.seq);
+    let new = engine_on(new_dir.path()).await;
+    assert_eq!(new.head(), head);
+    new.shutdown().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_fenced() {
+    // Two engines' views of one store: the old writer's can be cut off.
+    let objects = Arc::new(InMemory::new());
+    let old_side = Arc::new(Flaky {
+        inner: Arc::clone(&objects),
+        ..flaky()
+    });
+    let new_side = Arc::new(Flaky {
+        inner: Arc::clone(&objects),
+        ..flaky()
+    });
+    let old_store = ArchiveStore::new(old_side.clone(), "p".into());
+    let new_store = ArchiveStore::new(new_side.clone(), "p".into());
+    let lease_ms = 600;
+    let old_dir = tempfile::tempdir().unwrap();
+    let old = engine_on(old_dir.path()).await;
+    let shipping = ship_leased(old_store.clone(), old_dir.path(), &old, lease_ms)
+        .await
+        .unwrap();
+    for n in 1..=40 {
+        old.submit(create(n)).await.unwrap();
+    }
+    let head = old.head();
+    until("shipped", || shipping.status.shipped_seq() == head.seq).await;
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let new_dir = tempfile::tempdir().unwrap();
+
+    // While the old writer runs (idle, renewing) its lease stays live, for
+    // longer than the lease: refused, and told when it expires.
+    let until_ms = spark_log_format::system_now_ms() + 2 * lease_ms;
+    while spark_log_format::system_now_ms() < until_ms {
+        let refused = take_over_if_expired_on(new_store.clone(), new_dir.path(), max, lease_ms)
+            .await
+            .expect_err("refused while the lease is live");
+        let said = refused.to_string();
+        assert!(
+            matches!(refused, ArchiveStartError::Held { epoch: 1, .. }),
+            "{said}"
+        );
+        assert!(
+            said.contains("expires in") && said.contains("by this machine's clock"),
+            "{said}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(new_store.latest_epoch().await.unwrap().unwrap().epoch, 1);
+    assert!(shipping.status.fenced_at().is_none());
+
+    // The old writer is cut off from the store (it cannot renew): once its
+    // lease expired, the second engine takes over by itself.
+    old_side.down.store(true, Ordering::SeqCst);
+    let cut_at = Instant::now();
+    let taken = loop {
+        match take_over_if_expired_on(new_store.clone(), new_dir.path(), max, lease_ms).await {
+            Ok(Some(taken)) => break taken,
+            Ok(None) => panic!("the prefix is held: not a normal start"),
+            Err(ArchiveStartError::Held { .. }) => {
+                assert!(cut_at.elapsed() < Duration::from_secs(20), "never expired");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(
+        cut_at.elapsed() >= Duration::from_millis(lease_ms / 2),
+        "taken over {:?} after the last possible renewal",
+        cut_at.elapsed()
+    );
+    assert_eq!((taken.epoch, taken.shipped_seq), (2, head.seq));
+    let epoch2 = new_store.latest_epoch().await.unwrap().unwrap();
+    assert_eq!(epoch2.lease_ms, lease_ms);
+    let new = engine_on(new_dir.path()).await;
+    assert_eq!(new.head(), head);
+    let new_shipping = ship_leased(new_store.clone(), new_dir.path(), &new, lease_ms)
+        .await
+        .unwrap();
+    assert_eq!(new_shipping.status.epoch(), 2);
+
+    // The old writer comes back, idle: its next renewal meets the new
+    // epoch's manifest and it is fenced; it acknowledges nothing after.
+    old_side.down.store(false, Ordering::SeqCst);
+    until("the old writer's fence", || {
+        shipping.status.fenced_at().is_some()
+    })
+    .await;
+    let refused = old.submit(create(1000)).await.unwrap_err();
+    assert!(matches!(refused, EngineError::Fenced(_)), "{refused:?}");
+    assert_eq!(shipping.status.status_name(), "fenced");
+
+    // The new one ships on; the history never interleaves two epochs.
+    for n in 2000..2020 {
+        new.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        new_shipping.status.shipped_seq() == new.head().seq
+    })
+    .await;
+    let all = history(&new_store).await;
+    assert_extends(&all);
+    let first_new = all.iter().position(|m| m.epoch == 2).unwrap();
+    assert!(all[first_new..].iter().all(|m| m.epoch == 2));
+    assert_eq!(all.last().unwrap().shipped_chain, new.head().chain_hex());
+    // The old directory is refused at its next start, leases or not: the
+    // new writer's lease is live.
+    shipping.stop().await;
+    let again = take_over_if_expired_on(old_store.clone(), old_dir.path(), max, lease_ms)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(again, ArchiveStartError::Held { epoch: 2, .. }),
+        "{again}"
+    );
+    new_shipping.stop().await;
+    new.shutdown().await;
+    old.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_a_lease_stops_advertising_one() {
+    let flaky = Arc::new(flaky());
+    let store = ArchiveStore::new(flaky.clone(), "p".into());
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let leased = ship_leased(store.clone(), dir.path(), &engine, 300)
+        .await
+        .unwrap();
+    engine.submit(create(1)).await.unwrap();
+    until("shipped", || leased.status.shipped_seq() == 1).await;
+    leased.stop().await;
+    assert_eq!(
+        store.latest_manifest().await.unwrap().unwrap().lease_ms,
+        300
+    );
+    // Restarted with leases off: one manifest says so (else another engine
+    // would take a lease nobody renews for expired), then no request.
+    let plain = ship_leased(store.clone(), dir.path(), &engine, 0)
+        .await
+        .unwrap();
+    until("the lease withdrawn", || {
+        flaky.stored_seq.load(Ordering::SeqCst) == 1 && manifest_puts(&flaky) >= 2
+    })
+    .await;
+    let latest = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!((latest.lease_ms, latest.shipped_seq), (0, 1));
+    let puts = flaky.puts.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(flaky.puts.load(Ordering::SeqCst), puts);
+    assert_extends(&history(&store).await);
+    plain.stop().await;
+    engine.shutdown().await;
+}
+
+#[test]
+fn a_lease_is_read_from_the_holders_last_manifest_or_its_epoch() {
+    let doc = EpochDoc {
+        epoch: 2,
+        writer: "w2".into(),
+        taken_ms: 10_000,
+        lease_ms: 900,
+    };
+    let manifest = |epoch, written_ms, lease_ms| Manifest {
+        number: 7,
+        epoch,
+        written_ms,
+        shipped_seq: 0,
+        shipped_chain: chain_hex(&[0; 32]),
+        segments: Vec::new(),
+        chunks: Vec::new(),
+        lease_ms,
+    };
+    // Before its first manifest: the epoch object's.
+    let before = LeaseView::of(&doc, Some(&manifest(1, 50_000, 3000)));
+    assert_eq!((before.renewed_ms, before.lease_ms), (10_000, 900));
+    let none = LeaseView::of(&doc, None);
+    assert_eq!(none, before);
+    // After: its manifest's.
+    let after = LeaseView::of(&doc, Some(&manifest(2, 20_000, 600)));
+    assert_eq!((after.renewed_ms, after.lease_ms), (20_000, 600));
+    // The longer of the two settings applies; expired at exactly the lease.
+    assert_eq!(after.effective_ms(300), Some(600));
+    assert_eq!(after.effective_ms(1200), Some(1200));
+    assert_eq!(after.expires_in_ms(300, 20_100), Some(500));
+    assert_eq!(after.expires_in_ms(300, 20_600), Some(0));
+    assert_eq!(after.expires_in_ms(1200, 20_600), Some(600));
+    // A clock behind the holder's: not expired (the age saturates).
+    assert_eq!(after.expires_in_ms(300, 1_000), Some(19_600));
+    // No lease: never.
+    let unleased = LeaseView::of(&doc, Some(&manifest(2, 20_000, 0)));
+    assert_eq!(unleased.expires_in_ms(300, u64::MAX), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_keeps_its_lease_while_a_local_fault_holds_its_ship_back() {
+    let flaky = Arc::new(flaky());
+    let store = ArchiveStore::new(flaky.clone(), "p".into());
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let lease_ms = 300;
+    let shipping = ship_leased(store.clone(), dir.path(), &engine, lease_ms)
+        .await
+        .unwrap();
+    engine.submit(create(1)).await.unwrap();
+    until("shipped", || shipping.status.shipped_seq() == 1).await;
+    // A blob that cannot be read (a directory where its file should be):
+    // not a loss, the ship fails with kind `blob` and is retried.
+    let bytes = b"a photo behind a directory";
+    let blob =
+        spark_core::blob::blob_path(&spark_core::blob::blobs_dir(dir.path()), &sha256_of(bytes));
+    std::fs::create_dir_all(&blob).unwrap();
+    put_media(&engine, dir.path(), 1, bytes, None).await;
+    until("the ship to fail", || {
+        shipping
+            .status
+            .failing()
+            .is_some_and(|e| e.starts_with("blob"))
+    })
+    .await;
+    // The lease is renewed all the same: no standby takes over from an
+    // archive that lacks a write this engine still holds.
+    let before = store.latest_manifest().await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(2 * lease_ms)).await;
+    let after = store.latest_manifest().await.unwrap().unwrap();
+    assert!(
+        after.number >= before.number + 2,
+        "manifests {} then {}",
+        before.number,
+        after.number
+    );
+    assert_eq!((after.shipped_seq, after.epoch), (1, 1));
+    assert!(shipping
+        .status
+        .failing()
+        .is_some_and(|e| e.starts_with("blob")));
+    let other = tempfile::tempdir().unwrap();
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let refused = take_over_if_expired_on(store.clone(), other.path(), max, lease_ms)
+        .await
+        .expect_err("the lease is live");
+    assert!(
+        matches!(refused, ArchiveStartError::Held { epoch: 1, .. }),
+        "{refused}"
+    );
+    // Repaired: the op ships.
+    std::fs::remove_dir(&blob).unwrap();
+    std::fs::write(&blob, bytes).unwrap();
+    let head = engine.head();
+    until("shipped", || shipping.status.shipped_seq() == head.seq).await;
+    assert_extends(&history(&store).await);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_renewals_while_idle_leave_writes_acknowledged_once_archived() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), crate::config::ArchiveMode::Sync).await;
+    let flaky = Arc::new(Flaky::default());
+    let store = ArchiveStore::new(flaky.clone(), "shard".into());
+    let shipping = ship_leased(store.clone(), dir.path(), &engine, 150)
+        .await
+        .unwrap();
+    for n in 1..=5 {
+        engine.submit(create(n)).await.unwrap();
+        assert!(flaky.stored_seq.load(Ordering::SeqCst) >= engine.head().seq);
+    }
+    let shipped = store.latest_manifest().await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let renewed = store.latest_manifest().await.unwrap().unwrap();
+    assert!(renewed.number >= shipped.number + 2, "{}", renewed.number);
+    assert_eq!(
+        (renewed.shipped_seq, &renewed.chunks),
+        (shipped.shipped_seq, &shipped.chunks)
+    );
+    // A write after renewals: acknowledged once a manifest names it.
+    engine.submit(create(6)).await.unwrap();
+    assert_eq!(flaky.stored_seq.load(Ordering::SeqCst), engine.head().seq);
+    assert_extends(&history(&store).await);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_that_stopped_before_its_manifest_is_finished_at_the_next_leased_start() {
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let lease_ms = 150;
+    let old_dir = tempfile::tempdir().unwrap();
+    let old = engine_on(old_dir.path()).await;
+    let shipping = ship_leased(store.clone(), old_dir.path(), &old, lease_ms)
+        .await
+        .unwrap();
+    for n in 1..=10 {
+        old.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == old.head().seq
+    })
+    .await;
+    shipping.stop().await;
+    // A standby claimed epoch 2 and stopped before its take-over manifest.
+    let new_dir = tempfile::tempdir().unwrap();
+    claim_epoch(&store, new_dir.path(), None, 2, lease_ms)
+        .await
+        .unwrap();
+    assert_eq!(store.latest_manifest().await.unwrap().unwrap().epoch, 1);
+    // Its next start (leases on, no --take-over) finishes the take-over.
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let taken = take_over_if_expired_on(store.clone(), new_dir.path(), max, lease_ms)
+        .await
+        .unwrap()
+        .expect("the take-over is finished");
+    assert_eq!((taken.epoch, taken.shipped_seq), (2, old.head().seq));
+    let latest = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!((latest.epoch, latest.lease_ms), (2, lease_ms));
+    let new = engine_on(new_dir.path()).await;
+    assert_eq!(new.head(), old.head());
+    let ships = ship_leased(store.clone(), new_dir.path(), &new, lease_ms)
+        .await
+        .unwrap();
+    assert_eq!(ships.status.epoch(), 2);
+    // Then a start of the same directory is the usual one.
+    ships.stop().await;
+    let again = take_over_if_expired_on(store.clone(), new_dir.path(), max, lease_ms)
+        .await
+        .unwrap();
+    assert!(again.is_none());
+    assert_extends(&history(&store).await);
+    new.shutdown().await;
+    old.shutdown().await;
 }

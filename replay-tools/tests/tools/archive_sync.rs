@@ -265,6 +265,7 @@ fn server_settings(work: &Path, url: &str, endpoint: &str) -> Settings {
             region: "us-east-1".into(),
             ship_interval_ms: 1000,
             mode: ArchiveMode::Sync,
+            lease_ms: 0,
         }),
         ..Settings::default()
     }

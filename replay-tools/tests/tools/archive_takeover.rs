@@ -72,6 +72,7 @@ fn archive_settings(url: &str, endpoint: &str) -> ArchiveSettings {
         region: "us-east-1".into(),
         ship_interval_ms: SHIP_INTERVAL_MS,
         mode: ArchiveMode::Async,
+        lease_ms: 0,
     }
 }
 

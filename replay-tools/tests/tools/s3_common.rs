@@ -310,6 +310,7 @@ pub async fn open_archived_in(
         region: "us-east-1".into(),
         ship_interval_ms: 50,
         mode,
+        lease_ms: 0,
     };
     settings.archive = Some(archive.clone());
     settings.validate().unwrap();
