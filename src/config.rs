@@ -69,6 +69,58 @@ pub struct Settings {
     /// `[archive]`.
     #[serde(skip)]
     pub take_over: bool,
+    /// `[replica]`: how a replica follows an archive (SPEC section 11;
+    /// [`crate::replica`]). Read only by `spark-engine replica`.
+    pub replica: ReplicaSettings,
+    /// `spark-engine replica --from URL`: the archive this engine follows as
+    /// a read replica (`s3://BUCKET/PREFIX`); `None` for a writer. Only
+    /// from the flag: whether an engine takes writes is decided by the
+    /// command that starts it, never by a file. Excludes `[archive]`.
+    #[serde(skip)]
+    pub replica_from: Option<String>,
+}
+
+/// `[replica]`: a read replica that follows an archive
+/// (`spark-engine replica --from URL`, SPEC section 11, README "Scale").
+/// Every setting has a default; a writer ignores the section.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicaSettings {
+    /// How often the replica asks the store for the next manifest while
+    /// it is caught up, in milliseconds (one GET of a predicted key, never
+    /// a LIST). Default 500; 10 to 60,000.
+    pub poll_interval_ms: u64,
+    /// The writer's address, e.g. `https://spark.example.com`, named in
+    /// the `421 read_only` answer to a write (member `writer_url`). Empty
+    /// (the default): the answer names none.
+    pub writer_url: String,
+    /// The store's endpoint for stores other than AWS, e.g.
+    /// `http://127.0.0.1:8333`. Empty (the default): AWS. Credentials come
+    /// from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` only.
+    pub endpoint: String,
+    /// The store's region. Default `us-east-1`.
+    pub region: String,
+    /// How long a read with `min_seq=N` (or `X-Spark-Min-Seq: N`) waits for
+    /// the replica to reach seq N, in milliseconds, before it answers `503
+    /// unavailable` with `Retry-After`. Default 2,000; at most
+    /// `limits.request_timeout_ms` less one second.
+    pub min_seq_wait_ms: u64,
+    /// `/readyz` answers `503` once the replica's lag (`lag_ms` of
+    /// `/api/log/head`) is above this many milliseconds. Default 10,000.
+    pub ready_lag_max_ms: u64,
+}
+
+impl Default for ReplicaSettings {
+    fn default() -> ReplicaSettings {
+        ReplicaSettings {
+            poll_interval_ms: 500,
+            writer_url: String::new(),
+            endpoint: String::new(),
+            region: default_archive_region(),
+            min_seq_wait_ms: 2_000,
+            ready_lag_max_ms: 10_000,
+        }
+    }
 }
 
 /// The media store (DESIGN.md, "Media").
@@ -310,6 +362,8 @@ impl Default for Settings {
             media: MediaSettings::default(),
             archive: None,
             take_over: false,
+            replica: ReplicaSettings::default(),
+            replica_from: None,
         }
     }
 }
@@ -474,6 +528,7 @@ impl Settings {
             "SPARK_ACCESS_",
             "SPARK_MEDIA_",
             "SPARK_ARCHIVE_",
+            "SPARK_REPLICA_",
         ];
         // Not settings: the log filter and `--log-format`'s variable.
         const OTHERS: &[&str] = &["SPARK_LOG_FORMAT"];
@@ -549,6 +604,49 @@ impl Settings {
         toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot print: {e}"))
     }
 
+    /// `[replica]` and `--from` (SPEC section 11): bounds, the URL and the
+    /// endpoint; a replica ships nothing, so `[archive]` and `--take-over`
+    /// are refused with it.
+    fn validate_replica(&self) -> Result<(), SettingsError> {
+        let invalid = |key, message: String| Err(SettingsError::Invalid { key, message });
+        let replica = &self.replica;
+        if !(10..=60_000).contains(&replica.poll_interval_ms) {
+            return invalid("replica.poll_interval_ms", "must be 10 to 60000".into());
+        }
+        if replica.min_seq_wait_ms.saturating_add(1000) > self.limits.request_timeout_ms {
+            return invalid(
+                "replica.min_seq_wait_ms",
+                "must be at least one second below limits.request_timeout_ms".into(),
+            );
+        }
+        if replica.ready_lag_max_ms == 0 {
+            return invalid("replica.ready_lag_max_ms", "must be above 0".into());
+        }
+        if replica.region.is_empty() {
+            return invalid("replica.region", "must not be empty".into());
+        }
+        if !replica.endpoint.is_empty() {
+            if let Err(message) = spark_archive::check_endpoint(&replica.endpoint) {
+                return invalid("replica.endpoint", message);
+            }
+        }
+        let Some(from) = &self.replica_from else {
+            return Ok(());
+        };
+        if let Err(message) = ArchiveUrl::parse(from) {
+            return invalid("--from", message);
+        }
+        if self.archive.is_some() || self.take_over {
+            return invalid(
+                "--from",
+                "a replica ships nothing and takes no prefix: start it without [archive] \
+                 (and without --take-over)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// Checks bounds that the types cannot express.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let invalid = |key, message: &str| {
@@ -605,6 +703,7 @@ impl Settings {
                 "takes an archive's prefix over, and no [archive] is configured",
             );
         }
+        self.validate_replica()?;
         if let Some(archive) = &self.archive {
             if let Err(message) = ArchiveUrl::parse(&archive.url) {
                 return invalid("archive.url", &message);

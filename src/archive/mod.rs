@@ -29,6 +29,7 @@ pub mod gate;
 pub mod metrics;
 mod takeover;
 
+pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch};
 pub use takeover::{take_over, take_over_on, TakenOver};
 
 use std::collections::HashSet;
@@ -460,7 +461,7 @@ struct WriterFile {
     epoch: u64,
 }
 
-fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let temp = path.with_extension("tmp");
     {
