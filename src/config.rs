@@ -102,8 +102,10 @@ pub struct ReplicaSettings {
     pub region: String,
     /// How long a read with `min_seq=N` (or `X-Spark-Min-Seq: N`) waits for
     /// the replica to reach seq N, in milliseconds, before it answers `503
-    /// unavailable` with `Retry-After`. Default 2,000; at most
-    /// `limits.request_timeout_ms` less one second.
+    /// unavailable` with `Retry-After` (the request's own time limit,
+    /// `limits.request_timeout_ms`, starts after this wait). Default 2,000;
+    /// 0 to 60,000. A writer waits the same way (for a seq it has not
+    /// committed yet).
     pub min_seq_wait_ms: u64,
     /// `/readyz` answers `503` once the replica's lag (`lag_ms` of
     /// `/api/log/head`) is above this many milliseconds. Default 10,000.
@@ -613,11 +615,8 @@ impl Settings {
         if !(10..=60_000).contains(&replica.poll_interval_ms) {
             return invalid("replica.poll_interval_ms", "must be 10 to 60000".into());
         }
-        if replica.min_seq_wait_ms.saturating_add(1000) > self.limits.request_timeout_ms {
-            return invalid(
-                "replica.min_seq_wait_ms",
-                "must be at least one second below limits.request_timeout_ms".into(),
-            );
+        if replica.min_seq_wait_ms > 60_000 {
+            return invalid("replica.min_seq_wait_ms", "must be 0 to 60000".into());
         }
         if replica.ready_lag_max_ms == 0 {
             return invalid("replica.ready_lag_max_ms", "must be above 0".into());
