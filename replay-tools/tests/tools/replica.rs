@@ -773,3 +773,67 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
         "the refusal names {chunk}: {stderr}"
     );
 }
+
+#[test]
+fn replica_follows_a_sync_mode_writer_through_chunk_merges() {
+    let test = "replica_follows_a_sync_mode_writer_through_chunk_merges";
+    let Some((weed_bin, engine)) = engine_or_skip(test) else {
+        return;
+    };
+    set_credentials();
+    let weed = Weed::start(weed_bin);
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("replica-sync");
+    let work = tempfile::tempdir().unwrap();
+    let http = client();
+    // `sync` mode: a chunk per ship, and every 16 chunks merged into one
+    // (ARCHIVE.md "Sync mode"), so the replica's tail often ends inside a
+    // merged chunk.
+    let toml = work.path().join("writer.toml");
+    crate::s3_common::write_archive_config(&toml, 1 << 20, &url, &endpoint, 100, "sync");
+    let writer = EngineProcess::start(&engine, &work.path().join("writer"), &toml);
+    let replica_toml = work.path().join("replica.toml");
+    std::fs::write(&replica_toml, "[replica]\npoll_interval_ms = 10\n").unwrap();
+    let r = http
+        .post(format!("{}/api/moments", writer.base))
+        .json(&json!({"text": "first"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let replica = start_replica(
+        &engine,
+        &work.path().join("replica"),
+        &replica_toml,
+        &url,
+        &endpoint,
+    );
+    let mut written = Written::default();
+    for n in 0..70u128 {
+        let id = ulid_now(50_000 + n);
+        let r = http
+            .post(format!("{}/api/moments", writer.base))
+            .json(&json!({"id": id, "text": format!("sync {n}")}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+        written.moments.push(id);
+        // Give the replica a poll between writes now and then.
+        if n.is_multiple_of(3) {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+    let seq = wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(30));
+    assert!(every_get(&http, &writer.base, &written) == every_get(&http, &replica.base, &written));
+    let wh = get_json(&http, &format!("{}/api/log/head", writer.base));
+    let rh = get_json(&http, &format!("{}/api/log/head", replica.base));
+    assert_eq!(
+        (&wh["chain"], &wh["segment"]),
+        (&rh["chain"], &rh["segment"])
+    );
+    assert_eq!(
+        events(&http, &replica.base, 0, false, seq),
+        events(&http, &writer.base, 0, false, seq)
+    );
+    let log = std::fs::read_to_string(work.path().join("replica.log")).unwrap();
+    assert!(log.contains("fetched whole"), "no merge was met: {log}");
+}
