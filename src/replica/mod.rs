@@ -544,9 +544,7 @@ impl Follower {
     async fn step(&mut self) -> Result<bool, FollowError> {
         let sent_ms = now_ms();
         if self.prev.is_none() && self.number > 0 {
-            // Started on the cache alone: read the manifest it equals.
-            let manifest = self.store.manifest(self.number).await?;
-            self.prev = Some(manifest);
+            return self.step_to_latest(sent_ms).await;
         }
         let number = self.number + 1;
         let key = manifest_key(self.store.prefix(), number);
@@ -576,6 +574,36 @@ impl Follower {
         if let Err(e) = write_cache_file(&self.data_dir, &self.url, number) {
             tracing::warn!(error = %e, "replica: cannot record the manifest applied; a restart checks the cache against the archive");
         }
+        Ok(true)
+    }
+
+    /// The first step after a start on the cache alone (the store was
+    /// unreachable): the cache may hold more than the manifest its file
+    /// names (a stop between a catch-up and the file's write), so the
+    /// replica goes to the latest manifest at once; the catch-up checks
+    /// that the cache is a prefix of it.
+    async fn step_to_latest(&mut self, sent_ms: u64) -> Result<bool, FollowError> {
+        let latest = self.store.latest_manifest().await?;
+        let Some(latest) = latest.filter(|m| m.number >= self.number) else {
+            return Err(FollowError::Retry(format!(
+                "the archive's latest manifest is before manifest {}, which this cache \
+                 applied: another archive is at this URL now (start the replica on an empty \
+                 data directory)",
+                self.number
+            )));
+        };
+        if latest.number > self.number {
+            self.apply(&latest).await?;
+        }
+        self.number = latest.number;
+        self.status.applied(&latest);
+        self.status
+            .caught_up_at_ms
+            .store(sent_ms, Ordering::Release);
+        if let Err(e) = write_cache_file(&self.data_dir, &self.url, latest.number) {
+            tracing::warn!(error = %e, "replica: cannot record the manifest applied");
+        }
+        self.prev = Some(latest);
         Ok(true)
     }
 

@@ -20,9 +20,13 @@
 //!   `503` naming the store, `lag_ms` grows; it catches up once the store
 //!   is back), a take-over on the writer side (the replica follows the new
 //!   epoch and serves exactly what the new writer serves, never the fenced
-//!   writer's later writes), a damaged manifest (refused, named in
+//!   writer's later writes), a restart while the store is unreachable
+//!   (the cache is served, then followed once the store is back), a
+//!   damaged manifest (refused, named in
 //!   `/readyz`, nothing of it served) and a damaged chunk (a replica
 //!   starting on it refuses, naming the object).
+//! - [`replica_follows_a_sync_mode_writer_through_chunk_merges`] follows
+//!   a `sync`-mode writer, which merges runs of chunks.
 //!
 //! Without `weed` (or the `spark-engine` binary) the tests print
 //! `skipped: ...`; `SPARK_REQUIRE_S3=1` makes them fail instead.
@@ -661,6 +665,34 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
         events(&http, &new_writer.base, 0, false, seq)
     );
     drop(writer);
+
+    // A restart while the store is unreachable: the replica serves its
+    // cache, says it cannot follow, and catches up once the store is back.
+    let mut replica = replica;
+    replica.terminate();
+    weed.stop();
+    let replica = start_replica(&engine, &replica_data, &replica_toml, &url, &endpoint);
+    let (status, _, _) = get(
+        &http,
+        &format!("{}/api/moments/{}", replica.base, written.moments[0]),
+    );
+    assert_eq!(status, 200, "the cache is served");
+    assert_eq!(head_seq(&http, &replica.base), seq);
+    wait_ready(&http, &replica.base, Duration::from_secs(20), |s, _| {
+        s == 503
+    });
+    weed.resume();
+    workload(&http, &new_writer.base, 1, 4, &mut written);
+    settle_turns(&http, &new_writer.base, &written);
+    let seq = wait_caught_up(
+        &http,
+        &new_writer.base,
+        &replica.base,
+        Duration::from_secs(60),
+    );
+    assert!(
+        every_get(&http, &new_writer.base, &written) == every_get(&http, &replica.base, &written)
+    );
 
     // A damaged manifest under the next key: refused and named; nothing of
     // it is served.
