@@ -796,6 +796,51 @@ pub use spark_core::layout::log_dir;
 mod tests {
     use super::*;
 
+    #[test]
+    fn replica_settings_are_checked_and_exclude_an_archive() {
+        let key = |settings: Settings| match settings.validate() {
+            Err(SettingsError::Invalid { key, .. }) => key,
+            other => panic!("accepted: {other:?}"),
+        };
+        let replica = |from: &str| Settings {
+            replica_from: Some(from.to_owned()),
+            ..Settings::default()
+        };
+        replica("s3://spark/shard-a").validate().unwrap();
+        assert_eq!(key(replica("http://spark/shard-a")), "--from");
+        let mut with_archive = replica("s3://spark/shard-a");
+        with_archive.archive = Some(ArchiveSettings {
+            url: "s3://spark/shard-a".into(),
+            endpoint: None,
+            region: "us-east-1".into(),
+            ship_interval_ms: 1000,
+            mode: ArchiveMode::Async,
+        });
+        assert_eq!(key(with_archive), "--from");
+        let mut fast = Settings::default();
+        fast.replica.poll_interval_ms = 5;
+        assert_eq!(key(fast), "replica.poll_interval_ms");
+        let mut endpoint = Settings::default();
+        endpoint.replica.endpoint = "127.0.0.1:8333".into();
+        assert_eq!(key(endpoint), "replica.endpoint");
+        let mut wait = Settings::default();
+        wait.replica.min_seq_wait_ms = 60_001;
+        assert_eq!(key(wait), "replica.min_seq_wait_ms");
+        // A writer's settings are valid as before, whatever [replica] says,
+        // and the section comes from the environment like any other.
+        let mut env = Settings::default();
+        env.apply_env(
+            [(
+                "SPARK_REPLICA_POLL_INTERVAL_MS".to_owned(),
+                "250".to_owned(),
+            )]
+            .into_iter(),
+        )
+        .unwrap();
+        assert_eq!(env.replica.poll_interval_ms, 250);
+        env.validate().unwrap();
+    }
+
     /// The ```toml blocks of README.md, in order.
     fn readme_toml_blocks() -> Vec<String> {
         let readme = include_str!("../README.md");

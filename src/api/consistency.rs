@@ -120,3 +120,50 @@ pub async fn wait_for_seq(state: &AppState, min_seq: u64) -> Result<(), ApiError
     error.extra.insert("seq".into(), seq.into());
     Err(error)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: Method, query: &str, header: Option<&str>) -> Request {
+        let mut headers = warp::http::HeaderMap::new();
+        if let Some(value) = header {
+            headers.insert(MIN_SEQ_HEADER, value.parse().unwrap());
+        }
+        Request {
+            method,
+            headers,
+            query: query.to_owned(),
+            body: Box::pin(futures_util::stream::empty()),
+            device: super::super::ANONYMOUS_DEVICE.to_owned(),
+        }
+    }
+
+    #[test]
+    fn min_seq_is_taken_out_of_the_query_and_read_from_the_header() {
+        let mut req = request(Method::GET, "after=01J&min_seq=42&limit=3", None);
+        assert_eq!(take_min_seq(&mut req).unwrap(), Some(42));
+        assert_eq!(req.query, "after=01J&limit=3");
+        let mut req = request(Method::GET, "", Some("7"));
+        assert_eq!(take_min_seq(&mut req).unwrap(), Some(7));
+        let mut req = request(Method::GET, "min_seq=7", Some("7"));
+        assert_eq!(take_min_seq(&mut req).unwrap(), Some(7));
+        assert_eq!(req.query, "");
+        let mut req = request(Method::GET, "limit=3", None);
+        assert_eq!(take_min_seq(&mut req).unwrap(), None);
+        assert_eq!(req.query, "limit=3");
+        for (query, header) in [
+            ("min_seq=x", None),
+            ("min_seq", None),
+            ("min_seq=1", Some("2")),
+        ] {
+            let mut req = request(Method::GET, query, header);
+            let error = take_min_seq(&mut req).unwrap_err();
+            assert_eq!(error.code, wire::INVALID_REQUEST, "{query} {header:?}");
+        }
+        // A write keeps its query as it is (writes take no min_seq).
+        let mut req = request(Method::POST, "min_seq=3", None);
+        assert_eq!(take_min_seq(&mut req).unwrap(), None);
+        assert_eq!(req.query, "min_seq=3");
+    }
+}
