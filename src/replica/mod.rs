@@ -419,10 +419,13 @@ impl Prepared {
     }
 }
 
+/// Blobs fetched at once (each is checked in memory before it is written).
+const BLOB_FETCHES_AT_ONCE: usize = 8;
+
 /// Fetches every blob the mirror's media name that the cache lacks
-/// (`only`: just these `(sha256, size)` pairs); a blob the writer recorded
-/// lost (a `missing/` marker) is left out with a WARN line, as restore
-/// does. Returns how many were fetched.
+/// (`only`: just these `(sha256, size)` pairs), [`BLOB_FETCHES_AT_ONCE`] at
+/// a time; a blob the writer recorded lost (a `missing/` marker) is left
+/// out with a WARN line, as restore does. Returns how many were fetched.
 async fn fetch_media_blobs(
     store: &ArchiveStore,
     data_dir: &Path,
@@ -439,9 +442,13 @@ async fn fetch_media_blobs(
                 .collect()
         }),
     };
+    use futures_util::StreamExt;
+    let mut results = futures_util::stream::iter(distinct(media))
+        .map(|(sha, size)| async move { (sha, fetch_blob(store, data_dir, &sha, size).await) })
+        .buffer_unordered(BLOB_FETCHES_AT_ONCE);
     let mut fetched = 0;
-    for (sha, size) in distinct(media) {
-        match fetch_blob(store, data_dir, &sha, size).await? {
+    while let Some((sha, result)) = results.next().await {
+        match result? {
             BlobFetch::Fetched => fetched += 1,
             BlobFetch::AlreadyLocal => {}
             BlobFetch::Lost(reason) => tracing::warn!(
