@@ -354,20 +354,24 @@ pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError>
     })
 }
 
-/// A running follower: its status, and how to stop it.
+/// A running follower: its status, and how to stop it. It runs on a
+/// thread of its own (named `spark-replica`, with a runtime of its own),
+/// so that its file work (reading, hashing and writing segments) never
+/// holds up the threads that serve requests.
 pub struct Following {
     /// What it reports.
     pub status: Arc<ReplicaStatus>,
     stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Following {
     /// Stops following (a fetch in flight is abandoned; what was applied
-    /// stays in the cache).
+    /// stays in the cache) and waits for its thread.
     pub async fn stop(self) {
         self.stop.send_replace(true);
-        let _ = self.task.await;
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
 }
 
@@ -403,6 +407,7 @@ impl Prepared {
         });
         metrics::watch(&status);
         let (stop, stopping) = tokio::sync::watch::channel(false);
+        let self_data_dir = self.data_dir.clone();
         let follower = Follower {
             store: self.store,
             url: self.url,
@@ -414,8 +419,19 @@ impl Prepared {
             number: self.number,
             poll_interval: Duration::from_millis(replica.poll_interval_ms),
         };
-        let task = tokio::spawn(follower.run(stopping));
-        Ok(Following { status, stop, task })
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| local(&self_data_dir, e))?;
+        let thread = std::thread::Builder::new()
+            .name("spark-replica".into())
+            .spawn(move || runtime.block_on(follower.run(stopping)))
+            .map_err(|e| local(&self_data_dir, e))?;
+        Ok(Following {
+            status,
+            stop,
+            thread,
+        })
     }
 }
 

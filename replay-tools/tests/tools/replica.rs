@@ -143,6 +143,19 @@ fn wait_caught_up(
     }
 }
 
+/// Waits until the writer's archive holds its head.
+fn wait_archived(http: &reqwest::blocking::Client, writer: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let head = get_json(http, &format!("{writer}/api/log/head"));
+        if head["seq"] == head["archived_seq"] {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not archived: {head}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// What the workload wrote, to read back.
 #[derive(Default)]
 struct Written {
@@ -361,8 +374,9 @@ fn replica_answers_every_read_as_the_writer_does() {
     );
     let mut written = Written::default();
     workload(&http, &writer.base, 12, 1, &mut written);
-    // The replica starts on an empty cache from what is archived so far,
-    // then follows while the workload goes on.
+    wait_archived(&http, &writer.base);
+    // The replica starts on an empty cache from everything archived so
+    // far, then follows while the workload goes on.
     let replica_data = work.path().join("replica");
     let replica_toml = replica_config(work.path());
     let gets_before = store_gets(&http, &weed);
