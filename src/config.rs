@@ -69,6 +69,60 @@ pub struct Settings {
     /// `[archive]`.
     #[serde(skip)]
     pub take_over: bool,
+    /// `[replica]`: how a replica follows an archive (SPEC section 11;
+    /// [`crate::replica`]). Read only by `spark-engine replica`.
+    pub replica: ReplicaSettings,
+    /// `spark-engine replica --from URL`: the archive this engine follows as
+    /// a read replica (`s3://BUCKET/PREFIX`); `None` for a writer. Only
+    /// from the flag: whether an engine takes writes is decided by the
+    /// command that starts it, never by a file. Excludes `[archive]`.
+    #[serde(skip)]
+    pub replica_from: Option<String>,
+}
+
+/// `[replica]`: a read replica that follows an archive
+/// (`spark-engine replica --from URL`, SPEC section 11, README "Scale").
+/// Every setting has a default; a writer ignores the section.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicaSettings {
+    /// How often the replica asks the store for the next manifest while
+    /// it is caught up, in milliseconds (one GET of a predicted key, never
+    /// a LIST). Default 500; 10 to 60,000.
+    pub poll_interval_ms: u64,
+    /// The writer's address, e.g. `https://spark.example.com`, named in
+    /// the `421 read_only` answer to a write (member `writer_url`). Empty
+    /// (the default): the answer names none.
+    pub writer_url: String,
+    /// The store's endpoint for stores other than AWS, e.g.
+    /// `http://127.0.0.1:8333`. Empty (the default): AWS. Credentials come
+    /// from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` only.
+    pub endpoint: String,
+    /// The store's region. Default `us-east-1`.
+    pub region: String,
+    /// How long a read with `min_seq=N` (or `X-Spark-Min-Seq: N`) waits for
+    /// the replica to reach seq N, in milliseconds, before it answers `503
+    /// unavailable` with `Retry-After` (the request's own time limit,
+    /// `limits.request_timeout_ms`, starts after this wait). Default 2,000;
+    /// 0 to 60,000. A writer waits the same way (for a seq it has not
+    /// committed yet).
+    pub min_seq_wait_ms: u64,
+    /// `/readyz` answers `503` once the replica's lag (`lag_ms` of
+    /// `/api/log/head`) is above this many milliseconds. Default 10,000.
+    pub ready_lag_max_ms: u64,
+}
+
+impl Default for ReplicaSettings {
+    fn default() -> ReplicaSettings {
+        ReplicaSettings {
+            poll_interval_ms: 500,
+            writer_url: String::new(),
+            endpoint: String::new(),
+            region: default_archive_region(),
+            min_seq_wait_ms: 2_000,
+            ready_lag_max_ms: 10_000,
+        }
+    }
 }
 
 /// The media store (DESIGN.md, "Media").
@@ -329,6 +383,8 @@ impl Default for Settings {
             media: MediaSettings::default(),
             archive: None,
             take_over: false,
+            replica: ReplicaSettings::default(),
+            replica_from: None,
         }
     }
 }
@@ -493,6 +549,7 @@ impl Settings {
             "SPARK_ACCESS_",
             "SPARK_MEDIA_",
             "SPARK_ARCHIVE_",
+            "SPARK_REPLICA_",
         ];
         // Not settings: the log filter and `--log-format`'s variable.
         const OTHERS: &[&str] = &["SPARK_LOG_FORMAT"];
@@ -569,6 +626,46 @@ impl Settings {
         toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot print: {e}"))
     }
 
+    /// `[replica]` and `--from` (SPEC section 11): bounds, the URL and the
+    /// endpoint; a replica ships nothing, so `[archive]` and `--take-over`
+    /// are refused with it.
+    fn validate_replica(&self) -> Result<(), SettingsError> {
+        let invalid = |key, message: String| Err(SettingsError::Invalid { key, message });
+        let replica = &self.replica;
+        if !(10..=60_000).contains(&replica.poll_interval_ms) {
+            return invalid("replica.poll_interval_ms", "must be 10 to 60000".into());
+        }
+        if replica.min_seq_wait_ms > 60_000 {
+            return invalid("replica.min_seq_wait_ms", "must be 0 to 60000".into());
+        }
+        if replica.ready_lag_max_ms == 0 {
+            return invalid("replica.ready_lag_max_ms", "must be above 0".into());
+        }
+        if replica.region.is_empty() {
+            return invalid("replica.region", "must not be empty".into());
+        }
+        if !replica.endpoint.is_empty() {
+            if let Err(message) = spark_archive::check_endpoint(&replica.endpoint) {
+                return invalid("replica.endpoint", message);
+            }
+        }
+        let Some(from) = &self.replica_from else {
+            return Ok(());
+        };
+        if let Err(message) = ArchiveUrl::parse(from) {
+            return invalid("--from", message);
+        }
+        if self.archive.is_some() || self.take_over {
+            return invalid(
+                "--from",
+                "a replica ships nothing and takes no prefix: start it without [archive] \
+                 (and without --take-over)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// Checks bounds that the types cannot express.
     pub fn validate(&self) -> Result<(), SettingsError> {
         let invalid = |key, message: &str| {
@@ -625,6 +722,7 @@ impl Settings {
                 "takes an archive's prefix over, and no [archive] is configured",
             );
         }
+        self.validate_replica()?;
         if let Some(archive) = &self.archive {
             if let Err(message) = ArchiveUrl::parse(&archive.url) {
                 return invalid("archive.url", &message);
@@ -726,6 +824,52 @@ pub use spark_core::layout::log_dir;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replica_settings_are_checked_and_exclude_an_archive() {
+        let key = |settings: Settings| match settings.validate() {
+            Err(SettingsError::Invalid { key, .. }) => key,
+            other => panic!("accepted: {other:?}"),
+        };
+        let replica = |from: &str| Settings {
+            replica_from: Some(from.to_owned()),
+            ..Settings::default()
+        };
+        replica("s3://spark/shard-a").validate().unwrap();
+        assert_eq!(key(replica("http://spark/shard-a")), "--from");
+        let mut with_archive = replica("s3://spark/shard-a");
+        with_archive.archive = Some(ArchiveSettings {
+            url: "s3://spark/shard-a".into(),
+            endpoint: None,
+            region: "us-east-1".into(),
+            ship_interval_ms: 1000,
+            mode: ArchiveMode::Async,
+            lease_ms: 0,
+        });
+        assert_eq!(key(with_archive), "--from");
+        let mut fast = Settings::default();
+        fast.replica.poll_interval_ms = 5;
+        assert_eq!(key(fast), "replica.poll_interval_ms");
+        let mut endpoint = Settings::default();
+        endpoint.replica.endpoint = "127.0.0.1:8333".into();
+        assert_eq!(key(endpoint), "replica.endpoint");
+        let mut wait = Settings::default();
+        wait.replica.min_seq_wait_ms = 60_001;
+        assert_eq!(key(wait), "replica.min_seq_wait_ms");
+        // A writer's settings are valid as before, whatever [replica] says,
+        // and the section comes from the environment like any other.
+        let mut env = Settings::default();
+        env.apply_env(
+            [(
+                "SPARK_REPLICA_POLL_INTERVAL_MS".to_owned(),
+                "250".to_owned(),
+            )]
+            .into_iter(),
+        )
+        .unwrap();
+        assert_eq!(env.replica.poll_interval_ms, 250);
+        env.validate().unwrap();
+    }
 
     /// The ```toml blocks of README.md, in order.
     fn readme_toml_blocks() -> Vec<String> {

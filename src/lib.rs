@@ -23,6 +23,8 @@
 //! - [`api`]: the warp routes, problem+json errors, body limits.
 //! - [`archive`]: the shipper to S3-compatible object storage (SPEC
 //!   section 11, `log-format/ARCHIVE.md`), on only with `[archive]`.
+//! - [`replica`]: `spark-engine replica`, a read replica that follows an
+//!   archive (SPEC section 11); writes answer `421 read_only`.
 //! - [`server`]: start, serve and shut down.
 //! - [`config`]: settings with units in their names; [`clock`], [`time`].
 
@@ -39,6 +41,7 @@ pub mod failpoints;
 pub use spark_core::{codec, damage, ids, layout, mirror, op, replay, request_index, synth, time};
 pub mod media;
 pub mod metrics;
+pub mod replica;
 pub mod server;
 pub mod turns;
 

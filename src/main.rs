@@ -35,6 +35,11 @@ struct Cli {
 enum Cmd {
     /// Serve the HTTP API (the default).
     Serve(ServeArgs),
+    /// Serve every read route as a read replica of an archive (SPEC
+    /// section 11): the data directory is a cache of the archive, brought
+    /// to its latest manifest at start and following it as it grows
+    /// (`[replica] poll_interval_ms`); writes answer `421 read_only`.
+    Replica(ReplicaArgs),
     /// The effective configuration.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -93,6 +98,26 @@ struct ServeArgs {
     take_over: bool,
 }
 
+/// `spark-engine replica --from URL [--data DIR]`.
+#[derive(Args, Debug, Clone)]
+struct ReplicaArgs {
+    /// The archive to follow: `s3://BUCKET/PREFIX` (the writer's
+    /// `[archive] url`). Credentials from `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`.
+    #[arg(long = "from", value_name = "URL")]
+    from: String,
+    /// The store's endpoint for stores other than AWS (e.g.
+    /// `http://127.0.0.1:8333`); default `[replica] endpoint`.
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// The writer's address, named in `421 read_only` answers; default
+    /// `[replica] writer_url`.
+    #[arg(long, value_name = "URL")]
+    writer_url: Option<String>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
 impl ServeArgs {
     /// These arguments, each missing one taken from `outer` (the same
     /// flags given before the subcommand: `spark-engine --data D serve`
@@ -139,6 +164,7 @@ fn main() -> ExitCode {
         }),
         Some(Cmd::Token(TokenCmd::Add { device, config })) => token_add(&device, &config),
         Some(Cmd::Serve(args)) => serve(args.or(cli.serve)).map(|()| ExitCode::SUCCESS),
+        Some(Cmd::Replica(args)) => replica(args, cli.serve).map(|()| ExitCode::SUCCESS),
         None => serve(cli.serve).map(|()| ExitCode::SUCCESS),
     };
     match result {
@@ -287,8 +313,31 @@ fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// `spark-engine replica`: the settings as for `serve`, with `--from`
+/// (and `--endpoint`, `--writer-url`) applied before they are checked.
+fn replica(args: ReplicaArgs, outer: ServeArgs) -> anyhow::Result<()> {
+    let serve_args = args.serve.or(outer);
+    if serve_args.take_over {
+        anyhow::bail!("--take-over: a replica takes no prefix over (it ships nothing)");
+    }
+    let mut settings = settings_from(&serve_args)?;
+    settings.replica_from = Some(args.from);
+    if let Some(endpoint) = args.endpoint {
+        settings.replica.endpoint = endpoint;
+    }
+    if let Some(writer_url) = args.writer_url {
+        settings.replica.writer_url = writer_url;
+    }
+    settings.validate()?;
+    run(settings)
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let settings = settings_from(&args)?;
+    run(settings_from(&args)?)
+}
+
+/// Starts the server on `settings` and serves until SIGTERM or SIGINT.
+fn run(settings: Settings) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -205,6 +205,7 @@ impl Metrics {
             text.push_str("# metrics could not be encoded\n");
         }
         crate::archive::metrics::render_into(&mut text);
+        crate::replica::metrics::render_into(&mut text);
         text
     }
 }

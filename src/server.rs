@@ -43,6 +43,10 @@ pub enum StartError {
     /// `[archive]` is set and the archive refused to start (SPEC section 11).
     #[error(transparent)]
     Archive(#[from] crate::archive::ArchiveStartError),
+    /// `spark-engine replica`: the replica could not bring its cache to
+    /// the archive (SPEC section 11).
+    #[error(transparent)]
+    Replica(#[from] crate::replica::ReplicaStartError),
 }
 
 /// A server that is listening. Dropping it without [`RunningServer::shutdown`]
@@ -62,6 +66,8 @@ pub struct RunningServer {
     closing: tokio::sync::watch::Sender<bool>,
     /// The archive shipper, with `[archive]`.
     archive: Option<crate::archive::Shipping>,
+    /// The follower, on a replica (`spark-engine replica`).
+    replica: Option<crate::replica::Following>,
 }
 
 impl RunningServer {
@@ -100,6 +106,9 @@ impl RunningServer {
         }
         self.runner.abort();
         let _ = (&mut self.runner).await;
+        if let Some(replica) = self.replica.take() {
+            replica.stop().await;
+        }
         self.engine.shutdown().await;
         if let Some(archive) = self.archive.take() {
             archive.stop().await;
@@ -158,8 +167,16 @@ pub async fn start_with_brains(
         return Err(StartError::OpenToTheNetwork(settings.listen));
     }
     let settings = Arc::new(settings);
+    let replica = match settings.replica_from {
+        Some(_) => Some(crate::replica::prepare(&settings).await?),
+        None => None,
+    };
     let taken_over = take_over(&settings).await?;
     let engine = open_engine(&settings, Arc::clone(&fs), clock).await?;
+    let replica = match replica {
+        Some(prepared) => Some(prepared.start(&settings, Arc::clone(&engine)).await?),
+        None => None,
+    };
     if let Some(taken_over) = &taken_over {
         let fetched = taken_over
             .fetch_missing_blobs(&engine, &settings.data_dir)
@@ -170,13 +187,19 @@ pub async fn start_with_brains(
     let (listener, addr) = bind(settings.listen).await?;
     let media = open_media(&settings, &engine, fs)?;
     let seat_names: Vec<String> = brains.iter().map(|(name, _)| name.clone()).collect();
-    let runner = turns::spawn(
-        Arc::clone(&engine),
-        brains.into_iter().collect(),
-        media.clone(),
-        settings.brains.concurrency_max,
-        Duration::from_millis(settings.brains.timeout_ms),
-    );
+    // A replica asks no brain: its turns end on the writer, and the
+    // outcome arrives through the archive.
+    let runner = if replica.is_some() {
+        tokio::spawn(async {})
+    } else {
+        turns::spawn(
+            Arc::clone(&engine),
+            brains.into_iter().collect(),
+            media.clone(),
+            settings.brains.concurrency_max,
+            Duration::from_millis(settings.brains.timeout_ms),
+        )
+    };
     let (closing, shutdown) = tokio::sync::watch::channel(false);
     let media_store = media.clone();
     let state = Arc::new(AppState {
@@ -187,6 +210,7 @@ pub async fn start_with_brains(
         seats: seat_names,
         shutdown,
         archive: archive.as_ref().map(|a| Arc::clone(&a.status)),
+        replica: replica.as_ref().map(|r| Arc::clone(&r.status)),
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let limits = state.settings.limits.clone();
@@ -203,6 +227,7 @@ pub async fn start_with_brains(
         runner,
         closing,
         archive,
+        replica,
     })
 }
 

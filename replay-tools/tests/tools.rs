@@ -11,6 +11,10 @@ mod archive_s3;
 mod archive_sync;
 #[path = "tools/archive_takeover.rs"]
 mod archive_takeover;
+#[path = "tools/proxy.rs"]
+mod proxy;
+#[path = "tools/replica.rs"]
+mod replica;
 #[path = "tools/s3_common.rs"]
 mod s3_common;
 #[path = "tools/weed.rs"]

@@ -31,7 +31,11 @@ pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, Ap
 /// [`crate::archive::ArchiveStatus::to_json`]); once another engine took
 /// the prefix over, `503 fenced` (not ready, until a restart).
 /// In `sync` mode a failing archive (writes wait for it) or a closed
-/// archive gate answers `503 unavailable`, saying why.
+/// archive gate answers `503 unavailable`, saying why. On a read replica
+/// the body has a `replica` member ([`crate::replica::ReplicaStatus::to_json`]),
+/// and the answer is `503 unavailable` while it cannot follow the archive
+/// (the store unreachable, a damaged object, named) or lags more than
+/// `replica.ready_lag_max_ms` (SPEC section 11).
 pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET && req.method != Method::HEAD {
         return Err(ApiError::method_not_allowed("GET, HEAD"));
@@ -57,7 +61,17 @@ pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
             )));
         }
     }
+    if let Some(replica) = &state.replica {
+        if let Some(reason) = replica.not_ready() {
+            let mut error = ApiError::from(crate::engine::EngineError::Unavailable(reason));
+            error.extra.insert("replica".into(), replica.to_json());
+            return Err(error);
+        }
+    }
     let mut body = json!({"status": "ready"});
+    if let Some(replica) = &state.replica {
+        body["replica"] = replica.to_json();
+    }
     if let Some(archive) = &state.archive {
         body["archive"] = archive.to_json();
     }

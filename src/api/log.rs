@@ -1,6 +1,8 @@
 //! `GET /api/log/head`: the last committed seq, the active segment and the
 //! BLAKE3 chain value (SPEC section 10). Record the chain elsewhere and any
-//! later rewrite of history becomes visible.
+//! later rewrite of history becomes visible. On a read replica `seq` is
+//! the last seq it applied, and `lag_ms` says how far behind the archive
+//! it may be.
 
 use std::sync::Arc;
 
@@ -28,6 +30,11 @@ struct HeadView {
     /// took the prefix over; this one acknowledges no write any more).
     #[serde(skip_serializing_if = "Option::is_none")]
     archive_status: Option<&'static str>,
+    /// On a replica: milliseconds since it last knew it held everything the
+    /// archive held (SPEC section 11; [`crate::replica::ReplicaStatus::lag_ms`]).
+    /// Left out on a writer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lag_ms: Option<u64>,
 }
 
 /// `GET /api/log/head`.
@@ -44,6 +51,7 @@ pub async fn head(state: Arc<AppState>, req: Request) -> Result<Response, ApiErr
             chain: head.chain_hex(),
             archived_seq: state.archive.as_ref().map(|a| a.shipped_seq()),
             archive_status: state.archive.as_ref().map(|a| a.status_name()),
+            lag_ms: state.replica.as_ref().map(|r| r.lag_ms()),
         },
     ))
 }

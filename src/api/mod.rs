@@ -7,6 +7,7 @@
 //! which enforces the size limit before parsing.
 
 mod answer;
+pub mod consistency;
 pub mod events;
 pub mod health;
 pub mod jobs;
@@ -66,6 +67,9 @@ pub struct AppState {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// The archive shipper's status, with `[archive]` (SPEC section 11).
     pub archive: Option<Arc<crate::archive::ArchiveStatus>>,
+    /// On a read replica (`spark-engine replica`), what it follows: writes
+    /// answer `421 read_only` (SPEC section 11).
+    pub replica: Option<Arc<crate::replica::ReplicaStatus>>,
 }
 
 /// The body of a request as a stream of chunks, not yet read.
@@ -348,6 +352,18 @@ where
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
+    }
+    if let Err(e) = consistency::refuse_writes(&state, &req) {
+        return e.into_response();
+    }
+    let min_seq = match consistency::take_min_seq(&mut req) {
+        Ok(min_seq) => min_seq,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(min_seq) = min_seq {
+        if let Err(e) = consistency::wait_for_seq(&state, min_seq).await {
+            return e.into_response();
+        }
     }
     let limit = Duration::from_millis(state.settings.limits.request_timeout_ms);
     // Whether the body has been read to its end, to tell a slow client

@@ -36,6 +36,7 @@ pub mod metrics;
 mod takeover;
 
 pub use lease::{take_over_if_expired, take_over_if_expired_on, LeaseView};
+pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch};
 pub use takeover::{take_over, take_over_leased, take_over_on, TakenOver};
 
 use std::collections::HashSet;
@@ -491,7 +492,7 @@ struct WriterFile {
     epoch: u64,
 }
 
-fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let temp = path.with_extension("tmp");
     {

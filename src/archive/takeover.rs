@@ -272,38 +272,97 @@ impl TakenOver {
         engine: &Engine,
         data_dir: &Path,
     ) -> Result<usize, ArchiveStartError> {
-        let blobs_dir = spark_core::blob::blobs_dir(data_dir);
-        let mut media: Vec<([u8; 32], u64)> = engine.read(|mirror| {
+        let media = engine.read(|mirror| {
             mirror
                 .media
                 .values()
                 .map(|m| (m.sha256.0, m.size_bytes))
                 .collect()
         });
-        media.sort_unstable();
-        media.dedup();
         let mut fetched = 0;
-        for (sha, size) in media {
-            let path = spark_core::blob::blob_path(&blobs_dir, &sha);
-            if path.exists() {
-                continue;
+        for (sha, size) in distinct(media) {
+            match fetch_blob(&self.store, data_dir, &sha, size).await? {
+                BlobFetch::Fetched => fetched += 1,
+                BlobFetch::AlreadyLocal => {}
+                BlobFetch::Lost(_) => {
+                    return Err(ArchiveStartError::Store(StoreError::Missing {
+                        key: blob_key(self.store.prefix(), &sha),
+                    }))
+                }
             }
-            let key = blob_key(self.store.prefix(), &sha);
-            let bytes = self.store.get_required(&key).await?;
-            let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&bytes).into();
-            if digest != sha || bytes.len() as u64 != size {
-                return Err(ArchiveStartError::Diverged(format!(
-                    "{key}: {} bytes with SHA-256 {}, the media.put op says {size} bytes",
-                    bytes.len(),
-                    hex::encode(digest)
-                )));
-            }
-            crate::engine::create_dir_durably(&blobs_dir).map_err(|e| local(&blobs_dir, e))?;
-            write_durably(&path, &bytes).map_err(|e| local(&path, e))?;
-            fetched += 1;
         }
         Ok(fetched)
     }
+}
+
+/// `(sha256, size)` pairs sorted, each once.
+pub(crate) fn distinct(mut media: Vec<([u8; 32], u64)>) -> Vec<([u8; 32], u64)> {
+    media.sort_unstable();
+    media.dedup();
+    media
+}
+
+/// What [`fetch_blob`] did.
+#[derive(Debug)]
+pub(crate) enum BlobFetch {
+    /// The blob was fetched, checked and written durably.
+    Fetched,
+    /// The blob store holds it already (nothing fetched).
+    AlreadyLocal,
+    /// The archive holds no blob object but the writer's `missing/` marker
+    /// (ARCHIVE.md "Missing blob"): its reason. Nothing written.
+    Lost(String),
+}
+
+/// Fetches blob `sha` (`size` bytes, as its `media.put` op names it) from
+/// the archive into `data_dir`'s blob store unless it is there already:
+/// the object's SHA-256 and size are checked before anything is written
+/// (temporary file, fsync, rename, directory fsync). The one rule for the
+/// take-over and for read replicas ([`crate::replica`]).
+///
+/// Errors: the store unreachable; a blob whose bytes are not what the op
+/// names ([`ArchiveStartError::Diverged`], naming the key); neither a blob
+/// nor a marker ([`StoreError::Missing`]); a damaged marker; a local write.
+pub(crate) async fn fetch_blob(
+    store: &ArchiveStore,
+    data_dir: &Path,
+    sha: &[u8; 32],
+    size: u64,
+) -> Result<BlobFetch, ArchiveStartError> {
+    let blobs_dir = spark_core::blob::blobs_dir(data_dir);
+    let path = spark_core::blob::blob_path(&blobs_dir, sha);
+    if path.exists() {
+        return Ok(BlobFetch::AlreadyLocal);
+    }
+    let key = blob_key(store.prefix(), sha);
+    let Some(bytes) = store.get(&key).await? else {
+        let marker_key = spark_log_format::archive::missing_key(store.prefix(), sha);
+        let marker = store
+            .get(&marker_key)
+            .await?
+            .ok_or(StoreError::Missing { key })?;
+        let doc =
+            spark_log_format::archive::MissingBlobDoc::decode(&marker, sha).map_err(|source| {
+                StoreError::Damaged {
+                    key: marker_key,
+                    source,
+                }
+            })?;
+        return Ok(BlobFetch::Lost(doc.reason));
+    };
+    let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&bytes).into();
+    if digest != *sha || bytes.len() as u64 != size {
+        return Err(ArchiveStartError::Diverged(format!(
+            "object {key} is damaged: {} bytes with SHA-256 {}, the media.put op says {size} \
+             bytes with SHA-256 {}",
+            bytes.len(),
+            hex::encode(digest),
+            hex::encode(sha)
+        )));
+    }
+    crate::engine::create_dir_durably(&blobs_dir).map_err(|e| local(&blobs_dir, e))?;
+    write_durably(&path, &bytes).map_err(|e| local(&path, e))?;
+    Ok(BlobFetch::Fetched)
 }
 
 fn local(path: &Path, source: std::io::Error) -> ArchiveStartError {
@@ -381,7 +440,7 @@ fn write_segment(path: &Path, bytes: &[u8]) -> Result<(), ArchiveStartError> {
 /// rest. Refuses ([`ArchiveStartError::Diverged`]) a local log that holds
 /// other bytes, or more ops than the archive unless `allow_more` (this
 /// directory's own ops, not shipped yet: the shipper's start checks them).
-async fn catch_up(
+pub(crate) async fn catch_up(
     store: &ArchiveStore,
     log_dir: &Path,
     manifest: Option<&Manifest>,

@@ -300,6 +300,54 @@ impl Engine {
         running.into_iter().map(|(_, id)| id).collect()
     }
 
+    /// A read replica's commit (SPEC section 11, [`crate::replica`]): folds
+    /// `ops`, which the replica has verified and written to its local log
+    /// (ending at `head`), into the published mirror with the one fold,
+    /// then publishes exactly what the journal publishes after a batch:
+    /// the head, the committed seq (long polls, `min_seq` waits) and one
+    /// change notice per op (`/api/events`). The journal of a replica
+    /// takes no command (every write answers `421 read_only`), so this is
+    /// the only code that changes its mirror.
+    ///
+    /// Errors (nothing is published then): the first op does not follow
+    /// the mirror's seq, the ops do not end at `head.seq`, or the fold
+    /// refuses an op (the message names its seq); the mirror may then hold
+    /// the ops before the refused one, and the replica stops following.
+    pub fn apply_replicated(&self, ops: Vec<Op>, head: Head) -> Result<(), String> {
+        let mut notices = Vec::with_capacity(ops.len());
+        {
+            let mut mirror = self.shared.mirror.write();
+            if let Some(first) = ops.first() {
+                if first.seq != mirror.seq + 1 {
+                    return Err(format!(
+                        "replicated ops start at seq {}, the mirror is at seq {}",
+                        first.seq, mirror.seq
+                    ));
+                }
+            }
+            for op in ops {
+                notices.push(ChangeNotice::of(&op));
+                let seq = op.seq;
+                mirror
+                    .apply(op)
+                    .map_err(|e| format!("the fold refused replicated op seq {seq}: {e}"))?;
+            }
+            if mirror.seq != head.seq {
+                return Err(format!(
+                    "replicated ops end at seq {}, the log's head is seq {}",
+                    mirror.seq, head.seq
+                ));
+            }
+            *self.shared.head.lock() = head;
+        }
+        let seq = self.shared.mirror.read().seq;
+        self.shared.committed.send_replace(seq);
+        if !notices.is_empty() {
+            let _ = self.shared.changes.send(Arc::new(notices));
+        }
+        Ok(())
+    }
+
     /// Change notices from now on, one message per committed batch.
     pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Arc<Vec<ChangeNotice>>> {
         self.shared.changes.subscribe()

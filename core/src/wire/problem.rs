@@ -54,6 +54,10 @@ pub const INSUFFICIENT_STORAGE: &str = "insufficient_storage";
 /// (`--take-over`); this one acknowledges no write any more (SPEC section
 /// 11). Not worth retrying here: send writes to the engine that took over.
 pub const FENCED: &str = "fenced";
+/// `421`: a write sent to a read replica (`spark-engine replica`, SPEC
+/// section 11); member `writer_url` names the writer when the replica
+/// knows it (`replica.writer_url`), else `null`. Send the write there.
+pub const READ_ONLY: &str = "read_only";
 
 /// The problem's `title` for a code this server sends, `None` for another.
 pub fn title(code: &str) -> Option<&'static str> {
@@ -75,6 +79,7 @@ pub fn title(code: &str) -> Option<&'static str> {
         INSUFFICIENT_STORAGE => "Insufficient storage",
         CURSOR_AHEAD => "Cursor ahead of the log",
         FENCED => "Fenced",
+        READ_ONLY => "Read-only replica",
         _ => return None,
     })
 }

@@ -111,7 +111,7 @@ async fn start_writer(
         copy_log(data.path(), seed_dir);
         taken_over = Some(taken);
     }
-    let engine = Arc::new(Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap());
+    let engine = Arc::new(open_engine(&settings).await);
     let engine_ = Arc::clone(&engine);
     let shipping = match &taken_over {
         Some(taken) => {
@@ -276,6 +276,27 @@ async fn retire(old: Writer, taken_over_at: u64) -> Retired {
         taken_over_at,
         lost,
         straddling,
+    }
+}
+
+/// Opens the engine on a directory the take-over just released. The
+/// directory's `LOCK` is an flock: a child process another test in this
+/// binary spawns at that moment (a `spark-engine`, `weed` or nginx) holds a
+/// copy of the descriptor between its fork and its exec, so the lock may
+/// still be held for a moment. Retried for up to 10 s, on `Locked` only.
+async fn open_engine(settings: &Settings) -> Engine {
+    let started = Instant::now();
+    loop {
+        match Engine::open(settings, Arc::new(OsFs), Arc::new(SystemClock)) {
+            Ok(engine) => return engine,
+            Err(spark_engine::engine::EngineOpenError::Locked(dir))
+                if started.elapsed() < Duration::from_secs(10) =>
+            {
+                let _ = dir;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the engine opens: {e}"),
+        }
     }
 }
 

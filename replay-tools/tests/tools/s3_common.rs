@@ -176,7 +176,18 @@ impl EngineProcess {
     /// Starts `binary` on `data` with the settings file `config`; waits
     /// for the line naming its address (panics with its log if it exits).
     pub fn start(binary: &Path, data: &Path, config: &Path) -> EngineProcess {
-        let log = config.with_file_name("server.log");
+        EngineProcess::start_args(binary, &[], data, config)
+    }
+
+    /// [`EngineProcess::start`] with `args` first (a subcommand and its
+    /// flags: `["replica", "--from", URL]`, `["serve", "--take-over"]`);
+    /// its stderr goes to `<data>.log`.
+    pub fn start_args(binary: &Path, args: &[&str], data: &Path, config: &Path) -> EngineProcess {
+        let log = if args.is_empty() {
+            config.with_file_name("server.log")
+        } else {
+            data.with_extension("log")
+        };
         let mut command = Command::new(binary);
         // The test's own `SPARK_*` variables (`SPARK_ARCHIVE_KILLS`,
         // `SPARK_REQUIRE_S3`, ...) are not the engine's: it refuses a
@@ -188,6 +199,7 @@ impl EngineProcess {
             }
         }
         let mut child = command
+            .args(args)
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data)
             .arg("--config")

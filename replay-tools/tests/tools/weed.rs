@@ -80,7 +80,8 @@ impl Weed {
     }
 
     /// Starts (again) on the same directory and ports; waits until S3
-    /// answers a signed put (at most 60 s, then panics with its log).
+    /// answers a signed put (at most 120 s, then panics with its log: a
+    /// busy machine running several tests' servers starts it slowly).
     pub fn resume(&mut self) {
         let p = |i: u16| (self.base_port + i).to_string();
         let log = std::fs::File::create(self.dir.path().join("weed.log")).unwrap();
@@ -113,7 +114,7 @@ impl Weed {
         std::fs::create_dir_all(self.dir.path().join("data")).unwrap();
         self.child = Some(child);
         // Ready once a signed put of a probe object succeeds.
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(120);
         let store = raw_store(&self.endpoint());
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -134,7 +135,7 @@ impl Weed {
             }
             assert!(
                 Instant::now() < deadline,
-                "weed mini did not serve S3 within 60 s: {}",
+                "weed mini did not serve S3 within 120 s: {}",
                 std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(200));

@@ -1,0 +1,848 @@
+//! Read replicas (SPEC section 11, issue 16): `spark-engine replica --from
+//! s3://BUCKET/PREFIX` serves every read route from an archive
+//! (`log-format/ARCHIVE.md`) and follows it as it grows. Writes answer
+//! `421 read_only` ([`crate::api`]).
+//!
+//! The data directory is a cache. At start the local log is brought to the
+//! latest manifest with the take-over's catch-up
+//! ([`crate::archive::catch_up`]: the local log must be a prefix of the
+//! archive; what the archive holds past it is fetched and checked object by
+//! object against the manifest's lengths, BLAKE3 and chain values), so a
+//! restart fetches only what was added since; then the engine opens on it
+//! as a writer would (full recovery and replay), and every blob its media
+//! name is fetched by SHA-256 and checked ([`crate::archive::fetch_blob`]).
+//! A cache that is not a prefix of the archive (another archive's, or
+//! damaged) is set aside and fetched again.
+//!
+//! Following: every `replica.poll_interval_ms` the replica GETs the next
+//! manifest's predicted key (`manifest/N+1`; never a LIST). A manifest
+//! found is checked ([`Manifest::decode`], and [`extends`] against the one
+//! before), the new objects are fetched and appended to the local log by the
+//! same catch-up, the blobs its new `media.put` ops name are fetched, and
+//! only then are the ops folded and published
+//! ([`Engine::apply_replicated`]): the head, the committed seq and the
+//! change notices, so `/api/events` catches up from the local log and tails
+//! live exactly as on the writer. A failure (the store unreachable, a
+//! damaged object) changes nothing that is served: the replica keeps
+//! serving what it verified, tries again after a backoff, and says why in
+//! `/readyz`; its lag grows. Keys come from manifests only, so chunks a
+//! fenced writer stored past a take-over point are never read.
+//!
+//! Lag (`lag_ms` of `/api/log/head`, `spark_replica_lag_seconds`): how long
+//! ago the replica last knew it held everything the archive held: the time
+//! since the send of the last GET that found no manifest after the one
+//! applied. Caught up and reachable, it stays below one poll interval plus
+//! one round trip; with the store unreachable it grows.
+
+pub mod metrics;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::json;
+use spark_archive::{ArchiveStore, StoreConfig, StoreError};
+use spark_log_format::archive::{extends, manifest_key, Manifest};
+use spark_log_format::format::{
+    decode_record, parse_segment_file_name, segment_file_name, RecordDecode, KIND_SEAL,
+};
+use spark_log_format::{Head, HEADER_LEN};
+
+use crate::archive::{catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch};
+use crate::config::Settings;
+use crate::engine::Engine;
+use crate::op::{Op, OpBody};
+
+/// The file in a replica's data directory that names the archive it
+/// caches and the last manifest applied: JSON `{"url": "s3://…",
+/// "manifest": N}`, written durably after each manifest is applied.
+pub const CACHE_FILE: &str = "replica-manifest";
+
+/// The longest wait between two tries while following fails.
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Why a replica did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaStartError {
+    /// The settings do not make a store (the URL, the endpoint, no
+    /// credentials).
+    #[error("replica: {0}")]
+    Config(String),
+    /// The archive could not be read, or an object failed its check (the
+    /// message names the object).
+    #[error("replica: {0}")]
+    Archive(#[from] ArchiveStartError),
+    /// The store is unreachable and the cache holds nothing to serve.
+    #[error("replica: the archive cannot be read ({0}) and the cache in the data directory holds nothing yet: start again once the store is reachable")]
+    NothingToServe(String),
+    /// The cache directory could not be used.
+    #[error("replica: {path}: {source}")]
+    Local {
+        /// The file or directory.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<StoreError> for ReplicaStartError {
+    fn from(e: StoreError) -> ReplicaStartError {
+        ReplicaStartError::Archive(ArchiveStartError::Store(e))
+    }
+}
+
+/// What the cache file says.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+struct CacheFile {
+    url: String,
+    manifest: u64,
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    spark_log_format::system_now_ms()
+}
+
+/// What `/readyz`, `/api/log/head` and the metrics tell about a replica.
+pub struct ReplicaStatus {
+    url: String,
+    writer_url: Option<String>,
+    ready_lag_max_ms: u64,
+    engine: Arc<Engine>,
+    /// The number of the last manifest applied (0: none).
+    manifest: AtomicU64,
+    /// Its epoch.
+    epoch: AtomicU64,
+    /// When the replica last knew it held all the archive held (the send
+    /// time of the last GET that found no newer manifest), Unix ms; 0:
+    /// never yet.
+    caught_up_at_ms: AtomicU64,
+    /// When the replica started, Unix ms.
+    started_ms: u64,
+    /// Why the last try to follow failed, until one succeeds.
+    failing: Mutex<Option<String>>,
+    /// Set when following stopped for good (a fold refused a verified op,
+    /// a bug); the reason.
+    stopped: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for ReplicaStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaStatus")
+            .field("url", &self.url)
+            .field("manifest", &self.manifest.load(Ordering::Acquire))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicaStatus {
+    /// The writer's address (`replica.writer_url`), named in `421
+    /// read_only` answers; `None` when not configured.
+    pub fn writer_url(&self) -> Option<&str> {
+        self.writer_url.as_deref()
+    }
+
+    /// The last seq applied (and served).
+    pub fn seq(&self) -> u64 {
+        self.engine.head().seq
+    }
+
+    /// Milliseconds since the replica last knew it held everything the
+    /// archive held (see the module doc); since its start before the first
+    /// such moment.
+    pub fn lag_ms(&self) -> u64 {
+        let at = match self.caught_up_at_ms.load(Ordering::Acquire) {
+            0 => self.started_ms,
+            at => at,
+        };
+        now_ms().saturating_sub(at)
+    }
+
+    /// Why following fails now (the store unreachable, a damaged object,
+    /// named), or stopped for good; `None` while it works.
+    pub fn failing(&self) -> Option<String> {
+        if let Some(stopped) = self.stopped.lock().clone() {
+            return Some(format!("following stopped: {stopped}"));
+        }
+        self.failing.lock().clone()
+    }
+
+    /// Why `/readyz` should answer `503`: following fails, or the lag is
+    /// above `replica.ready_lag_max_ms`; `None` when ready.
+    pub fn not_ready(&self) -> Option<String> {
+        if let Some(failing) = self.failing() {
+            return Some(format!(
+                "the replica cannot follow the archive {} ({failing}); it serves what it has, {} ms behind",
+                self.url,
+                self.lag_ms()
+            ));
+        }
+        let lag_ms = self.lag_ms();
+        (lag_ms > self.ready_lag_max_ms).then(|| {
+            format!(
+                "the replica is {lag_ms} ms behind the archive {} (replica.ready_lag_max_ms is {})",
+                self.url, self.ready_lag_max_ms
+            )
+        })
+    }
+
+    /// The `replica` member of `/readyz`: `url`, `seq`, `manifest`,
+    /// `epoch`, `lag_ms`, `error` (or `null`).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "url": self.url,
+            "seq": self.seq(),
+            "manifest": self.manifest.load(Ordering::Acquire),
+            "epoch": self.epoch.load(Ordering::Acquire),
+            "lag_ms": self.lag_ms(),
+            "error": self.failing(),
+        })
+    }
+
+    fn applied(&self, manifest: &Manifest) {
+        self.manifest.store(manifest.number, Ordering::Release);
+        self.epoch.store(manifest.epoch, Ordering::Release);
+    }
+}
+
+/// A replica's cache brought to the archive, before the engine opens on it
+/// ([`prepare`]).
+pub struct Prepared {
+    store: ArchiveStore,
+    url: String,
+    data_dir: PathBuf,
+    /// The manifest the local log equals, if any (`None`: an empty archive,
+    /// or the store was unreachable and the cache is served as it is).
+    manifest: Option<Manifest>,
+    /// The number of the last manifest applied (0: none).
+    number: u64,
+    /// Why the store could not be read at start, when the cache is served.
+    unreachable: Option<String>,
+    /// When the archive was last seen to hold nothing newer, Unix ms.
+    caught_up_at_ms: u64,
+    max_record_bytes: u32,
+}
+
+/// The store `settings` name for `--from`.
+fn connect(settings: &Settings, url: &str) -> Result<ArchiveStore, ReplicaStartError> {
+    let endpoint = Some(settings.replica.endpoint.clone()).filter(|e| !e.is_empty());
+    ArchiveStore::connect(&StoreConfig {
+        url: url.to_owned(),
+        endpoint,
+        region: settings.replica.region.clone(),
+    })
+    .map_err(ReplicaStartError::Config)
+}
+
+fn local(path: &Path, source: std::io::Error) -> ReplicaStartError {
+    ReplicaStartError::Local {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn read_cache_file(data_dir: &Path) -> Result<Option<CacheFile>, ReplicaStartError> {
+    let path = data_dir.join(CACHE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(local(&path, e)),
+    }
+}
+
+fn write_cache_file(data_dir: &Path, url: &str, manifest: u64) -> std::io::Result<()> {
+    let doc = CacheFile {
+        url: url.to_owned(),
+        manifest,
+    };
+    let bytes = serde_json::to_vec(&doc).map_err(std::io::Error::other)?;
+    crate::archive::write_durably(&data_dir.join(CACHE_FILE), &bytes)
+}
+
+/// Sets the cached log aside (`log` becomes `log.stale-<ms>`) so that it
+/// is fetched again; blobs are kept (they are checked by their SHA-256).
+fn set_cache_aside(data_dir: &Path, why: &str) -> Result<(), ReplicaStartError> {
+    let log_dir = spark_core::layout::log_dir(data_dir);
+    if log_dir.exists() {
+        let aside = data_dir.join(format!("log.stale-{}", now_ms()));
+        tracing::warn!(
+            reason = why,
+            aside = %aside.display(),
+            "replica: the cached log is not a prefix of the archive; it is set aside and fetched again"
+        );
+        std::fs::rename(&log_dir, &aside).map_err(|e| local(&log_dir, e))?;
+    }
+    let _ = std::fs::remove_file(data_dir.join(CACHE_FILE));
+    Ok(())
+}
+
+/// `spark-engine replica`, before the engine opens: connects to the
+/// archive of `--from`, finds its latest manifest (probing, ARCHIVE.md
+/// "Manifest") and brings the cache's log to it. With the store
+/// unreachable, a cache that holds a log is served as it is (following
+/// starts once the store answers); an empty one refuses the start.
+///
+/// Errors: the settings, a damaged object (named), a local file.
+pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError> {
+    let url = settings
+        .replica_from
+        .clone()
+        .ok_or_else(|| ReplicaStartError::Config("no --from".into()))?;
+    let store = connect(settings, &url)?;
+    let data_dir = settings.data_dir.clone();
+    let max_record_bytes = settings.log.max_record_bytes;
+    let _lock = crate::engine::lock_data_dir(&data_dir).map_err(|e| {
+        local(
+            &data_dir,
+            std::io::Error::other(format!("cannot lock the cache: {e}")),
+        )
+    })?;
+    let log_dir = spark_core::layout::log_dir(&data_dir);
+    let cached = read_cache_file(&data_dir)?;
+    if cached.as_ref().is_some_and(|c| c.url != url) || (cached.is_none() && log_dir.exists()) {
+        set_cache_aside(
+            &data_dir,
+            "the cache belongs to another archive, or to none",
+        )?;
+    }
+    let cached = read_cache_file(&data_dir)?;
+    let probe_sent_ms = now_ms();
+    let latest = match store.latest_manifest().await {
+        Ok(latest) => latest,
+        Err(e @ StoreError::Unreachable { .. }) => {
+            let Some(cached) = cached.filter(|c| c.manifest > 0) else {
+                return Err(ReplicaStartError::NothingToServe(e.to_string()));
+            };
+            tracing::warn!(error = %e, manifest = cached.manifest,
+                "replica: the archive is unreachable; serving the cache as it is until it answers");
+            return Ok(Prepared {
+                store,
+                url,
+                data_dir,
+                manifest: None,
+                number: cached.manifest,
+                unreachable: Some(e.to_string()),
+                caught_up_at_ms: 0,
+                max_record_bytes,
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
+    match catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await {
+        Ok(()) => {}
+        Err(ArchiveStartError::Diverged(why)) => {
+            set_cache_aside(&data_dir, &why)?;
+            crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
+            catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let number = latest.as_ref().map_or(0, |m| m.number);
+    Ok(Prepared {
+        store,
+        url,
+        data_dir,
+        manifest: latest,
+        number,
+        unreachable: None,
+        caught_up_at_ms: probe_sent_ms,
+        max_record_bytes,
+    })
+}
+
+/// A running follower: its status, and how to stop it. It runs on a
+/// thread of its own (named `spark-replica`, with a runtime of its own),
+/// so that its file work (reading, hashing and writing segments) never
+/// holds up the threads that serve requests.
+pub struct Following {
+    /// What it reports.
+    pub status: Arc<ReplicaStatus>,
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Following {
+    /// Stops following (a fetch in flight is abandoned; what was applied
+    /// stays in the cache) and waits for its thread.
+    pub async fn stop(self) {
+        self.stop.send_replace(true);
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+}
+
+impl Prepared {
+    /// Once the engine is open on the cache: fetches the blobs its media
+    /// name (checked by SHA-256 and size), records the manifest applied,
+    /// and starts following the archive.
+    ///
+    /// Errors: a blob whose object is damaged (named) or missing with no
+    /// marker, the store unreachable while blobs are missing, a local file.
+    pub async fn start(
+        self,
+        settings: &Settings,
+        engine: Arc<Engine>,
+    ) -> Result<Following, ReplicaStartError> {
+        if self.unreachable.is_none() {
+            fetch_media_blobs(&self.store, &self.data_dir, &engine, None).await?;
+            write_cache_file(&self.data_dir, &self.url, self.number)
+                .map_err(|e| local(&self.data_dir.join(CACHE_FILE), e))?;
+        }
+        let replica = &settings.replica;
+        let status = Arc::new(ReplicaStatus {
+            url: self.url.clone(),
+            writer_url: Some(replica.writer_url.clone()).filter(|w| !w.is_empty()),
+            ready_lag_max_ms: replica.ready_lag_max_ms,
+            engine: Arc::clone(&engine),
+            manifest: AtomicU64::new(self.number),
+            epoch: AtomicU64::new(self.manifest.as_ref().map_or(0, |m| m.epoch)),
+            caught_up_at_ms: AtomicU64::new(self.caught_up_at_ms),
+            started_ms: now_ms(),
+            failing: Mutex::new(self.unreachable.clone()),
+            stopped: Mutex::new(None),
+        });
+        metrics::watch(&status);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let self_data_dir = self.data_dir.clone();
+        let follower = Follower {
+            store: self.store,
+            url: self.url,
+            data_dir: self.data_dir,
+            max_record_bytes: self.max_record_bytes,
+            engine,
+            status: Arc::clone(&status),
+            prev: self.manifest,
+            number: self.number,
+            poll_interval: Duration::from_millis(replica.poll_interval_ms),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| local(&self_data_dir, e))?;
+        let thread = std::thread::Builder::new()
+            .name("spark-replica".into())
+            .spawn(move || runtime.block_on(follower.run(stopping)))
+            .map_err(|e| local(&self_data_dir, e))?;
+        Ok(Following {
+            status,
+            stop,
+            thread,
+        })
+    }
+}
+
+/// Blobs fetched at once (each is checked in memory before it is written).
+const BLOB_FETCHES_AT_ONCE: usize = 8;
+
+/// Fetches every blob the mirror's media name that the cache lacks
+/// (`only`: just these `(sha256, size)` pairs), [`BLOB_FETCHES_AT_ONCE`] at
+/// a time; a blob the writer recorded lost (a `missing/` marker) is left
+/// out with a WARN line, as restore does. Returns how many were fetched.
+async fn fetch_media_blobs(
+    store: &ArchiveStore,
+    data_dir: &Path,
+    engine: &Engine,
+    only: Option<Vec<([u8; 32], u64)>>,
+) -> Result<usize, ArchiveStartError> {
+    let media = match only {
+        Some(media) => media,
+        None => engine.read(|mirror| {
+            mirror
+                .media
+                .values()
+                .map(|m| (m.sha256.0, m.size_bytes))
+                .collect()
+        }),
+    };
+    use futures_util::StreamExt;
+    let mut results = futures_util::stream::iter(distinct(media))
+        .map(|(sha, size)| async move { (sha, fetch_blob(store, data_dir, &sha, size).await) })
+        .buffer_unordered(BLOB_FETCHES_AT_ONCE);
+    let mut fetched = 0;
+    while let Some((sha, result)) = results.next().await {
+        match result? {
+            BlobFetch::Fetched => fetched += 1,
+            BlobFetch::AlreadyLocal => {}
+            BlobFetch::Lost(reason) => tracing::warn!(
+                sha256 = %hex::encode(sha),
+                reason,
+                "replica: the writer lost this blob before it was archived; its media cannot be served"
+            ),
+        }
+    }
+    Ok(fetched)
+}
+
+/// Why one step of following failed.
+#[derive(Debug, thiserror::Error)]
+enum FollowError {
+    /// Tried again after a backoff (the store unreachable, a damaged
+    /// object, a manifest that does not extend the one before).
+    #[error("{0}")]
+    Retry(String),
+    /// Following stops (a verified op the fold refuses: a bug).
+    #[error("{0}")]
+    Stop(String),
+}
+
+impl From<ArchiveStartError> for FollowError {
+    fn from(e: ArchiveStartError) -> FollowError {
+        FollowError::Retry(e.to_string())
+    }
+}
+
+impl From<StoreError> for FollowError {
+    fn from(e: StoreError) -> FollowError {
+        FollowError::Retry(e.to_string())
+    }
+}
+
+struct Follower {
+    store: ArchiveStore,
+    url: String,
+    data_dir: PathBuf,
+    max_record_bytes: u32,
+    engine: Arc<Engine>,
+    status: Arc<ReplicaStatus>,
+    /// The last manifest applied, when known (not after a start on the
+    /// cache alone).
+    prev: Option<Manifest>,
+    /// Its number (0: none yet).
+    number: u64,
+    poll_interval: Duration,
+}
+
+impl Follower {
+    async fn run(mut self, mut stopping: tokio::sync::watch::Receiver<bool>) {
+        let mut backoff = self.poll_interval;
+        let mut wait = if self.status.failing().is_some() {
+            Duration::ZERO
+        } else {
+            self.poll_interval
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stopping.wait_for(|stop| *stop) => return,
+            }
+            let step = tokio::select! {
+                step = self.step() => step,
+                _ = stopping.wait_for(|stop| *stop) => return,
+            };
+            wait = match step {
+                Ok(found) => {
+                    *self.status.failing.lock() = None;
+                    backoff = self.poll_interval;
+                    if found {
+                        Duration::ZERO
+                    } else {
+                        self.poll_interval
+                    }
+                }
+                Err(FollowError::Retry(why)) => {
+                    metrics::get().failures.inc();
+                    let first = self.status.failing.lock().replace(why.clone()).is_none();
+                    if first {
+                        tracing::warn!(error = %why, "replica: following the archive fails; serving what was verified, trying again");
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    backoff
+                }
+                Err(FollowError::Stop(why)) => {
+                    tracing::error!(error = %why, "replica: following stopped; serving what was verified until a restart");
+                    *self.status.stopped.lock() = Some(why);
+                    return;
+                }
+            };
+        }
+    }
+
+    /// One poll: GETs the next manifest's key; applies it when found
+    /// (`Ok(true)`: look for the next one at once), else records that the
+    /// replica is caught up as of the GET's send (`Ok(false)`).
+    async fn step(&mut self) -> Result<bool, FollowError> {
+        let sent_ms = now_ms();
+        if self.prev.is_none() && self.number > 0 {
+            return self.step_to_latest(sent_ms).await;
+        }
+        let number = self.number + 1;
+        let key = manifest_key(self.store.prefix(), number);
+        let Some(bytes) = self.store.get(&key).await? else {
+            self.status
+                .caught_up_at_ms
+                .store(sent_ms, Ordering::Release);
+            return Ok(false);
+        };
+        let next = Manifest::decode(&bytes, number).map_err(|source| StoreError::Damaged {
+            key: key.clone(),
+            source,
+        })?;
+        if let Some(prev) = &self.prev {
+            extends(prev, &next).map_err(|fork| {
+                FollowError::Retry(format!(
+                    "manifest {number} ({key}) does not extend manifest {}: {fork}; the archive's history forks there, and the replica stays at seq {}",
+                    prev.number,
+                    self.engine.head().seq
+                ))
+            })?;
+        }
+        self.apply(&next).await?;
+        self.number = number;
+        self.status.applied(&next);
+        self.prev = Some(next);
+        if let Err(e) = write_cache_file(&self.data_dir, &self.url, number) {
+            tracing::warn!(error = %e, "replica: cannot record the manifest applied; a restart checks the cache against the archive");
+        }
+        Ok(true)
+    }
+
+    /// The first step after a start on the cache alone (the store was
+    /// unreachable): the cache may hold more than the manifest its file
+    /// names (a stop between a catch-up and the file's write), so the
+    /// replica goes to the latest manifest at once; the catch-up checks
+    /// that the cache is a prefix of it.
+    async fn step_to_latest(&mut self, sent_ms: u64) -> Result<bool, FollowError> {
+        let latest = self.store.latest_manifest().await?;
+        let Some(latest) = latest.filter(|m| m.number >= self.number) else {
+            return Err(FollowError::Retry(format!(
+                "the archive's latest manifest is before manifest {}, which this cache \
+                 applied: another archive is at this URL now (start the replica on an empty \
+                 data directory)",
+                self.number
+            )));
+        };
+        if latest.number > self.number {
+            self.apply(&latest).await?;
+        }
+        self.number = latest.number;
+        self.status.applied(&latest);
+        self.status
+            .caught_up_at_ms
+            .store(sent_ms, Ordering::Release);
+        if let Err(e) = write_cache_file(&self.data_dir, &self.url, latest.number) {
+            tracing::warn!(error = %e, "replica: cannot record the manifest applied");
+        }
+        self.prev = Some(latest);
+        Ok(true)
+    }
+
+    /// Brings the cache's log to `manifest` (fetching and checking what it
+    /// lacks), fetches the blobs of the new ops, then folds and publishes
+    /// them.
+    async fn apply(&self, manifest: &Manifest) -> Result<(), FollowError> {
+        let log_dir = spark_core::layout::log_dir(&self.data_dir);
+        match catch_up(
+            &self.store,
+            &log_dir,
+            Some(manifest),
+            self.max_record_bytes,
+            false,
+        )
+        .await
+        {
+            Ok(()) => {}
+            // In `sync` mode the writer merges runs of chunks (ARCHIVE.md
+            // "Sync mode"): the cached tail may end inside a merged chunk.
+            Err(ArchiveStartError::Diverged(why)) => self.refetch_tail(manifest, &why).await?,
+            Err(e) => return Err(e.into()),
+        }
+        let after = self.engine.head().seq;
+        let upto = manifest.shipped_seq;
+        if upto < after {
+            return Err(FollowError::Retry(format!(
+                "manifest {} names up to seq {upto}, the replica holds {after}",
+                manifest.number
+            )));
+        }
+        let ops =
+            read_ops(&log_dir, after, upto, self.max_record_bytes).map_err(FollowError::Retry)?;
+        let media: Vec<([u8; 32], u64)> = ops
+            .iter()
+            .filter_map(|op| match &op.body {
+                OpBody::MediaPut(m) => Some((m.sha256.0, m.size_bytes)),
+                _ => None,
+            })
+            .collect();
+        if !media.is_empty() {
+            fetch_media_blobs(&self.store, &self.data_dir, &self.engine, Some(media)).await?;
+        }
+        let head = head_of(manifest);
+        let seq = head.seq;
+        self.engine
+            .apply_replicated(ops, head)
+            .map_err(FollowError::Stop)?;
+        metrics::get().seq.set(seq as i64);
+        Ok(())
+    }
+}
+
+impl Follower {
+    /// Brings the cache to `manifest` when its tail segment ends where no
+    /// listed chunk ends (a `sync`-mode writer merged the chunks it came
+    /// from): in a scratch directory holding hard links of the cache's
+    /// sealed segments, the same catch-up fetches the tail segment whole
+    /// from the manifest's chunks (each checked); every file it wrote must
+    /// start with the bytes the cache holds of it (else the archive forked,
+    /// and nothing changes); then each replaces the cache's file (rename,
+    /// directory fsync), so a reader of the cache sees the old file or the
+    /// new one, never neither.
+    async fn refetch_tail(&self, manifest: &Manifest, why: &str) -> Result<(), FollowError> {
+        let io =
+            |path: &Path, e: std::io::Error| FollowError::Retry(format!("{}: {e}", path.display()));
+        let log_dir = spark_core::layout::log_dir(&self.data_dir);
+        let scratch = self.data_dir.join("replica-scratch");
+        if scratch.exists() {
+            std::fs::remove_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
+        }
+        std::fs::create_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
+        let mut firsts = segment_firsts(&log_dir).map_err(FollowError::Retry)?;
+        let tail = firsts.pop();
+        for first in &firsts {
+            let name = segment_file_name(*first);
+            std::fs::hard_link(log_dir.join(&name), scratch.join(&name))
+                .map_err(|e| io(&scratch.join(&name), e))?;
+        }
+        catch_up(
+            &self.store,
+            &scratch,
+            Some(manifest),
+            self.max_record_bytes,
+            false,
+        )
+        .await?;
+        let mut written: Vec<u64> = segment_firsts(&scratch)
+            .map_err(FollowError::Retry)?
+            .into_iter()
+            .filter(|first| !firsts.contains(first))
+            .collect();
+        written.sort_unstable();
+        if let Some(tail) = tail {
+            let path = log_dir.join(segment_file_name(tail));
+            let old = std::fs::read(&path).map_err(|e| io(&path, e))?;
+            let end = spark_log_format::archive::acknowledged_end(
+                &old,
+                HEADER_LEN,
+                tail.saturating_sub(1),
+                u64::MAX,
+                self.max_record_bytes,
+            )
+            .offset;
+            let new_path = scratch.join(segment_file_name(tail));
+            let new = std::fs::read(&new_path).map_err(|e| io(&new_path, e))?;
+            if end > HEADER_LEN && !new.starts_with(&old[..end]) {
+                return Err(FollowError::Retry(format!(
+                    "{why}; fetched whole, the archive's segment {} differs from the {end} bytes                      this replica holds of it: the archive's history forks, and the replica stays                      where it is",
+                    segment_file_name(tail)
+                )));
+            }
+        }
+        for first in written {
+            let name = segment_file_name(first);
+            std::fs::rename(scratch.join(&name), log_dir.join(&name))
+                .map_err(|e| io(&log_dir.join(&name), e))?;
+        }
+        std::fs::File::open(&log_dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| io(&log_dir, e))?;
+        let _ = std::fs::remove_dir_all(&scratch);
+        tracing::info!(
+            manifest = manifest.number,
+            "replica: the archive merged the chunks the cached tail came from; the tail was fetched whole"
+        );
+        Ok(())
+    }
+}
+
+/// The first seqs of the segment files in `log_dir`, sorted.
+fn segment_firsts(log_dir: &Path) -> Result<Vec<u64>, String> {
+    let mut firsts: Vec<u64> = std::fs::read_dir(log_dir)
+        .map_err(|e| format!("{}: {e}", log_dir.display()))?
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()
+                .and_then(parse_segment_file_name)
+        })
+        .collect();
+    firsts.sort_unstable();
+    Ok(firsts)
+}
+
+/// The head a writer shows once it holds exactly what `manifest` names:
+/// its seq and chain (`shipped_seq`, `shipped_chain`) and its active
+/// segment (the chunks' segment; after a sealed segment, the next one).
+fn head_of(manifest: &Manifest) -> Head {
+    let mut chain = [0u8; 32];
+    let _ = hex::decode_to_slice(&manifest.shipped_chain, &mut chain);
+    let segment = match (manifest.chunks.last(), manifest.segments.last()) {
+        (Some(chunk), _) => segment_file_name(chunk.segment_first_seq),
+        (None, Some(segment)) => segment_file_name(segment.last_seq + 1),
+        (None, None) => String::new(),
+    };
+    Head {
+        seq: manifest.shipped_seq,
+        segment,
+        chain,
+    }
+}
+
+/// The ops with seqs in `(after, upto]` from the local log in `log_dir`
+/// (which the catch-up wrote and checked), in seq order: each record's CRC
+/// is checked again as it is decoded. Only the segments that can hold
+/// them are read. Errors name the segment file.
+fn read_ops(
+    log_dir: &Path,
+    after: u64,
+    upto: u64,
+    max_record_bytes: u32,
+) -> Result<Vec<Op>, String> {
+    let firsts = segment_firsts(log_dir)?;
+    // The last segment starting at or before the first seq wanted, and
+    // every later one.
+    let start = firsts
+        .iter()
+        .rposition(|&first| first <= after + 1)
+        .unwrap_or(0);
+    let mut ops = Vec::new();
+    for &first in &firsts[start..] {
+        if first > upto {
+            break;
+        }
+        let path = log_dir.join(segment_file_name(first));
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut offset = HEADER_LEN;
+        // Up to the end of the whole records (zero fill after them, or the
+        // file's end): the catch-up checked the bytes up to the manifest's
+        // end.
+        while let RecordDecode::Record { record, size } =
+            decode_record(&bytes, offset, max_record_bytes)
+        {
+            offset += size;
+            if record.kind == KIND_SEAL || record.seq <= after {
+                continue;
+            }
+            if record.seq > upto {
+                break;
+            }
+            let op = Op::decode(&record)
+                .map_err(|e| format!("{} at offset {}: {e}", path.display(), offset - size))?;
+            ops.push(op);
+        }
+    }
+    let expected = upto - after;
+    if ops.len() as u64 != expected
+        || ops.first().is_some_and(|op| op.seq != after + 1)
+        || ops.last().is_some_and(|op| op.seq != upto)
+    {
+        return Err(format!(
+            "the cached log holds {} ops in seqs {}..={upto}, {expected} expected",
+            ops.len(),
+            after + 1
+        ));
+    }
+    Ok(ops)
+}
