@@ -159,6 +159,7 @@ pub async fn start_with_brains(
     }
     let settings = Arc::new(settings);
     let taken_over = take_over(&settings).await?;
+    let session_clock = Arc::clone(&clock);
     let engine = open_engine(&settings, Arc::clone(&fs), clock).await?;
     if let Some(taken_over) = &taken_over {
         let fetched = taken_over
@@ -187,6 +188,7 @@ pub async fn start_with_brains(
         seats: seat_names,
         shutdown,
         archive: archive.as_ref().map(|a| Arc::clone(&a.status)),
+        sessions: Arc::new(crate::api::session::Sessions::new(session_clock)),
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let limits = state.settings.limits.clone();

@@ -330,6 +330,67 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/session": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Exchange a bearer token for a session cookie
+         * @description With `Authorization: Bearer <token>`: `201`, a new session and its cookie (`Set-Cookie: spark_session=...; Path=/; HttpOnly; SameSite=Strict; Max-Age=<access.session_ttl_ms in s>`, `Secure` when the request came over TLS). The page asks for the token once and keeps neither it nor the session where a script can read them. With no token configured there is nothing to exchange: `200`, no cookie. With only the cookie: `400 invalid_request`. The body is empty or `{}`.
+         */
+        post: operations["createSession"];
+        /**
+         * End sessions: the cookie's, or every one made with the token
+         * @description With the cookie: ends that session. With `Authorization: Bearer <token>`: ends every session made with that token (a token that leaves the configuration ends its sessions too). The answer clears the browser's cookie (`Max-Age=0`).
+         */
+        delete: operations["endSession"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The engine's page
+         * @description The page (HTML), built from `web/page/` and compiled into the binary; it needs no token (it asks for one when the engine has tokens configured). Its scripts and styles are under `/assets/`.
+         */
+        get: operations["getPage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/assets/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A script, style sheet or image of the page */
+        get: operations["getAsset"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -619,7 +680,7 @@ export interface components {
             };
         };
         /** @enum {string} */
-        ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "clock_skew" | "precondition_failed" | "unauthorized" | "unavailable" | "insufficient_storage" | "fenced";
+        ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "clock_skew" | "precondition_failed" | "unauthorized" | "forbidden" | "unavailable" | "insufficient_storage" | "fenced";
         /** @description RFC 9457 problem details with a stable `code`. Some codes add members: `clock_skew` adds `server_time_ms`, `id_time_ms` and `skew_ms`; `request_id_too_long` adds `limit_bytes`; `precondition_failed` adds the current `version`; `digest_mismatch` adds `declared_sha256` and `actual_sha256`. `conflict` adds `conflict`, the kind of conflict, and the members that name what conflicted (see `conflict`). */
         Problem: {
             /** @description `urn:spark:problem:<code>`. */
@@ -676,6 +737,15 @@ export interface components {
             /** @description `conflict` `job_moment`: the job id. */
             job_id?: string;
         } & (unknown & unknown & unknown & unknown & unknown);
+        /** @description A browser session (SPEC section 12). */
+        SessionAnswer: {
+            /** @description The device the session records on the ops it causes (`anonymous` with no token configured). */
+            device: string;
+            /** @description When the new session ends; `null` when none was made (no token configured, or `DELETE`). */
+            expires_at: components["schemas"]["Time"] | null;
+            /** @description Sessions ended (`DELETE`; 0 for `POST`). */
+            revoked: number;
+        };
     };
     responses: {
         /** @description Bad input; nothing written. `invalid_id`: an id is not a ULID. `request_id_too_long`: a request id is over its cap (with `limit_bytes`). `invalid_request`: malformed JSON, not an object, unknown members, wrong types, a missing required member or header, unknown query parameters, a bad `limit`, `wait`, `after`, `If-Match` or `Last-Event-ID`, a request id with characters outside 0x21..=0x7E or empty, `Idempotency-Key` differing from `client_request_id`, a header that is not visible ASCII, and what the route's own description names. */
@@ -877,6 +947,20 @@ export interface components {
                 };
             };
         };
+        /** @description A write authenticated by the session cookie alone that is not the page's own: a cross-site `Origin`, or neither `Origin` nor `X-Spark-Client` (`forbidden`); nothing written. */
+        Forbidden: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"] & {
+                    /** @constant */
+                    status?: 403;
+                    /** @constant */
+                    code?: "forbidden";
+                };
+            };
+        };
     };
     parameters: {
         /** @description Page size: a whole number from 1 to `limits.list_limit_max` (1000 by default; default `limits.list_limit_default`, 100). A larger value is clamped to the maximum, not refused, and the answer says so in `Spark-Limit-Clamped`; 0, a non-number or a number past 2^64 - 1 is `400 invalid_request` naming the accepted range. */
@@ -991,6 +1075,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
@@ -1059,6 +1144,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
@@ -1101,6 +1187,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
@@ -1225,6 +1312,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequestMedia"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
@@ -1376,6 +1464,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
@@ -1486,6 +1575,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
@@ -1516,6 +1606,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
@@ -1563,6 +1654,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
@@ -1613,6 +1705,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
@@ -1680,6 +1773,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequestMessage"];
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
@@ -1920,6 +2014,151 @@ export interface operations {
                 };
                 content?: never;
             };
+        };
+    };
+    createSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No token is configured: no session is needed and none was made. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionAnswer"];
+                };
+            };
+            /** @description A new session; the cookie is set. */
+            201: {
+                headers: {
+                    /** @description The session cookie. */
+                    "Set-Cookie": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionAnswer"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    endSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Ended. */
+            200: {
+                headers: {
+                    /** @description Clears the cookie. */
+                    "Set-Cookie": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionAnswer"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getPage: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The ETag of the copy the browser holds: `304` when it is current. */
+                "If-None-Match"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The page. */
+            200: {
+                headers: {
+                    /** @description The file's SHA-256 as a strong entity tag. */
+                    ETag: string;
+                    /** @description `no-cache`: revalidate with `If-None-Match`. */
+                    "Cache-Control": "no-cache";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            /** @description The browser's copy is current. */
+            304: {
+                headers: {
+                    /** @description The file's SHA-256 as a strong entity tag. */
+                    ETag: string;
+                    /** @description `no-cache`: revalidate with `If-None-Match`. */
+                    "Cache-Control": "no-cache";
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    getAsset: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The ETag of the copy the browser holds: `304` when it is current. */
+                "If-None-Match"?: string;
+            };
+            path: {
+                /** @description The file name (`app.js`, `app.css`, `icon.svg`). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file. */
+            200: {
+                headers: {
+                    /** @description The file's SHA-256 as a strong entity tag. */
+                    ETag: string;
+                    /** @description `no-cache`: revalidate with `If-None-Match`. */
+                    "Cache-Control": "no-cache";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/javascript": string;
+                    "text/css": string;
+                    "image/svg+xml": string;
+                };
+            };
+            /** @description The browser's copy is current. */
+            304: {
+                headers: {
+                    /** @description The file's SHA-256 as a strong entity tag. */
+                    ETag: string;
+                    /** @description `no-cache`: revalidate with `If-None-Match`. */
+                    "Cache-Control": "no-cache";
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            404: components["responses"]["NotFound"];
         };
     };
 }
