@@ -55,6 +55,7 @@ export interface ClientOptions {
 /** What one pass over the outbox did. */
 export interface PassReport {
   requests: number;
+  /** Steps done and messages settled (sent or failed) in this pass. */
   stepsDone: number;
   /** Set when the pass ended on passing trouble. */
   wait: WaitCause | null;
@@ -225,7 +226,9 @@ export class SparkClient extends EventTarget {
       const sleep = new Promise<void>((resolve) => {
         this.wake = resolve;
         if (report.wait) {
-          waits += 1;
+          // Waits in a row without progress: a pass that got something
+          // through starts the backoff again from its first step.
+          waits = report.stepsDone > 0 ? 1 : waits + 1;
           setTimeout(resolve, backoffDelay(report.wait, waits, this.backoff, this.options.random));
         } else {
           waits = 0;
@@ -411,6 +414,7 @@ export class SparkClient extends EventTarget {
       if (record.state !== "pending" || waiting.has(record.thread_id)) continue;
       const outcome = await this.sendRecord(record, false);
       report.requests += outcome.attempts;
+      if (!outcome.wait) report.stepsDone += 1;
       if (outcome.wait) {
         report.wait = outcome.wait;
         return report;

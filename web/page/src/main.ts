@@ -33,6 +33,8 @@ const turns = new Map<string, Turn>();
 const turnMoment = new Map<string, string>();
 let openMoment: string | null = null;
 const tail: ChangeNotice[] = [];
+/** Each thread's messages as last read from the engine. */
+const servedThreads = new Map<string, Message[]>();
 
 async function api<T>(path: string): Promise<T> {
   return (await client.get(path)) as T;
@@ -75,6 +77,7 @@ function askForToken(): Promise<void> {
 // ---- views --------------------------------------------------------------
 
 function show(view: "moments" | "moment" | "recall" | "log"): void {
+  window.scrollTo(0, 0);
   for (const v of ["moments", "moment", "recall", "log"]) $(`view-${v}`).hidden = v !== view;
   for (const b of document.querySelectorAll<HTMLButtonElement>("nav button")) {
     if (b.dataset.view === view || (view === "moment" && b.dataset.view === "moments")) b.setAttribute("aria-current", "page");
@@ -120,7 +123,7 @@ function momentRow(m: Moment): HTMLLIElement {
     url ? el("img", { src: url, alt: "", loading: "lazy" }) : el("div", { className: "thumb" }),
     el("div", {},
       el("div", { className: "title" }, m.text || m.caption || "A sign"),
-      el("div", { className: "reading" }, readingText(t)),
+      el("div", { className: "snippet" }, readingText(t)),
       el("div", { className: "muted" }, new Date(m.created_at).toLocaleString()),
     ),
   );
@@ -134,7 +137,7 @@ function entryRow(e: Entry): HTMLLIElement {
     el("div", { className: "thumb" }),
     el("div", {},
       el("div", { className: "title" }, e.text || "A sign", el("span", { className: `badge ${state}` }, state)),
-      el("div", { className: "reading" }, detail),
+      el("div", { className: "snippet" }, detail),
       e.state === "parked" ? el("button", { onclick: (ev: Event) => { ev.stopPropagation(); void client.retryEntry(e.id); } }, "Retry") : null,
     ),
   );
@@ -234,13 +237,19 @@ function renderMoment(): void {
 async function renderThread(): Promise<void> {
   const id = openMoment;
   if (!id) return;
-  const served: Message[] = [];
-  let after: string | null = null;
-  do {
-    const page: components["schemas"]["MessagePage"] = await api(`/api/messages?thread=${id}${after ? `&after=${after}` : ""}`);
-    served.push(...page.messages);
-    after = page.next;
-  } while (after);
+  let served: Message[] = [];
+  try {
+    let after: string | null = null;
+    do {
+      const page: components["schemas"]["MessagePage"] = await api(`/api/messages?thread=${id}${after ? `&after=${after}` : ""}`);
+      served.push(...page.messages);
+      after = page.next;
+    } while (after);
+    servedThreads.set(id, served);
+  } catch {
+    // Offline: the thread as last read, with the outbox's messages.
+    served = servedThreads.get(id) ?? [];
+  }
   const local = (await client.outbox.messages()).filter((r) => r.thread_id === id);
   const byId = new Map<string, { body: string; ts: string; state: string; record?: MessageRecord }>();
   for (const m of served) byId.set(m.id, { body: m.body, ts: m.ts, state: "sent" });
