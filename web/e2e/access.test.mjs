@@ -86,6 +86,18 @@ test("with a token: sign in once, the event stream works, a cross-origin POST is
     assert.equal((await api(engine.base, "/api/log/head", bearer)).seq, before, "nothing was written");
     assert.deepEqual((await api(engine.base, "/api/phrases", bearer)).marks, []);
     assert.equal(countKinds(await opKinds(engine.base, bearer))["moment.create"], 2);
+
+    // The token ends every session made with it: the page's next send
+    // answers 401, the capture waits, and the page asks for the token again.
+    const ended = await fetch(`${engine.base}/api/session`, { method: "DELETE", headers: bearer });
+    assert.equal((await ended.json()).revoked, 1);
+    await evilPage.close();
+    await capture(page, photoPng(640, 480, 52), "nach dem Abmelden");
+    await page.waitForSelector("#signin:not([hidden])", { timeout: 30_000 });
+    assert.equal(countKinds(await opKinds(engine.base, bearer))["moment.create"], 2, "nothing written without a session");
+    await page.fill("#signin-token", TOKEN);
+    await page.click("#signin-form button");
+    await until(async () => countKinds(await opKinds(engine.base, bearer))["moment.create"] === 3, "the waiting capture, sent after signing in again", 30_000);
   } finally {
     await context.close();
     await evil.close();

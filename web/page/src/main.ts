@@ -362,6 +362,16 @@ async function main(): Promise<void> {
     if (openMoment) void renderThread();
   });
   for (const name of ["sender", "status"]) client.addEventListener(name, () => void setStatus());
+  // A session that expired or was ended: the sender's requests answer 401
+  // (they wait, as SPEC section 6 says); ask for the token again, then go on.
+  let asking = false;
+  client.addEventListener("status", async () => {
+    if (client.lastWait?.status !== 401 || asking) return;
+    asking = true;
+    if (!(await signedIn())) await askForToken();
+    asking = false;
+    client.kick();
+  });
   window.addEventListener("online", () => void setStatus());
   window.addEventListener("offline", () => void setStatus());
 
