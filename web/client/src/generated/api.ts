@@ -2125,7 +2125,10 @@ export interface operations {
                 "If-None-Match"?: string;
             };
             path: {
-                /** @description The file name (`app.js`, `app.css`, `icon.svg`). */
+                /**
+                 * @description The file name (`app.js`, `app.css`, `icon.svg`).
+                 * @example app.js
+                 */
                 id: string;
             };
             cookie?: never;
