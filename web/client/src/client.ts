@@ -142,7 +142,9 @@ export class SparkClient extends EventTarget {
     }
     if (typeof window !== "undefined") window.addEventListener("online", () => this.kick());
     this.readyResolve();
-    this.dispatchEvent(new Event("ready"));
+    // After open() has resolved, so that listeners added to the client it
+    // returns hear it (or await `client.ready`).
+    setTimeout(() => this.dispatchEvent(new Event("ready")), 0);
   }
 
   private becomeSender(): void {

@@ -110,3 +110,13 @@ test("entries send in capture order, and a parked entry does not hold up the nex
   assert.equal((await client.outbox.entry(b.id)).state, "done");
   client.close();
 });
+
+test("ready: once storage is open and the outbox loaded, as an event after open() and as a promise", async () => {
+  const { client } = await setup();
+  let heard = 0;
+  client.addEventListener("ready", () => heard++);
+  await client.ready;
+  await new Promise((r) => setTimeout(r, 10));
+  assert.equal(heard, 1);
+  client.close();
+});
