@@ -224,14 +224,27 @@ fn default_ship_interval_ms() -> u64 {
 /// SHA-256 hashes. With no token, only a loopback listener may start, and
 /// no request needs one; with any token, every route but `/healthz` and
 /// `/readyz` needs a valid one (`401 unauthorized` otherwise).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AccessSettings {
+    /// How long a browser session made by `POST /api/session` lasts, in
+    /// milliseconds (SPEC section 12); past it the cookie is `401` and the
+    /// page asks for the token again. Default 12 hours; at least 1.
+    pub session_ttl_ms: u64,
     /// The tokens (`spark-engine token add DEVICE` makes one). Left out
     /// of `config print` when empty, so that its output stays a file that
     /// `token add` can append `[[access.tokens]]` to.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tokens: Vec<TokenEntry>,
+}
+
+impl Default for AccessSettings {
+    fn default() -> AccessSettings {
+        AccessSettings {
+            session_ttl_ms: 12 * 60 * 60 * 1000,
+            tokens: Vec::new(),
+        }
+    }
 }
 
 /// One bearer token: the device it names, and the SHA-256 of the token
@@ -776,6 +789,9 @@ impl Settings {
         }
         if self.brains.recall_phrases_max == 0 {
             return invalid("brains.recall_phrases_max", "must be above 0");
+        }
+        if self.access.session_ttl_ms == 0 {
+            return invalid("access.session_ttl_ms", "must be above 0");
         }
         for token in &self.access.tokens {
             let device_ok = !token.device.is_empty()

@@ -242,7 +242,15 @@ pub fn route_of(path: &str) -> &'static str {
         "/metrics",
         "/healthz",
         "/readyz",
+        "/api/session",
     ];
+    // The page and its assets (names are not ids).
+    if path == "/" {
+        return "/";
+    }
+    if path.starts_with("/assets/") {
+        return "/assets/{id}";
+    }
     // Compared part by part, without building the template: this runs for
     // every request.
     let fits = |template: &str| {

@@ -172,6 +172,7 @@ pub async fn start_with_brains(
         None => None,
     };
     let taken_over = take_over(&settings).await?;
+    let session_clock = Arc::clone(&clock);
     let engine = open_engine(&settings, Arc::clone(&fs), clock).await?;
     let replica = match replica {
         Some(prepared) => Some(prepared.start(&settings, Arc::clone(&engine)).await?),
@@ -211,6 +212,7 @@ pub async fn start_with_brains(
         shutdown,
         archive: archive.as_ref().map(|a| Arc::clone(&a.status)),
         replica: replica.as_ref().map(|r| Arc::clone(&r.status)),
+        sessions: Arc::new(crate::api::session::Sessions::new(session_clock)),
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let limits = state.settings.limits.clone();

@@ -19,7 +19,9 @@ pub mod openapi;
 pub mod phrases;
 pub mod problem;
 pub mod recall;
+pub mod session;
 pub mod turns;
+pub mod web;
 
 use spark_core::wire::problem as wire;
 use std::convert::Infallible;
@@ -70,6 +72,8 @@ pub struct AppState {
     /// On a read replica (`spark-engine replica`), what it follows: writes
     /// answer `421 read_only` (SPEC section 11).
     pub replica: Option<Arc<crate::replica::ReplicaStatus>>,
+    /// Browser sessions made by `POST /api/session` (SPEC section 12).
+    pub sessions: Arc<session::Sessions>,
 }
 
 /// The body of a request as a stream of chunks, not yet read.
@@ -300,11 +304,27 @@ where
     Box::pin(body.map_ok(|mut chunk| chunk.copy_to_bytes(chunk.remaining())))
 }
 
-/// Checks the bearer token (SPEC section 9) and records its device on the
-/// request. With no token configured every request passes as
-/// [`ANONYMOUS_DEVICE`]; otherwise a missing or unknown token is
-/// `401 unauthorized`. The presented token is hashed with SHA-256 and
-/// compared with every stored hash in constant time.
+/// The bearer token of `Authorization: Bearer <token>`, if sent (the
+/// scheme is case-insensitive, RFC 9110 section 11.1).
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        })
+        .map(str::trim)
+}
+
+/// Checks the bearer token (SPEC section 9) or the session cookie (SPEC
+/// section 12, [`session`]) and records its device on the request. With no
+/// token configured every request passes as [`ANONYMOUS_DEVICE`];
+/// otherwise a missing or unknown token, or a session that expired, was
+/// ended or whose token is gone, is `401 unauthorized`. The presented
+/// token is hashed with SHA-256 and compared with every stored hash in
+/// constant time. A write authenticated by the cookie alone must be the
+/// page's own ([`session::same_origin_write`], else `403 forbidden`).
 pub fn authorize(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
     let tokens = &state.settings.access.tokens;
     if tokens.is_empty() {
@@ -312,17 +332,22 @@ pub fn authorize(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
     }
     let unauthorized =
         |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, wire::UNAUTHORIZED, why.to_owned());
-    let presented = req
-        .headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            // The scheme is case-insensitive (RFC 9110 section 11.1).
-            let (scheme, token) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(token)
-        })
-        .map(str::trim)
-        .ok_or_else(|| unauthorized("send Authorization: Bearer <token>"))?;
+    let Some(presented) = bearer(&req.headers) else {
+        if let Some(secret) = session::cookie_secret(&req.headers) {
+            let found = state
+                .sessions
+                .lookup(secret, tokens.iter().map(|t| t.sha256.as_str()))
+                .ok_or_else(|| {
+                    unauthorized(
+                        "the session has expired or was ended: sign in with the token again",
+                    )
+                })?;
+            session::same_origin_write(&req.method, &req.headers)?;
+            req.device = found.device;
+            return Ok(());
+        }
+        return Err(unauthorized("send Authorization: Bearer <token>"));
+    };
     let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(presented.as_bytes()));
     let mut device = None;
     for token in tokens {
@@ -346,11 +371,14 @@ where
     Fut: std::future::Future<Output = Result<Response, ApiError>>,
 {
     if let Err(e) = authorize(&state, &mut req) {
+        let unauthorized = e.status == StatusCode::UNAUTHORIZED;
         let mut response = e.into_response();
         // RFC 9110 section 11.6.1: a 401 names the scheme to use.
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        if unauthorized {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         return response;
     }
     if let Err(e) = consistency::refuse_writes(&state, &req) {
@@ -498,6 +526,23 @@ pub fn routes(
         .and(request())
         .then(|state, req| async move { into_response(health::readyz(state, req).await) })
         .boxed();
+    let session = warp::path!("api" / "session")
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| guarded(state, req, session::item))
+        .boxed();
+    // The page and its assets answer without a token, so that the page can
+    // ask for one (SPEC section 12); every `/api/` route still needs it.
+    let page = warp::path::end()
+        .and(with_state.clone())
+        .and(request())
+        .then(|state, req| async move { into_response(web::page(state, req).await) })
+        .boxed();
+    let asset = warp::path!("assets" / String)
+        .and(with_state.clone())
+        .and(request())
+        .then(|name, state, req| async move { into_response(web::asset(state, name, req).await) })
+        .boxed();
     let head = warp::path!("api" / "log" / "head")
         .and(with_state)
         .and(request())
@@ -533,6 +578,12 @@ pub fn routes(
         .or(readyz)
         .unify()
         .or(head)
+        .unify()
+        .or(session)
+        .unify()
+        .or(page)
+        .unify()
+        .or(asset)
         .unify()
         .boxed();
     api.or(rest)

@@ -47,6 +47,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("HEAD", "/healthz"),
     ("GET", "/readyz"),
     ("HEAD", "/readyz"),
+    ("POST", "/api/session"),
+    ("DELETE", "/api/session"),
+    ("GET", "/"),
+    ("GET", "/assets/{id}"),
 ];
 
 /// The OpenAPI 3.1 document of the API, as JSON text (what

@@ -22,3 +22,4 @@ mod readme;
 mod replayed;
 mod seed_lesson;
 mod turns;
+mod web;

@@ -12,7 +12,8 @@
 //! - (c) the other direction, a route served but missing from [`ROUTES`]
 //!   (and so, by (a), from the document):
 //!   - a new path: `router_paths_equal_routes` reads every `warp::path!`
-//!     filter in `src/api/mod.rs` (the only place routes are built) and
+//!     filter in `src/api/mod.rs` (the only place routes are built; the
+//!     page's `warp::path::end()` counts as `/`) and
 //!     requires its template to be a path of [`ROUTES`], and each path of
 //!     [`ROUTES`] to have its filter;
 //!   - a new method on a known path (a handler that starts to take `PUT`,
@@ -140,6 +141,10 @@ fn router_templates() -> Vec<String> {
             .collect();
         templates.push(template);
         rest = &rest[end..];
+    }
+    // The page at `/` is the one route without a path segment.
+    if source.contains("warp::path::end()") {
+        templates.push("/".to_owned());
     }
     templates
 }
@@ -307,6 +312,7 @@ fn minimal(
             json_type,
         ),
         (_, "/api/turns/{id}") => (format!("/api/turns/{}", f.turn), None, vec![]),
+        (_, "/assets/{id}") => ("/assets/app.js".to_owned(), None, vec![]),
         (_, "/api/phrases/{id}") => ("/api/phrases/keep:hello".to_owned(), None, vec![]),
         ("POST", "/api/phrases") => (
             template.to_owned(),

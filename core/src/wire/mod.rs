@@ -38,6 +38,18 @@ pub const HEADER_IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// value is the page size used instead (SPEC section 10).
 pub const HEADER_LIMIT_CLAMPED: &str = "spark-limit-clamped";
 
+/// `X-Spark-Client`: sent by the browser client on every request (SPEC
+/// section 12). A cross-site form cannot send it and a cross-site script
+/// cannot without a CORS preflight the engine never grants, so a write
+/// authenticated by the session cookie is taken only with it or with a
+/// same-origin `Origin`.
+pub const HEADER_CLIENT: &str = "x-spark-client";
+
+/// The name of the session cookie that `POST /api/session` sets in
+/// exchange for a bearer token (SPEC section 12): `HttpOnly`,
+/// `SameSite=Strict`, `Secure` behind TLS.
+pub const SESSION_COOKIE: &str = "spark_session";
+
 /// `X-Media-Role` of the small copy the brain reads.
 pub const MEDIA_ROLE_COPY: &str = "copy";
 

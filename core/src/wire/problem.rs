@@ -33,8 +33,12 @@ pub const TOO_LARGE: &str = "too_large";
 pub const CLOCK_SKEW: &str = "clock_skew";
 /// `412`: `If-Match` names another version (adds `version`).
 pub const PRECONDITION_FAILED: &str = "precondition_failed";
-/// `401`: no valid bearer token (SPEC section 9).
+/// `401`: no valid bearer token or session (SPEC section 9).
 pub const UNAUTHORIZED: &str = "unauthorized";
+/// `403`: a write authenticated by the session cookie that is not the
+/// page's own: a cross-site `Origin`, or neither `Origin` nor the client
+/// header (SPEC section 12; nothing written).
+pub const FORBIDDEN: &str = "forbidden";
 /// `408`: the request did not arrive within the request time limit.
 pub const REQUEST_TIMEOUT: &str = "request_timeout";
 /// `409` on `GET /api/events`: the cursor (`after` or `Last-Event-ID`) is
@@ -73,6 +77,7 @@ pub fn title(code: &str) -> Option<&'static str> {
         CLOCK_SKEW => "Clock skew",
         PRECONDITION_FAILED => "Precondition failed",
         UNAUTHORIZED => "Unauthorized",
+        FORBIDDEN => "Forbidden",
         REQUEST_TIMEOUT => "Request timeout",
         TIMEOUT => "Timeout",
         UNAVAILABLE => "Unavailable",

@@ -1,0 +1,557 @@
+// The browser client of SPEC sections 6 and 12: capture into the outbox,
+// the drain in the seed's order with the answer classes, ADR-036's message
+// rules, and one sending tab (a Web Lock) that holds the only EventSource
+// while the others hear of changes over a BroadcastChannel.
+import { backoffDelay, classify, DEFAULT_BACKOFF, type Backoff, type Refusal, type Verdict, type WaitCause } from "./answers.js";
+import { systemClock, type Clock } from "./clock.js";
+import type { components } from "./generated/api.js";
+import { REUSE_MARGIN_MS } from "./generated/rules.js";
+import { mintRequestId, mintUlid, sha256Hex, ulidTime } from "./ids.js";
+import { makeCopy as canvasCopy } from "./image.js";
+import { Outbox, STEPS, type Entry, type MessageError, type MessageRecord, type Step } from "./outbox.js";
+
+type Schemas = components["schemas"];
+/** A change notice from `/api/events` (SPEC section 4). */
+export type ChangeNotice = Schemas["ChangeNotice"];
+
+/** What a capture holds before it is stored. */
+export interface CaptureInput {
+  /** The photo as taken (sent last, as the original). */
+  photo: Blob;
+  /** The small copy; made from `photo` in a canvas when left out. */
+  copy?: Blob;
+  text?: string | null;
+  caption?: string | null;
+  lang?: string | null;
+  capturedAt?: Date;
+}
+
+/** How a client is made. */
+export interface ClientOptions {
+  /** The engine's origin; `""` (the default) is the page's own. */
+  baseUrl?: string;
+  /** A bearer token, for scripts; a page signed in with `POST /api/session` needs none (the cookie goes along). */
+  token?: string;
+  fetch?: typeof fetch;
+  clock?: Clock;
+  /** The IndexedDB database name (one outbox per name). */
+  dbName?: string;
+  /** An IndexedDB factory (fake-indexeddb in tests); default the page's. */
+  indexedDB?: IDBFactory;
+  /** Makes the small copy (default: a canvas, at most 1024 px JPEG). */
+  makeCopy?: (photo: Blob) => Promise<Blob>;
+  /** Elect one sending tab with the Web Lock of this name (default on when `navigator.locks` exists). */
+  tabs?: boolean;
+  /** Open the event stream in the sending tab (default on when `EventSource` exists). */
+  events?: boolean;
+  backoff?: Backoff;
+  random?: () => number;
+  /** BroadcastChannel and Web Lock name. */
+  channelName?: string;
+  /** Send by itself when this tab is the sender (default true); false leaves it to {@link SparkClient.drainOnce} (tests). */
+  autoSend?: boolean;
+}
+
+/** What one pass over the outbox did. */
+export interface PassReport {
+  requests: number;
+  /** Steps done and messages settled (sent or failed) in this pass. */
+  stepsDone: number;
+  /** Set when the pass ended on passing trouble. */
+  wait: WaitCause | null;
+}
+
+type Broadcast = { type: "change"; notice: ChangeNotice } | { type: "outbox" } | { type: "kick" } | { type: "sender"; sender: boolean };
+
+/** The header every request carries: a cross-site form cannot send it, so a cookie-authenticated write with it is the page's own (SPEC section 12). */
+export const CLIENT_HEADER = "X-Spark-Client";
+
+function rfc3339(ms: number): string {
+  return new Date(ms).toISOString();
+}
+
+/** The client. Make one with {@link SparkClient.open}; it emits `ready`, `outbox` (the outbox changed), `change` (detail: a ChangeNotice), `sender` (detail: whether this tab sends) and `status`. */
+export class SparkClient extends EventTarget {
+  readonly baseUrl: string;
+  readonly clock: Clock;
+  /** Whether this tab is the one that sends and holds the event stream. */
+  isSender = false;
+  /** The last passing trouble, for a status line (null when the link is fine). */
+  lastWait: WaitCause | null = null;
+  /** Resolves once storage is open and the first load is done. */
+  readonly ready: Promise<void>;
+  /** The last seq heard on the event stream. */
+  lastSeq = 0;
+
+  private readonly fetchFn: typeof fetch;
+  private readonly options: ClientOptions;
+  private readonly backoff: Backoff;
+  private channel: BroadcastChannel | null = null;
+  private source: EventSource | null = null;
+  private wake: (() => void) | null = null;
+  private closed = false;
+  private releaseLock: (() => void) | null = null;
+  private chain: Promise<unknown> = Promise.resolve();
+  private running = false;
+  private readyResolve!: () => void;
+
+  private constructor(readonly outbox: Outbox, options: ClientOptions) {
+    super();
+    this.options = options;
+    this.baseUrl = options.baseUrl ?? "";
+    this.clock = options.clock ?? systemClock;
+    this.fetchFn = options.fetch ?? ((input, init) => globalThis.fetch(input, init));
+    this.backoff = options.backoff ?? DEFAULT_BACKOFF;
+    this.ready = new Promise((resolve) => (this.readyResolve = resolve));
+  }
+
+  /** Opens the outbox, joins the tabs and, when this tab is elected, starts sending. `ready` fires once storage is open and the first load is done. */
+  static async open(options: ClientOptions = {}): Promise<SparkClient> {
+    const outbox = await Outbox.open(options.dbName, options.indexedDB);
+    const client = new SparkClient(outbox, options);
+    await client.start();
+    return client;
+  }
+
+  private get name(): string {
+    return this.options.channelName ?? "spark-client";
+  }
+
+  private async start(): Promise<void> {
+    if (typeof BroadcastChannel !== "undefined") {
+      this.channel = new BroadcastChannel(this.name);
+      this.channel.onmessage = (e: MessageEvent<Broadcast>) => this.heard(e.data);
+    }
+    // The first load: read what the outbox holds.
+    await this.outbox.entries();
+    await this.outbox.messages();
+    const locks = (globalThis as { navigator?: { locks?: LockManager } }).navigator?.locks;
+    const useTabs = this.options.tabs ?? Boolean(locks);
+    if (useTabs && locks) {
+      // The lock is held until this tab closes (or close()); the next
+      // waiting tab gets it then and becomes the sender.
+      void locks.request(`${this.name}:sender`, () => {
+        if (this.closed) return;
+        return new Promise<void>((release) => {
+          this.releaseLock = release;
+          this.becomeSender();
+        });
+      });
+    } else {
+      this.becomeSender();
+    }
+    if (typeof window !== "undefined") window.addEventListener("online", () => this.kick());
+    this.readyResolve();
+    // After open() has resolved, so that listeners added to the client it
+    // returns hear it (or await `client.ready`).
+    setTimeout(() => this.dispatchEvent(new Event("ready")), 0);
+  }
+
+  private becomeSender(): void {
+    this.isSender = true;
+    this.dispatchEvent(new CustomEvent("sender", { detail: true }));
+    this.post({ type: "sender", sender: true });
+    if (this.options.events ?? typeof EventSource !== "undefined") void this.openEvents();
+    if (this.options.autoSend !== false) void this.run();
+  }
+
+  private heard(message: Broadcast): void {
+    if (message.type === "change") this.noticeArrived(message.notice, false);
+    else if (message.type === "outbox") this.dispatchEvent(new Event("outbox"));
+    else if (message.type === "kick" && this.isSender) this.kick();
+    else if (message.type === "sender") this.dispatchEvent(new Event("status"));
+  }
+
+  private post(message: Broadcast): void {
+    this.channel?.postMessage(message);
+  }
+
+  private outboxChanged(): void {
+    this.dispatchEvent(new Event("outbox"));
+    this.post({ type: "outbox" });
+  }
+
+  private noticeArrived(notice: ChangeNotice, fromStream: boolean): void {
+    this.lastSeq = Math.max(this.lastSeq, notice.seq);
+    this.dispatchEvent(new CustomEvent<ChangeNotice>("change", { detail: notice }));
+    if (fromStream) this.post({ type: "change", notice });
+  }
+
+  private async openEvents(): Promise<void> {
+    if (this.closed) return;
+    if (this.lastSeq === 0) {
+      try {
+        const head = (await this.get("/api/log/head")) as Schemas["LogHead"];
+        this.lastSeq = head.seq;
+      } catch {
+        // Offline: follow from the start of what the stream gives.
+      }
+    }
+    const source = new EventSource(`${this.baseUrl}/api/events?after=${this.lastSeq}`, { withCredentials: true });
+    this.source = source;
+    source.onmessage = (e) => {
+      try {
+        this.noticeArrived(JSON.parse(e.data) as ChangeNotice, true);
+      } catch {
+        // Not a notice: ignore.
+      }
+    };
+    const reopen = (after: number) => {
+      source.close();
+      if (this.source === source) this.source = null;
+      this.lastSeq = Math.max(this.lastSeq, after);
+      if (!this.closed) setTimeout(() => void this.openEvents(), 1000 + Math.random() * 2000);
+    };
+    source.addEventListener("overflow", (e) => {
+      const data = JSON.parse((e as MessageEvent).data) as { resume_after: number };
+      reopen(data.resume_after);
+    });
+    source.onerror = () => {
+      // The browser retries by itself (with Last-Event-ID) unless the
+      // answer was not a stream (401, 409 cursor_ahead): then reopen.
+      if (source.readyState === EventSource.CLOSED) reopen(this.lastSeq);
+    };
+  }
+
+  /** Sends a kick: the sender drains now (from another tab, over the channel). */
+  kick(): void {
+    if (this.isSender) this.wake?.();
+    else this.post({ type: "kick" });
+  }
+
+  private async run(): Promise<void> {
+    if (this.running) return;
+    this.running = true;
+    let waits = 0;
+    while (!this.closed && this.isSender) {
+      const report = await this.drainOnce().catch((e: Error) => ({ requests: 0, stepsDone: 0, wait: { kind: "link", reason: String(e) } as WaitCause }));
+      const sleep = new Promise<void>((resolve) => {
+        this.wake = resolve;
+        if (report.wait) {
+          // Waits in a row without progress: a pass that got something
+          // through starts the backoff again from its first step.
+          waits = report.stepsDone > 0 ? 1 : waits + 1;
+          setTimeout(resolve, backoffDelay(report.wait, waits, this.backoff, this.options.random));
+        } else {
+          waits = 0;
+          // Idle until a capture, a message or `online`; a slow safety pass.
+          setTimeout(resolve, 30_000);
+        }
+      });
+      if (report.wait?.reason !== this.lastWait?.reason) {
+        this.lastWait = report.wait;
+        this.dispatchEvent(new Event("status"));
+      }
+      await sleep;
+    }
+    this.running = false;
+  }
+
+  /** Runs `work` after every send already queued in this tab (one request at a time). */
+  private serial<T>(work: () => Promise<T>): Promise<T> {
+    const next = this.chain.then(work, work);
+    this.chain = next.catch(() => undefined);
+    return next;
+  }
+
+  /** One request to the engine, with the client header (and the bearer token when given). */
+  async request(method: string, path: string, body?: BodyInit | object, headers: Record<string, string> = {}): Promise<Response> {
+    const h: Record<string, string> = { [CLIENT_HEADER]: "web", ...headers };
+    if (this.options.token) h["Authorization"] = `Bearer ${this.options.token}`;
+    let payload: BodyInit | undefined;
+    if (body instanceof ArrayBuffer || body instanceof Blob || body instanceof Uint8Array || typeof body === "string") {
+      payload = body as BodyInit;
+    } else if (body !== undefined) {
+      payload = JSON.stringify(body);
+      h["Content-Type"] = "application/json";
+    }
+    return this.fetchFn(`${this.baseUrl}${path}`, { method, headers: h, body: payload, credentials: "include", cache: "no-store" });
+  }
+
+  /** A GET whose 2xx JSON body is returned; anything else throws with the problem's detail. */
+  async get(path: string): Promise<unknown> {
+    const response = await this.request("GET", path);
+    const body = await response.json().catch(() => null);
+    if (!response.ok) throw new Error(`${response.status} ${(body as { code?: string; detail?: string } | null)?.code ?? ""} ${(body as { detail?: string } | null)?.detail ?? ""}`.trim());
+    return body;
+  }
+
+  private async send(method: string, path: string, body?: BodyInit | object, headers?: Record<string, string>): Promise<Verdict> {
+    let result: Response | Error;
+    try {
+      result = await this.request(method, path, body, headers);
+    } catch (e) {
+      result = e instanceof Error ? e : new Error(String(e));
+    }
+    return classify(result, this.clock.now());
+  }
+
+  /**
+   * Stores a capture: mints the moment, copy and original ids, the entry id
+   * (the moment create's request id) and the turn's request id, makes the
+   * small copy, hashes both files and writes it all in one transaction.
+   * When this resolves the capture is durable and its ids are final; the
+   * sending tab sends it.
+   */
+  async capture(input: CaptureInput): Promise<Entry> {
+    const copyBlob = input.copy ?? (await (this.options.makeCopy ?? canvasCopy)(input.photo));
+    const [copyBytes, originalBytes] = await Promise.all([copyBlob.arrayBuffer(), input.photo.arrayBuffer()]);
+    const [copySha, originalSha] = await Promise.all([sha256Hex(copyBytes), sha256Hex(originalBytes)]);
+    const entry: Entry = {
+      id: mintRequestId(this.clock),
+      moment_id: mintUlid(this.clock),
+      turn_request_id: mintRequestId(this.clock),
+      text: input.text ?? null,
+      caption: input.caption ?? null,
+      lang: input.lang ?? null,
+      captured_at: rfc3339((input.capturedAt ?? new Date(this.clock.now())).getTime()),
+      copy: { id: mintUlid(this.clock), content_type: copyBlob.type || "image/jpeg", size: copyBytes.byteLength, sha256: copySha },
+      original: { id: mintUlid(this.clock), content_type: input.photo.type || "application/octet-stream", size: originalBytes.byteLength, sha256: originalSha },
+      done: [],
+      state: "pending",
+      parked: null,
+      turn_id: null,
+      last_error: null,
+    };
+    await this.outbox.putCapture(entry, copyBytes, originalBytes);
+    this.outboxChanged();
+    this.kick();
+    return entry;
+  }
+
+  /** Makes a parked entry pending again (the steps done stay done). */
+  async retryEntry(id: string): Promise<void> {
+    const entry = await this.outbox.entry(id);
+    if (entry?.state !== "parked") return;
+    entry.state = "pending";
+    entry.parked = null;
+    await this.outbox.saveEntry(entry);
+    this.outboxChanged();
+    this.kick();
+  }
+
+  private stepRequest(entry: Entry, step: Step): Promise<Verdict> {
+    switch (step) {
+      case "create_moment":
+        return this.send("POST", "/api/moments", {
+          id: entry.moment_id,
+          client_request_id: entry.id,
+          text: entry.text,
+          caption: entry.caption,
+          lang: entry.lang,
+          captured_at: entry.captured_at,
+        } satisfies Schemas["CreateMomentRequest"]);
+      case "start_turn":
+        return this.send("POST", `/api/moments/${entry.moment_id}/turns`, {
+          client_request_id: entry.turn_request_id,
+          mode: "practical",
+        } satisfies Schemas["StartTurnRequest"]);
+      case "upload_copy":
+      case "upload_original":
+        return this.upload(entry, step === "upload_copy" ? "copy" : "original");
+    }
+  }
+
+  private async upload(entry: Entry, role: "copy" | "original"): Promise<Verdict> {
+    const bytes = await this.outbox.bytes(entry.id, role);
+    const media = entry[role];
+    if (!bytes) {
+      return { kind: "refused", refusal: { status: 0, code: "missing_bytes", detail: `the ${role}'s bytes are not in the outbox`, body: null } };
+    }
+    return this.send("PUT", `/api/media/${media.id}`, bytes, {
+      "X-Moment-Id": entry.moment_id,
+      "X-Media-Role": role,
+      "Content-Type": media.content_type,
+      "X-Content-SHA256": media.sha256,
+    });
+  }
+
+  /**
+   * One pass: every pending entry's steps in order (moment, copy, turn,
+   * original), each step done skipped, then every pending message. Passing
+   * trouble ends the pass (the link is in trouble, not one entry); a
+   * permanent 4xx parks its entry and the pass goes on with the next.
+   */
+  drainOnce(): Promise<PassReport> {
+    return this.serial(() => this.pass());
+  }
+
+  private async pass(): Promise<PassReport> {
+    const report: PassReport = { requests: 0, stepsDone: 0, wait: null };
+    const entries = (await this.outbox.entries()).filter((e) => e.state === "pending");
+    for (const entry of entries) {
+      for (const step of STEPS) {
+        if (entry.done.includes(step)) continue;
+        report.requests += 1;
+        const verdict = await this.stepRequest(entry, step);
+        if (verdict.kind === "wait") {
+          entry.last_error = verdict.cause.reason;
+          await this.outbox.saveEntry(entry);
+          this.outboxChanged();
+          report.wait = verdict.cause;
+          return report;
+        }
+        if (verdict.kind === "refused") {
+          entry.state = "parked";
+          entry.parked = { step, status: verdict.refusal.status, code: verdict.refusal.code, detail: verdict.refusal.detail };
+          break;
+        }
+        if (step === "start_turn") {
+          entry.turn_id = (verdict.body as Schemas["TurnStartedAnswer"] | null)?.turn?.id ?? null;
+        }
+        entry.done.push(step);
+        entry.last_error = null;
+        report.stepsDone += 1;
+        if (entry.done.length === STEPS.length) entry.state = "done";
+        await this.outbox.saveEntry(entry);
+        this.outboxChanged();
+      }
+      if (entry.state === "parked") {
+        await this.outbox.saveEntry(entry);
+        this.outboxChanged();
+      }
+    }
+    const waiting = new Set((await this.outbox.entries()).filter((e) => e.state !== "done" && !e.done.includes("create_moment")).map((e) => e.moment_id));
+    for (const record of await this.outbox.messages()) {
+      if (record.state !== "pending" || waiting.has(record.thread_id)) continue;
+      const outcome = await this.sendRecord(record, false);
+      report.requests += outcome.attempts;
+      if (!outcome.wait) report.stepsDone += 1;
+      if (outcome.wait) {
+        report.wait = outcome.wait;
+        return report;
+      }
+    }
+    return report;
+  }
+
+  /**
+   * Sends a message to a moment's thread: mints its id from the page's
+   * clock, stores it `pending` (durably), and, in the sending tab, sends it
+   * at once (ADR-036: at most one immediate retry under a fresh id). In
+   * another tab, or when the link is down, it stays pending and the
+   * sender's drain sends it.
+   */
+  async sendMessage(threadId: string, body: string): Promise<MessageRecord> {
+    if (!body.trim()) throw new Error("a message needs a body");
+    const record = await this.serial(async () => {
+      const id = mintUlid(this.clock);
+      const record: MessageRecord = {
+        id,
+        order: await this.outbox.nextOrder(),
+        generation: 0,
+        thread_id: threadId.toUpperCase(),
+        body,
+        ts: rfc3339(ulidTime(id)),
+        ts_from_server: false,
+        state: "pending",
+        error: null,
+        last_error: null,
+        attempts: 0,
+      };
+      await this.outbox.saveMessage(record);
+      this.outboxChanged();
+      if (!this.isSender) return record;
+      const entries = await this.outbox.entries();
+      if (entries.some((e) => e.moment_id === record.thread_id && e.state !== "done" && !e.done.includes("create_moment"))) return record;
+      return (await this.sendRecord(record, true)).record;
+    });
+    if (!this.isSender) this.kick();
+    return record;
+  }
+
+  /** Makes a failed message pending again, without its error; the sender sends it (with the same id while within the reuse margin). */
+  async retryMessage(id: string): Promise<void> {
+    const record = await this.outbox.message(id);
+    if (record?.state !== "failed") return;
+    record.state = "pending";
+    record.error = null;
+    await this.outbox.saveMessage(record);
+    this.outboxChanged();
+    this.kick();
+  }
+
+  private async renew(record: MessageRecord): Promise<void> {
+    const old = record.id;
+    record.id = mintUlid(this.clock);
+    record.generation += 1;
+    record.ts = rfc3339(ulidTime(record.id));
+    record.ts_from_server = false;
+    await this.outbox.renewMessage(old, record);
+  }
+
+  /**
+   * One send of a message (SPEC section 6, ADR-036). `mintedNow`: the id
+   * was minted for this very send. A reused id older than the reuse margin
+   * (4 minutes, from the OpenAPI document) on the page's clock is replaced
+   * first; `clock_skew` on a reused id replaces it and tries once more at
+   * once; `clock_skew` on a fresh id fails the message with a clock text.
+   */
+  private async sendRecord(record: MessageRecord, mintedNow: boolean): Promise<{ record: MessageRecord; attempts: number; wait: WaitCause | null }> {
+    let reused = !mintedNow;
+    if (reused && Math.abs(this.clock.now() - ulidTime(record.id)) > REUSE_MARGIN_MS) {
+      await this.renew(record);
+      reused = false;
+    }
+    let attempts = 0;
+    for (;;) {
+      attempts += 1;
+      record.attempts += 1;
+      record.error = null;
+      const verdict = await this.send("POST", "/api/messages", { id: record.id, thread_id: record.thread_id, body: record.body } satisfies Schemas["PostMessageRequest"]);
+      let wait: WaitCause | null = null;
+      if (verdict.kind === "done") {
+        const ts = (verdict.body as Schemas["MessagePostedAnswer"] | null)?.message?.ts;
+        if (ts) {
+          record.ts = ts;
+          record.ts_from_server = true;
+        }
+        record.state = "sent";
+        record.last_error = null;
+      } else if (verdict.kind === "refused" && verdict.refusal.code === "clock_skew") {
+        if (reused) {
+          // The skew may come from the id's age alone: drop it and try
+          // once more, at once, with a fresh one.
+          await this.renew(record);
+          reused = false;
+          continue;
+        }
+        record.state = "failed";
+        record.error = clockError(verdict.refusal);
+      } else if (verdict.kind === "refused") {
+        record.state = "failed";
+        record.error = { code: verdict.refusal.code ?? `http_${verdict.refusal.status}`, detail: verdict.refusal.detail };
+      } else {
+        record.last_error = verdict.cause.reason;
+        wait = verdict.cause;
+      }
+      await this.outbox.saveMessage(record);
+      this.outboxChanged();
+      return { record, attempts, wait };
+    }
+  }
+
+  /** Stops sending, closes the stream, the channel and the database, and hands the sender's lock to the next tab. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.isSender = false;
+    this.source?.close();
+    this.wake?.();
+    this.releaseLock?.();
+    this.channel?.close();
+    this.outbox.close();
+  }
+}
+
+/** The clock text of a message refused with `clock_skew`, from the problem's members when it has them. */
+export function clockError(refusal: Refusal): MessageError {
+  const body = refusal.body as { skew_ms?: number; server_time_ms?: number } | null;
+  if (body && typeof body.skew_ms === "number" && typeof body.server_time_ms === "number") {
+    return {
+      code: "clock_skew",
+      detail: `this device's clock is off by about ${(Math.abs(body.skew_ms) / 60_000).toFixed(1)} minutes from the server's (server time ${rfc3339(body.server_time_ms)}); set the clock, then send again`,
+    };
+  }
+  return { code: "clock_skew", detail: `this device's clock is off from the server's (${refusal.detail}); set the clock, then send again` };
+}

@@ -1,0 +1,9 @@
+// The Spark engine's browser client (SPEC sections 6 and 12).
+export { SparkClient, clockError, CLIENT_HEADER, type CaptureInput, type ClientOptions, type ChangeNotice, type PassReport } from "./client.js";
+export { Outbox, STEPS, DB_NAME, type Entry, type MessageRecord, type MessageState, type MessageError, type Step, type MediaFile, type Parked } from "./outbox.js";
+export { classify, statusClass, parseRetryAfter, backoffDelay, DEFAULT_BACKOFF, type Verdict, type WaitCause, type Refusal, type Backoff, type Problem } from "./answers.js";
+export { mintUlid, mintRequestId, ulidTime, sha256Hex } from "./ids.js";
+export { systemClock, ManualClock, type Clock } from "./clock.js";
+export { makeCopy, fitWithin, COPY_MAX_PX } from "./image.js";
+export { CLOCK_WINDOW_MS, REUSE_MARGIN_MS } from "./generated/rules.js";
+export type { components, paths } from "./generated/api.js";

@@ -1,0 +1,122 @@
+// Capture and the send of a capture (SPEC section 6): ids minted and the
+// capture durable before any request; the seed's order; each step marked
+// done and skipped on a retry; a lost answer repeated harmlessly.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { Outbox, STEPS, sha256Hex } from "../dist/index.js";
+import { setup, photo, answer } from "./helpers.mjs";
+
+const ULID = /^[0-9A-HJKMNP-TV-Z]{26}$/;
+
+test("capture mints every id and stores photo, copy and ids durably before any request", async () => {
+  const { client, engine, factory } = await setup();
+  const p = photo("Ausfahrt");
+  const entry = await client.capture({ photo: p, text: "Ausfahrt freihalten", lang: "de" });
+  assert.equal(engine.log.length, 0, "no request before capture returns");
+  const ids = [entry.id, entry.moment_id, entry.turn_request_id, entry.copy.id, entry.original.id];
+  for (const id of ids) assert.match(id, ULID);
+  assert.equal(new Set(ids).size, 5, "every id distinct");
+  assert.equal(entry.original.sha256, await sha256Hex(await p.arrayBuffer()));
+  assert.equal(entry.copy.content_type, "image/jpeg");
+  client.close();
+  // Another handle on the same database (a reload) finds it all.
+  const again = await Outbox.open("spark-test", factory);
+  const [stored] = await again.entries();
+  assert.deepEqual(stored, entry);
+  assert.equal((await again.bytes(entry.id, "original")).byteLength, entry.original.size);
+  assert.equal((await again.bytes(entry.id, "copy")).byteLength, entry.copy.size);
+  again.close();
+});
+
+test("the send goes moment, copy, turn, original, and a done entry drops its bytes", async () => {
+  const { client, engine } = await setup();
+  const entry = await client.capture({ photo: photo() });
+  const report = await client.drainOnce();
+  assert.equal(report.wait, null);
+  assert.deepEqual(
+    engine.log.map((r) => `${r.method} ${r.path}`),
+    [
+      "POST /api/moments",
+      `PUT /api/media/${entry.copy.id}`,
+      `POST /api/moments/${entry.moment_id}/turns`,
+      `PUT /api/media/${entry.original.id}`,
+    ],
+  );
+  const [create, copy, turn, original] = engine.log;
+  assert.deepEqual(JSON.parse(create.body).client_request_id, entry.id);
+  assert.equal(JSON.parse(create.body).id, entry.moment_id);
+  assert.equal(copy.headers["x-media-role"], "copy");
+  assert.equal(copy.headers["x-content-sha256"], entry.copy.sha256);
+  assert.equal(copy.headers["x-moment-id"], entry.moment_id);
+  assert.equal(JSON.parse(turn.body).client_request_id, entry.turn_request_id);
+  assert.equal(JSON.parse(turn.body).mode, "practical");
+  assert.equal(original.headers["x-media-role"], "original");
+  const stored = await client.outbox.entry(entry.id);
+  assert.equal(stored.state, "done");
+  assert.deepEqual(stored.done, [...STEPS]);
+  assert.equal(stored.turn_id, "T1");
+  assert.equal(await client.outbox.bytes(entry.id, "original"), undefined);
+  // Nothing more to send.
+  await client.drainOnce();
+  assert.equal(engine.log.length, 4);
+  client.close();
+});
+
+test("a step done is skipped on the retry; a step whose answer was lost is repeated harmlessly", async () => {
+  const { client, engine } = await setup();
+  const entry = await client.capture({ photo: photo() });
+  // The moment is created but its answer is lost; the copy gets a 503.
+  engine.script.push(() => "drop");
+  let report = await client.drainOnce();
+  assert.equal(report.wait.kind, "link");
+  assert.deepEqual((await client.outbox.entry(entry.id)).done, []);
+  engine.script.push(undefined, answer(503, "unavailable"));
+  report = await client.drainOnce();
+  assert.equal(report.wait.kind, "server");
+  assert.deepEqual((await client.outbox.entry(entry.id)).done, ["create_moment"]);
+  const before = engine.log.length;
+  report = await client.drainOnce();
+  assert.equal(report.wait, null);
+  assert.deepEqual(
+    engine.log.slice(before).map((r) => r.path),
+    [`/api/media/${entry.copy.id}`, `/api/moments/${entry.moment_id}/turns`, `/api/media/${entry.original.id}`],
+    "the create is not sent again",
+  );
+  assert.equal(engine.moments.size, 1, "one moment for one capture");
+  assert.equal(engine.log.filter((r) => r.path === "/api/moments").length, 2, "the lost create was sent once more, with its ids");
+  client.close();
+});
+
+test("entries send in capture order, and a parked entry does not hold up the next", async () => {
+  const { client, engine } = await setup();
+  const a = await client.capture({ photo: photo("a") });
+  const b = await client.capture({ photo: photo("b") });
+  const c = await client.capture({ photo: photo("c") });
+  // b's copy is refused for good.
+  engine.script.push(undefined, undefined, undefined, undefined, undefined, answer(409, "conflict"));
+  const report = await client.drainOnce();
+  assert.equal(report.wait, null);
+  const creates = engine.log.filter((r) => r.path === "/api/moments").map((r) => JSON.parse(r.body).id);
+  assert.deepEqual(creates, [a.moment_id, b.moment_id, c.moment_id]);
+  const parked = await client.outbox.entry(b.id);
+  assert.equal(parked.state, "parked");
+  assert.deepEqual(parked.parked, { step: "upload_copy", status: 409, code: "conflict", detail: "scripted 409" });
+  assert.equal((await client.outbox.entry(c.id)).state, "done");
+  // Retried by the person: the done step stays done.
+  await client.retryEntry(b.id);
+  const before = engine.log.length;
+  await client.drainOnce();
+  assert.equal(engine.log[before].path, `/api/media/${b.copy.id}`);
+  assert.equal((await client.outbox.entry(b.id)).state, "done");
+  client.close();
+});
+
+test("ready: once storage is open and the outbox loaded, as an event after open() and as a promise", async () => {
+  const { client } = await setup();
+  let heard = 0;
+  client.addEventListener("ready", () => heard++);
+  await client.ready;
+  await new Promise((r) => setTimeout(r, 10));
+  assert.equal(heard, 1);
+  client.close();
+});
