@@ -9,6 +9,8 @@ mod archive_s3;
 mod archive_sync;
 #[path = "tools/archive_takeover.rs"]
 mod archive_takeover;
+#[path = "tools/checkpoint.rs"]
+mod checkpoint;
 #[path = "tools/s3_common.rs"]
 mod s3_common;
 #[path = "tools/weed.rs"]

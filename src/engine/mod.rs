@@ -18,6 +18,7 @@
 //! deferred to the next batch: a duplicate of an in-flight op waits for that
 //! op's commit and then gets the same answer as any later retry.
 
+mod checkpoint;
 mod journal;
 
 use std::fs::File;
@@ -133,6 +134,9 @@ pub struct Engine {
     queue: mpsc::Sender<Job>,
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// The checkpoint worker, when `log.checkpoint_interval_ops` is above 0:
+    /// stopped before the lock is released.
+    checkpoints: Mutex<Option<checkpoint::CheckpointWorker>>,
     /// The exclusive lock on `<data>/LOCK`: held until shutdown (or drop).
     lock: Mutex<Option<File>>,
     recovery: RecoveryReport,
@@ -149,7 +153,7 @@ impl Engine {
     ) -> Result<Engine, EngineOpenError> {
         let lock = lock_data_dir(&settings.data_dir)?;
         let replay_started = std::time::Instant::now();
-        let (log, recovery, mirror) = replay_log(settings, fs)?;
+        let (log, recovery, mirror, checkpoint_seq) = replay_log(settings, fs)?;
         crate::metrics::get()
             .replay_seconds
             .set(replay_started.elapsed().as_secs_f64());
@@ -187,9 +191,29 @@ impl Engine {
             path: settings.data_dir.display().to_string(),
             source,
         })?;
+        let checkpoints = (settings.log.checkpoint_interval_ops > 0)
+            .then(|| {
+                checkpoint::CheckpointWorker::spawn(
+                    checkpoint::WorkerConfig {
+                        data_dir: settings.data_dir.clone(),
+                        log_dir: settings.log_dir(),
+                        max_record_bytes: settings.log.max_record_bytes,
+                        interval_ops: settings.log.checkpoint_interval_ops,
+                        kept: settings.log.checkpoints_kept,
+                        last_seq: checkpoint_seq,
+                    },
+                    Arc::clone(&shared),
+                )
+            })
+            .transpose()
+            .map_err(|source| EngineOpenError::DataDir {
+                path: settings.data_dir.display().to_string(),
+                source,
+            })?;
         Ok(Engine {
             queue,
             shared,
+            checkpoints: Mutex::new(checkpoints),
             writer: Mutex::new(Some(writer)),
             lock: Mutex::new(Some(lock)),
             recovery,
@@ -347,6 +371,10 @@ impl Engine {
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
+        let worker = self.checkpoints.lock().take();
+        if let Some(mut worker) = worker {
+            let _ = tokio::task::spawn_blocking(move || worker.stop()).await;
+        }
         self.lock.lock().take();
     }
 }
@@ -487,10 +515,61 @@ fn open_error(settings: &Settings, e: OpenError<ReplayStop>, at: (u64, u64)) -> 
     }
 }
 
+/// Startup replay: the newest valid checkpoint (when checkpoints are on),
+/// then the log's ops after it; a checkpoint that is not valid is ignored
+/// with a warning naming the file. Returns the log, what recovery did, the
+/// mirror and the seq of the checkpoint used (0 for none). A checkpoint
+/// past the end of the recovered log (which only a log that lost
+/// acknowledged records could give) is dropped with a warning and the whole
+/// log replayed.
 fn replay_log(
     settings: &Settings,
     fs: Arc<dyn Fs>,
+) -> Result<(Log, RecoveryReport, Mirror, u64), EngineOpenError> {
+    let start = if settings.log.checkpoint_interval_ops > 0 {
+        let (loaded, ignored) = spark_core::checkpoint::load_newest(
+            &settings.data_dir,
+            &settings.log_dir(),
+            Mirror::new,
+        );
+        for ignored in ignored {
+            tracing::warn!(file = %ignored.file.display(), why = %ignored.why, "checkpoint ignored; replaying the log instead");
+        }
+        loaded.map(|loaded| {
+            tracing::info!(file = %loaded.file.display(), seq = loaded.header.at.seq, "starting from checkpoint");
+            loaded.mirror
+        })
+    } else {
+        None
+    };
+    let Some(start) = start else {
+        let (log, recovery, mirror) = replay_log_from(settings, Arc::clone(&fs), Mirror::new())?;
+        return Ok((log, recovery, mirror, 0));
+    };
+    let checkpoint_seq = start.seq;
+    let (log, recovery, mirror) = replay_log_from(settings, Arc::clone(&fs), start)?;
+    if log.head().seq < checkpoint_seq {
+        tracing::warn!(
+            seq = checkpoint_seq,
+            head = log.head().seq,
+            "checkpoint is beyond the recovered log; replaying the whole log"
+        );
+        drop(log);
+        let (log, recovery, mirror) = replay_log_from(settings, fs, Mirror::new())?;
+        return Ok((log, recovery, mirror, 0));
+    }
+    Ok((log, recovery, mirror, checkpoint_seq))
+}
+
+/// Replays the log's ops after `mirror.seq` into `mirror` (every record is
+/// still read and checked by recovery; the ones at or before `mirror.seq`
+/// are not decoded).
+fn replay_log_from(
+    settings: &Settings,
+    fs: Arc<dyn Fs>,
+    mirror: Mirror,
 ) -> Result<(Log, RecoveryReport, Mirror), EngineOpenError> {
+    let skip_through = mirror.seq;
     let (batches, received) =
         std::sync::mpsc::sync_channel::<ReplayBatch>(REPLAY_BATCHES_IN_FLIGHT);
     // Emptied batch buffers go back to be filled again: a fresh 0.5 MB
@@ -498,7 +577,7 @@ fn replay_log(
     // and faulting it in again (zeroed pages) is the largest cost of replay
     // on a VM (issue 7).
     let (recycle, recycled) = std::sync::mpsc::channel::<Vec<(PreparedOp, u64)>>();
-    let mirror = Mirror::new();
+    let known_request_ids = mirror.requests.len();
     // Ops are decoded and prepared (creates built and boxed, request ids
     // hashed) on this thread, and folded on the fold thread.
     let preparer = mirror.preparer();
@@ -508,6 +587,9 @@ fn replay_log(
     let mut at = (0, 0);
     let mut batch = Vec::with_capacity(REPLAY_BATCH_OPS);
     let opened = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
+        if record.seq <= skip_through {
+            return Ok(());
+        }
         at = (record.seq, record.offset);
         let op = Op::decode(&record).map_err(|e| ReplayStop::Decode(e.into()))?;
         let op = preparer.prepare(op);
@@ -518,7 +600,9 @@ fn replay_log(
                 .try_recv()
                 .unwrap_or_else(|_| Vec::with_capacity(REPLAY_BATCH_OPS));
             let full = std::mem::replace(&mut batch, empty);
-            let reserve = sample.take_estimate(log_bytes);
+            let reserve = sample
+                .take_estimate(log_bytes)
+                .saturating_sub(known_request_ids);
             batches
                 .send((full, reserve))
                 .map_err(|_| ReplayStop::FoldStopped)?;
