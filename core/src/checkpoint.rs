@@ -474,6 +474,59 @@ pub fn list(data_dir: &Path) -> Vec<(u64, PathBuf)> {
 pub fn load(path: &Path, log_dir: &Path, empty: Mirror) -> Result<(Header, Mirror), String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
     let header = decode_header(&bytes)?;
+    check_against_log(path, &header, log_dir)?;
+    decode(&bytes, empty)
+}
+
+/// The cheap checks of one checkpoint file, without reading its body:
+/// magic, format version, reserved bytes, the file's length against the
+/// header's body length, the name's seq, and the chain value against the
+/// log. What startup does to pick a checkpoint before loading it (the
+/// checksum and the body are checked by [`load`], on another thread).
+/// Errors in words.
+pub fn peek(path: &Path, log_dir: &Path) -> Result<Header, String> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let len = file.metadata().map_err(|e| format!("cannot be read: {e}"))?.len();
+    let mut head = [0u8; HEADER_BYTES];
+    file.read_exact(&mut head)
+        .map_err(|_| format!("{len} bytes: shorter than a checkpoint"))?;
+    if head[..8] != MAGIC {
+        return Err("not a checkpoint (bad magic)".into());
+    }
+    let version = u16::from_le_bytes([head[8], head[9]]);
+    if version != FORMAT_VERSION {
+        return Err(format!(
+            "format version {version}, this build reads {FORMAT_VERSION}"
+        ));
+    }
+    if head[10..16] != [0; 6] {
+        return Err("reserved header bytes are not zero".into());
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().expect("8 bytes"));
+    let body_bytes = u64_at(80);
+    if Some(len) != body_bytes.checked_add((HEADER_BYTES + TRAILER_BYTES) as u64) {
+        return Err(format!(
+            "header says {body_bytes} body bytes, the file holds {len} bytes in all"
+        ));
+    }
+    let header = Header {
+        at: LogPoint {
+            seq: u64_at(16),
+            segment_first_seq: u64_at(32),
+            frame_end_offset: u64_at(40),
+            chain: head[48..80].try_into().expect("32 bytes"),
+        },
+        ts_ms: u64_at(24),
+        body_bytes,
+    };
+    check_against_log(path, &header, log_dir)?;
+    Ok(header)
+}
+
+/// The name's seq is the header's, and the chain value at the header's
+/// point equals the log's.
+fn check_against_log(path: &Path, header: &Header, log_dir: &Path) -> Result<(), String> {
     let named = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -501,7 +554,21 @@ pub fn load(path: &Path, log_dir: &Path, empty: Mirror) -> Result<(Header, Mirro
             at.frame_end_offset
         ));
     }
-    decode(&bytes, empty)
+    Ok(())
+}
+
+/// The newest checkpoint file in `data_dir` that [`peek`] accepts against
+/// the log in `log_dir`, with its header, and every newer file that was
+/// ignored, with why.
+pub fn newest_candidate(data_dir: &Path, log_dir: &Path) -> (Option<(PathBuf, Header)>, Vec<Ignored>) {
+    let mut ignored = Vec::new();
+    for (_, file) in list(data_dir) {
+        match peek(&file, log_dir) {
+            Ok(header) => return (Some((file, header)), ignored),
+            Err(why) => ignored.push(Ignored { file, why }),
+        }
+    }
+    (None, ignored)
 }
 
 /// The newest checkpoint in `data_dir` that [`load`] accepts against the
