@@ -150,8 +150,14 @@ fn history_figures(root: &Path) {
     let (history_write, history_bytes) = write_checkpoint(&history);
     let (alone_ckpt, _, alone_digest_ckpt) = timed_open(&alone, true);
     let (history_ckpt, _, history_digest_ckpt) = timed_open(&history, true);
-    assert_eq!(alone_digest, alone_digest_ckpt, "a checkpoint changed the mirror");
-    assert_eq!(history_digest, history_digest_ckpt, "a checkpoint changed the mirror");
+    assert_eq!(
+        alone_digest, alone_digest_ckpt,
+        "a checkpoint changed the mirror"
+    );
+    assert_eq!(
+        history_digest, history_digest_ckpt,
+        "a checkpoint changed the mirror"
+    );
     let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
     println!();
     println!(

@@ -566,14 +566,20 @@ fn replay_log(
         None
     };
     let Some((file, checkpoint_seq)) = start else {
-        let (log, recovery, mirror) = replay_log_from(settings, Arc::clone(&fs), None)?
-            .map_err(|(_, why)| EngineOpenError::DataDir {
-                path: settings.data_dir.display().to_string(),
-                source: std::io::Error::other(why),
+        let (log, recovery, mirror) =
+            replay_log_from(settings, Arc::clone(&fs), None)?.map_err(|(_, why)| {
+                EngineOpenError::DataDir {
+                    path: settings.data_dir.display().to_string(),
+                    source: std::io::Error::other(why),
+                }
             })?;
         return Ok((log, recovery, mirror, 0));
     };
-    match replay_log_from(settings, Arc::clone(&fs), Some((file.clone(), checkpoint_seq)))? {
+    match replay_log_from(
+        settings,
+        Arc::clone(&fs),
+        Some((file.clone(), checkpoint_seq)),
+    )? {
         Ok((log, recovery, mirror)) if log.head().seq >= checkpoint_seq => {
             tracing::info!(file = %file.display(), seq = checkpoint_seq, "started from checkpoint");
             return Ok((log, recovery, mirror, checkpoint_seq));
@@ -585,12 +591,11 @@ fn replay_log(
             tracing::warn!(file = %file.display(), %why, "checkpoint ignored; replaying the log instead");
         }
     }
-    let (log, recovery, mirror) = replay_log_from(settings, fs, None)?.map_err(|(_, why)| {
-        EngineOpenError::DataDir {
+    let (log, recovery, mirror) =
+        replay_log_from(settings, fs, None)?.map_err(|(_, why)| EngineOpenError::DataDir {
             path: settings.data_dir.display().to_string(),
             source: std::io::Error::other(why),
-        }
-    })?;
+        })?;
     Ok((log, recovery, mirror, 0))
 }
 
