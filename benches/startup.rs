@@ -9,6 +9,13 @@
 //! `SPARK_BENCH_DATA=DIR` to keep (or reuse) the data directory, e.g. one
 //! made by `spark-replay generate --data DIR --ops N`. Figures are with the
 //! files in the page cache (they were just written or read).
+//!
+//! Checkpoints (issue 18), in the same run: the big log's `Engine::open`
+//! again from a checkpoint; then a log of `SPARK_BENCH_HISTORY_CREATES`
+//! creates (default 2,000,000) followed by `SPARK_BENCH_HISTORY_TAIL_OPS`
+//! edits and deletes (default 9x the creates) beside a log of its creates
+//! alone, each opened without and with a checkpoint. `SPARK_BENCH_REPLAY_OPS=0`
+//! skips the big log; `SPARK_BENCH_HISTORY_CREATES=0` the history part.
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -51,6 +58,138 @@ fn server_startup(data: &Path) -> (Duration, u64) {
     (elapsed, rss)
 }
 
+/// Settings for `data` with checkpoints on (`true`: loaded at open) or off.
+fn open_settings(data: &Path, checkpoints: bool) -> Settings {
+    let mut settings = Settings {
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    };
+    if !checkpoints {
+        settings.log.checkpoint_interval_ops = 0;
+    }
+    settings
+}
+
+/// `Engine::open` on `data`, timed; (time, head seq, digest).
+fn timed_open(data: &Path, checkpoints: bool) -> (Duration, u64, String) {
+    let started = Instant::now();
+    let engine = Engine::open(
+        &open_settings(data, checkpoints),
+        Arc::new(OsFs),
+        Arc::new(SystemClock),
+    )
+    .expect("the engine opens");
+    let elapsed = started.elapsed();
+    let seq = engine.head().seq;
+    // The checkpoint worker stops with the engine (drop).
+    let digest = engine.read(|m| m.digest());
+    drop(engine);
+    (elapsed, seq, digest)
+}
+
+/// Writes a checkpoint of `data` at its head (what the engine's worker
+/// does); (time, file bytes).
+fn write_checkpoint(data: &Path) -> (Duration, u64) {
+    let started = Instant::now();
+    let built = spark_core::checkpoint::build(
+        data,
+        &log_dir(data),
+        spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        2,
+        &|| false,
+    )
+    .expect("the checkpoint is written");
+    let bytes = built.map_or(0, |b| b.bytes);
+    (started.elapsed(), bytes)
+}
+
+/// A log of `creates` creates then `tail` edits and deletes in `data`,
+/// unless one is there.
+fn ensure_log(data: &Path, creates: u64, tail: u64) {
+    let log = log_dir(data);
+    if LogReader::open(&log).map_or(true, |r| r.segments().is_empty()) {
+        let started = Instant::now();
+        eprintln!(
+            "writing {creates} creates and {tail} edits/deletes into {}",
+            log.display()
+        );
+        spark_engine::synth::generate_with_tail(&log, creates, tail, LogConfig::default(), |_| {})
+            .expect("the synthetic log is written");
+        eprintln!("written in {:.1} s", started.elapsed().as_secs_f64());
+    }
+}
+
+/// The history part: startup of creates + edits/deletes beside the creates
+/// alone, each without and with a checkpoint.
+fn history_figures(root: &Path) {
+    let creates: u64 = std::env::var("SPARK_BENCH_HISTORY_CREATES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000_000);
+    if creates == 0 {
+        return;
+    }
+    let tail: u64 = std::env::var("SPARK_BENCH_HISTORY_TAIL_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(9 * creates);
+    let alone = root.join("creates");
+    let history = root.join("history");
+    ensure_log(&alone, creates, 0);
+    ensure_log(&history, creates, tail);
+    for data in [&alone, &history] {
+        for (_, file) in spark_core::checkpoint::list(data) {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+    // Side by side: both without checkpoints, then a checkpoint of each,
+    // then both with.
+    let (alone_plain, alone_seq, alone_digest) = timed_open(&alone, false);
+    let (history_plain, history_seq, history_digest) = timed_open(&history, false);
+    let (alone_write, alone_bytes) = write_checkpoint(&alone);
+    let (history_write, history_bytes) = write_checkpoint(&history);
+    let (alone_ckpt, _, alone_digest_ckpt) = timed_open(&alone, true);
+    let (history_ckpt, _, history_digest_ckpt) = timed_open(&history, true);
+    assert_eq!(
+        alone_digest, alone_digest_ckpt,
+        "a checkpoint changed the mirror"
+    );
+    assert_eq!(
+        history_digest, history_digest_ckpt,
+        "a checkpoint changed the mirror"
+    );
+    let verdict = |ok: bool| if ok { "PASS" } else { "MISS" };
+    println!();
+    println!(
+        "history: {creates} creates + {tail} edits/deletes ({history_seq} ops) beside the {alone_seq} creates alone"
+    );
+    println!("| log | `Engine::open` without checkpoint | checkpoint write (bytes) | `Engine::open` with checkpoint |");
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| creates alone | {:.2} s | {:.2} s ({:.0} MiB) | {:.2} s |",
+        alone_plain.as_secs_f64(),
+        alone_write.as_secs_f64(),
+        alone_bytes as f64 / MIB,
+        alone_ckpt.as_secs_f64()
+    );
+    println!(
+        "| creates + edits/deletes | {:.2} s | {:.2} s ({:.0} MiB) | {:.2} s |",
+        history_plain.as_secs_f64(),
+        history_write.as_secs_f64(),
+        history_bytes as f64 / MIB,
+        history_ckpt.as_secs_f64()
+    );
+    let ratio = history_ckpt.as_secs_f64() / alone_plain.as_secs_f64();
+    println!(
+        "history with checkpoint / creates alone without: {ratio:.2}x (target <= 1.5x) {}",
+        verdict(ratio <= 1.5)
+    );
+    println!(
+        "history with checkpoint / creates alone with: {:.2}x",
+        history_ckpt.as_secs_f64() / alone_ckpt.as_secs_f64()
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; this target takes no arguments.
     let ops: u64 = std::env::var("SPARK_BENCH_REPLAY_OPS")
@@ -66,6 +205,10 @@ fn main() {
         }
     };
     let log = log_dir(&data);
+    if ops == 0 {
+        history_figures(&data);
+        return;
+    }
     if LogReader::open(&log).map_or(true, |r| r.segments().is_empty()) {
         let started = Instant::now();
         eprintln!("writing {ops} moment creates into {}", log.display());
@@ -96,10 +239,10 @@ fn main() {
     drop(reader);
 
     // The engine's replay, in this process: the mirror and its memory.
-    let settings = Settings {
-        data_dir: data.clone(),
-        ..Settings::default()
-    };
+    for (_, file) in spark_core::checkpoint::list(&data) {
+        let _ = std::fs::remove_file(file);
+    }
+    let settings = open_settings(&data, false);
     let rss_before = rss_bytes("self");
     let started = Instant::now();
     let engine =
@@ -109,6 +252,10 @@ fn main() {
     let moments = engine.read(|mirror| mirror.moments.len() as u64);
     assert_eq!(engine.head().seq, records);
     drop(engine);
+
+    // The same log from a checkpoint at its head.
+    let (checkpoint_write, checkpoint_bytes) = write_checkpoint(&data);
+    let (with_checkpoint, _, _) = timed_open(&data, true);
 
     // The real server: time until it listens, and its memory then.
     let empty = tempfile::tempdir().expect("a temporary directory");
@@ -147,7 +294,14 @@ fn main() {
         verdict(replay_mib_s * 10.0 >= raw_mib_s)
     );
     println!(
-        "| server startup until listening | {:.2} s | < 4 s | {} |",
+        "| `Engine::open` from a checkpoint at the head (written in {:.2} s, {:.0} MiB) | {:.2} s | < 4 s | {} |",
+        checkpoint_write.as_secs_f64(),
+        checkpoint_bytes as f64 / MIB,
+        with_checkpoint.as_secs_f64(),
+        verdict(with_checkpoint < Duration::from_secs(4))
+    );
+    println!(
+        "| server startup until listening (from the checkpoint) | {:.2} s | < 4 s | {} |",
         startup.as_secs_f64(),
         verdict(startup < Duration::from_secs(4))
     );
@@ -160,4 +314,5 @@ fn main() {
         "| mirror memory per moment (in-process RSS growth during replay) | {per_moment_engine:.0} B ({:.1}x the payload) | | |",
         per_moment_engine / payload_per_moment
     );
+    history_figures(&data);
 }

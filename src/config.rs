@@ -382,6 +382,16 @@ pub struct LogSettings {
     /// that long. Below the reserve every write measures again, so writes
     /// resume as soon as space is back. 1 to 60,000; default 100.
     pub disk_check_interval_ms: u64,
+    /// A checkpoint of the mirror and the request index is written in the
+    /// background once this many ops were committed after the newest one
+    /// (`<data>/checkpoint/`, issue 18; `log-format/CHECKPOINT.md`), and
+    /// startup loads the newest valid one and replays only the ops after
+    /// it. 0 turns checkpoints off (none written, none loaded). Default
+    /// 1,000,000.
+    pub checkpoint_interval_ops: u64,
+    /// Checkpoint files kept (the newest ones); older ones are removed
+    /// after each write. 1 to 100; default 2.
+    pub checkpoints_kept: usize,
 }
 
 impl Default for Settings {
@@ -428,6 +438,8 @@ impl Default for LogSettings {
             change_buffer_batches: 1024,
             disk_reserve_bytes: 256 * 1024 * 1024,
             disk_check_interval_ms: 100,
+            checkpoint_interval_ops: 1_000_000,
+            checkpoints_kept: 2,
         }
     }
 }
@@ -720,6 +732,9 @@ impl Settings {
         if self.log.segment_size_bytes < 4096 {
             return invalid("log.segment_size_bytes", "must be at least 4096");
         }
+        if !(1..=100).contains(&self.log.checkpoints_kept) {
+            return invalid("log.checkpoints_kept", "must be 1 to 100");
+        }
         if self.log.group_commit_max_ops == 0 {
             return invalid("log.group_commit_max_ops", "must be above 0");
         }
@@ -983,6 +998,26 @@ mod tests {
         s.log.disk_check_interval_ms = 0;
         let refused = s.validate().unwrap_err().to_string();
         assert!(refused.contains("log.disk_check_interval_ms"), "{refused}");
+    }
+
+    #[test]
+    fn checkpoint_settings_come_from_env_and_are_checked() {
+        let mut s = Settings::default();
+        assert_eq!(s.log.checkpoint_interval_ops, 1_000_000);
+        s.apply_env(env(&[
+            ("SPARK_LOG_CHECKPOINT_INTERVAL_OPS", "5000"),
+            ("SPARK_LOG_CHECKPOINTS_KEPT", "3"),
+        ]))
+        .unwrap();
+        assert_eq!(s.log.checkpoint_interval_ops, 5000);
+        assert_eq!(s.log.checkpoints_kept, 3);
+        s.validate().unwrap();
+        assert!(s
+            .to_toml_redacted()
+            .contains("checkpoint_interval_ops = 5000"));
+        s.log.checkpoints_kept = 0;
+        let refused = s.validate().unwrap_err().to_string();
+        assert!(refused.contains("log.checkpoints_kept"), "{refused}");
     }
 
     #[test]

@@ -59,6 +59,33 @@ pub(crate) fn read(buf: &[u8], at: usize) -> (&[u8], usize) {
     (&buf[at..at + len], at + len)
 }
 
+/// [`read_leb128`] for bytes from outside (a checkpoint file): `None`
+/// when the value runs past the end of `buf` or past 64 bits.
+pub(crate) fn checked_read_leb128(buf: &[u8], mut at: usize) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    let mut shift = 0u32;
+    loop {
+        let byte = *buf.get(at)?;
+        at += 1;
+        if shift == 63 && byte > 1 || shift > 63 {
+            return None;
+        }
+        value |= u64::from(byte & 0x7F) << shift;
+        shift += 7;
+        if byte & 0x80 == 0 {
+            return Some((value, at));
+        }
+    }
+}
+
+/// [`read`] for bytes from outside (a checkpoint file): `None` when the
+/// length or the bytes run past the end of `buf`.
+pub(crate) fn checked_read(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let (len, at) = checked_read_leb128(buf, at)?;
+    let end = at.checked_add(usize::try_from(len).ok()?)?;
+    Some((buf.get(at..end)?, end))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,6 +115,11 @@ mod tests {
             push_leb128(&mut buf, value);
             assert_eq!(buf.len() - at, leb128_len(value));
             assert_eq!(read_leb128(&buf, at), (value, buf.len()));
+            assert_eq!(checked_read_leb128(&buf, at), Some((value, buf.len())));
+            assert_eq!(checked_read_leb128(&buf[..buf.len() - 1], at), None);
         }
+        assert_eq!(checked_read_leb128(&[0xFF; 11], 0), None);
+        assert_eq!(checked_read(&[5, b'a'], 0), None);
+        assert_eq!(checked_read(&[1, b'a'], 0), Some((&b"a"[..], 2)));
     }
 }

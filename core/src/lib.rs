@@ -16,6 +16,8 @@
 //!   and [`error`]: what a command produced or why it was refused (typed
 //!   conflicts included).
 //! - [`blob`]: where blobs live and the one check of a blob against its op.
+//! - [`checkpoint`]: the mirror and request index at a seq in one file,
+//!   so startup replays only the ops after it.
 //! - [`layout`]: the paths inside a data directory.
 //! - [`damage`]: what damaged records were about; [`synth`]: synthetic logs
 //!   for measurement; [`time`]: RFC 3339 on the wire.
@@ -25,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod blob;
+pub mod checkpoint;
 pub mod codec;
 pub mod command;
 pub mod damage;

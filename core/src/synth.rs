@@ -44,6 +44,41 @@ pub fn moment_create(k: u64) -> OpBody {
     })
 }
 
+/// The `j`-th synthetic op after `creates` creates in a log of `creates`
+/// creates then `tail` edits and deletes (`tail` ops in all): the last
+/// `tail_deletes(creates, tail)` of them delete moments `0, 1, ...`; the
+/// others edit moment `j % creates` (its text, with a request id), never a
+/// deleted one.
+pub fn tail_op(creates: u64, tail: u64, j: u64) -> OpBody {
+    let deletes = tail_deletes(creates, tail);
+    let id = |k: u64| Id::from_parts(BASE_MS + k, u128::from(k) * 7919);
+    if j >= tail - deletes {
+        let k = j - (tail - deletes);
+        return OpBody::MomentDelete(crate::op::MomentDelete {
+            id: id(k),
+            request_id: Some(format!("outbox-delete-{k:012}")),
+            device: "phone-1".into(),
+        });
+    }
+    let k = j % creates;
+    OpBody::MomentEdit(crate::op::MomentEdit {
+        id: id(k),
+        request_id: Some(format!("outbox-edit-{j:012}-c2d98960")),
+        device: "phone-1".into(),
+        text: Some(Some(format!(
+            "Stationnement interdit sauf livraisons {k} v{j}"
+        ))),
+        caption: None,
+        lang: None,
+    })
+}
+
+/// How many of [`tail_op`]'s `tail` ops are deletes: a tenth, at most half
+/// the creates.
+pub fn tail_deletes(creates: u64, tail: u64) -> u64 {
+    (tail / 10).min(creates / 2)
+}
+
 /// Appends `count` synthetic moment creates to the log in `log_dir`
 /// (created if missing), [`BATCH_OPS`] per fdatasync, calling `progress`
 /// with the ops written so far after each batch.
@@ -55,8 +90,33 @@ pub fn generate(
     log_dir: &Path,
     count: u64,
     config: LogConfig,
+    progress: impl FnMut(u64),
+) -> Result<Generated, LogError> {
+    generate_with_tail(log_dir, count, 0, config, progress)
+}
+
+/// [`generate`], then `tail` edits and deletes of those moments
+/// ([`tail_op`]): a log whose history outgrows its live state, for
+/// measuring checkpoints (issue 18). `progress` gets the ops written so
+/// far, creates and tail together. Errors as [`generate`]; `tail` above 0
+/// needs `count` above 0 (`InvalidInput` otherwise).
+pub fn generate_with_tail(
+    log_dir: &Path,
+    count: u64,
+    tail: u64,
+    config: LogConfig,
     mut progress: impl FnMut(u64),
 ) -> Result<Generated, LogError> {
+    if tail > 0 && count == 0 {
+        return Err(LogError::Io {
+            op: "generate",
+            path: log_dir.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "edits and deletes need at least one create",
+            ),
+        });
+    }
     let (mut log, _) = Log::open(log_dir, config, Arc::new(OsFs), |_| {
         Ok::<(), std::convert::Infallible>(())
     })
@@ -76,11 +136,17 @@ pub fn generate(
     }
     let mut written = 0;
     let mut payload_bytes = 0;
-    while written < count {
-        let n = (count - written).min(BATCH_OPS);
+    let total = count + tail;
+    while written < total {
+        let n = (total - written).min(BATCH_OPS);
         let encoded: Vec<_> = (written..written + n)
             .map(|k| {
-                moment_create(k).encode().map_err(|e| LogError::Io {
+                let body = if k < count {
+                    moment_create(k)
+                } else {
+                    tail_op(count, tail, k - count)
+                };
+                body.encode().map_err(|e| LogError::Io {
                     op: "encode",
                     path: log_dir.to_owned(),
                     source: std::io::Error::other(e),

@@ -8,13 +8,14 @@ use spark_log_format::LogConfig;
 use crate::{Common, Failure, Outcome};
 use spark_core::layout::log_dir;
 
-/// Writes `ops` synthetic moment creates into `--data DIR` (which must hold
-/// no log yet), with the server's default segment size; prints the ops,
-/// the payload bytes and the log bytes.
-pub fn run(common: &Common, ops: u64) -> Outcome {
+/// Writes `ops` synthetic moment creates, then `edits` edits and deletes
+/// ([`spark_core::synth::tail_op`]), into `--data DIR` (which must hold no
+/// log yet), with the server's default segment size; prints the ops, the
+/// payload bytes and the log bytes.
+pub fn run(common: &Common, ops: u64, edits: u64) -> Outcome {
     let dir = log_dir(&common.data);
-    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) && ops >= 100_000 {
-        let bar = ProgressBar::with_draw_target(Some(ops), ProgressDrawTarget::stderr());
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) && ops + edits >= 100_000 {
+        let bar = ProgressBar::with_draw_target(Some(ops + edits), ProgressDrawTarget::stderr());
         if let Ok(style) =
             ProgressStyle::with_template("generate [{bar:40}] {pos}/{len} ops {per_sec} eta {eta}")
         {
@@ -25,10 +26,10 @@ pub fn run(common: &Common, ops: u64) -> Outcome {
         ProgressBar::hidden()
     };
     let generated =
-        spark_core::synth::generate(&dir, ops, LogConfig::default(), |n| bar.set_position(n))
-            .map_err(|e| {
-                Failure::unreadable(format!("cannot generate into {}: {e}", dir.display()))
-            })?;
+        spark_core::synth::generate_with_tail(&dir, ops, edits, LogConfig::default(), |n| {
+            bar.set_position(n)
+        })
+        .map_err(|e| Failure::unreadable(format!("cannot generate into {}: {e}", dir.display())))?;
     bar.finish_and_clear();
     let log_bytes: u64 = std::fs::read_dir(&dir)
         .map_err(|e| Failure::unreadable(format!("cannot list {}: {e}", dir.display())))?
@@ -42,7 +43,7 @@ pub fn run(common: &Common, ops: u64) -> Outcome {
         );
     } else {
         println!(
-            "generated {} moment creates into {}: {} payload bytes, {} log bytes",
+            "generated {} ops ({ops} moment creates, {edits} edits and deletes) into {}: {} payload bytes, {} log bytes",
             generated.ops,
             dir.display(),
             generated.payload_bytes,

@@ -139,6 +139,12 @@ enum Cmd {
         /// Write the rebuilt mirror as JSON to FILE.
         #[arg(long, value_name = "FILE")]
         export: Option<PathBuf>,
+        /// Start from the newest valid checkpoint in DIR/checkpoint (not
+        /// past `--at`) and fold only the ops after it; an invalid one is
+        /// named on stderr and skipped. The digest is the same as from the
+        /// log alone.
+        #[arg(long)]
+        from_checkpoint: bool,
     },
     /// Ops per kind, segments, bytes and the time span.
     #[command(after_help = EXIT_CODES)]
@@ -158,9 +164,14 @@ enum Cmd {
     Generate {
         #[command(flatten)]
         common: Common,
-        /// How many ops to write.
+        /// How many moment creates to write.
         #[arg(long, default_value_t = 10_000_000)]
         ops: u64,
+        /// Then this many edits and deletes of those moments (a tenth of
+        /// them deletes, at most half the moments): a history that
+        /// outgrows the live state, for measuring checkpoints.
+        #[arg(long, default_value_t = 0)]
+        edits: u64,
     },
 }
 
@@ -185,12 +196,15 @@ fn main() -> ExitCode {
         ),
         Cmd::Restore { common, from, at } => archive::restore(&common, &from, at.as_deref()),
         Cmd::Dump { common, filter } => scan::dump(&common, &filter),
-        Cmd::Rebuild { common, at, export } => {
-            scan::rebuild(&common, at.as_deref(), export.as_deref())
-        }
+        Cmd::Rebuild {
+            common,
+            at,
+            export,
+            from_checkpoint,
+        } => scan::rebuild(&common, at.as_deref(), export.as_deref(), from_checkpoint),
         Cmd::Stats { common } => scan::stats(&common),
         Cmd::Audit(cmd) => audit::run(cmd),
-        Cmd::Generate { common, ops } => generate::run(&common, ops),
+        Cmd::Generate { common, ops, edits } => generate::run(&common, ops, edits),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -188,8 +188,18 @@ pub fn unacknowledged_text(tail: &TornTail) -> String {
 pub fn verify(common: &Common) -> Outcome {
     let reader = open(common)?;
     let mut mirror = Mirror::new();
+    let checkpoints = check_checkpoints(common);
+    // The seqs of the valid checkpoints, and the log's own digest there.
+    let mut log_digests: BTreeMap<u64, Option<String>> = checkpoints
+        .iter()
+        .filter_map(|c| c.valid.as_ref().map(|(seq, _)| (*seq, None)))
+        .collect();
     let result = scan(&reader, true, "verify", |segment, record| {
-        fold(&mut mirror, segment, record).map(|_| ControlFlow::Continue(()))
+        fold(&mut mirror, segment, record)?;
+        if let Some(slot) = log_digests.get_mut(&record.seq) {
+            *slot = Some(mirror.digest());
+        }
+        Ok(ControlFlow::Continue(()))
     });
     let report = match result {
         Ok(report) => report,
@@ -204,6 +214,29 @@ pub fn verify(common: &Common) -> Outcome {
     // record that was damaged, not only a torn write: a fault, not a note.
     let damaged_tail = report.torn_tail.as_ref().filter(|t| t.whole_frame);
     let unacknowledged = unacknowledged_tail(report.torn_tail.as_ref());
+    // A valid checkpoint whose mirror is not the log's fold at its seq
+    // would give a wrong start: a fault. An ignored one is only a note
+    // (startup ignores it too).
+    let mut checkpoint_fault = None;
+    let checkpoint_json: Vec<serde_json::Value> = checkpoints
+        .iter()
+        .map(|c| match &c.valid {
+            Some((seq, digest)) => {
+                let matches = log_digests.get(seq).and_then(|d| d.as_ref()) == Some(digest);
+                if !matches && checkpoint_fault.is_none() {
+                    checkpoint_fault = Some(format!(
+                        "checkpoint {}: its mirror at seq {seq} is not the log's fold there \
+                         (digest {digest})",
+                        c.file.display()
+                    ));
+                }
+                json!({"file": c.file.display().to_string(), "seq": seq,
+                       "status": if matches { "valid" } else { "mismatch" }})
+            }
+            None => json!({"file": c.file.display().to_string(), "status": "ignored",
+                           "why": c.why}),
+        })
+        .collect();
     if common.json {
         print_json(&json!({
             "ok": damaged_tail.is_none(),
@@ -214,11 +247,28 @@ pub fn verify(common: &Common) -> Outcome {
             "chain": report.head.chain_hex(),
             "torn_tail": torn_json(&report),
             "unacknowledged_tail": unacknowledged.map(unacknowledged_json),
+            "checkpoints": checkpoint_json,
         }));
     } else if damaged_tail.is_none() {
         // A damaged last record is a fault: only the fault is reported
         // (below, on stderr), never an `ok:` line before it.
         print_verified(&report, unacknowledged);
+        for c in &checkpoints {
+            match (&c.valid, &c.why) {
+                (Some((seq, _)), _) => println!(
+                    "checkpoint {}: valid (seq {seq}, the log's fold there)",
+                    c.file.display()
+                ),
+                (None, why) => println!(
+                    "checkpoint {}: ignored: {}",
+                    c.file.display(),
+                    why.as_deref().unwrap_or("")
+                ),
+            }
+        }
+    }
+    if let Some(fault) = checkpoint_fault {
+        return Err(Failure::damage(fault));
     }
     match damaged_tail {
         None => Ok(exit::OK),
@@ -430,10 +480,24 @@ fn replay(
     at: Option<&At>,
     verify_chain: bool,
 ) -> Result<(Mirror, ScanReport), Failure> {
-    let mut mirror = Mirror::new();
+    replay_from(reader, at, verify_chain, Mirror::new())
+}
+
+/// [`replay`] starting from `mirror` (a checkpoint's): the records at or
+/// before `mirror.seq` are read and checked but not folded.
+fn replay_from(
+    reader: &LogReader,
+    at: Option<&At>,
+    verify_chain: bool,
+    mut mirror: Mirror,
+) -> Result<(Mirror, ScanReport), Failure> {
+    let skip_through = mirror.seq;
     let report = scan(reader, verify_chain, "rebuild", |segment, record| {
         if at.is_some_and(|at| at.excludes(record.seq, record.ts_ms)) {
             return Ok(ControlFlow::Break(()));
+        }
+        if record.seq <= skip_through {
+            return Ok(ControlFlow::Continue(()));
         }
         fold(&mut mirror, segment, record).map(|_| ControlFlow::Continue(()))
     })?;
@@ -455,10 +519,22 @@ pub fn replay_verified(common: &Common) -> Result<(Mirror, ScanReport), Failure>
 
 /// `rebuild`: counts and digest of the mirror, optionally as of `--at`, and
 /// optionally exported as JSON.
-pub fn rebuild(common: &Common, at: Option<&str>, export: Option<&Path>) -> Outcome {
+pub fn rebuild(
+    common: &Common,
+    at: Option<&str>,
+    export: Option<&Path>,
+    from_checkpoint: bool,
+) -> Outcome {
     let at = at.map(At::parse).transpose()?;
     let reader = open(common)?;
-    let (mirror, _report) = replay(&reader, at.as_ref(), false)?;
+    let start = if from_checkpoint {
+        newest_checkpoint(common, at.as_ref())
+    } else {
+        None
+    };
+    let checkpoint_file = start.as_ref().map(|(file, _)| file.display().to_string());
+    let start = start.map_or_else(Mirror::new, |(_, mirror)| mirror);
+    let (mirror, _report) = replay_from(&reader, at.as_ref(), false, start)?;
     if let Some(At::Seq(seq)) = at {
         if seq > mirror.seq {
             return Err(usage(format!(
@@ -500,10 +576,14 @@ pub fn rebuild(common: &Common, at: Option<&str>, export: Option<&Path>) -> Outc
         "moments": {"live": mirror.live_moments, "deleted": mirror.deleted_moments()},
         "requests": mirror.requests.len(),
         "digest": mirror.digest(),
+        "checkpoint": checkpoint_file,
     });
     if common.json {
         print_json(&summary);
     } else {
+        if let Some(file) = &checkpoint_file {
+            println!("from      checkpoint {file}");
+        }
         println!("seq       {}", mirror.seq);
         println!(
             "moments   {} live, {} deleted",
@@ -514,6 +594,62 @@ pub fn rebuild(common: &Common, at: Option<&str>, export: Option<&Path>) -> Outc
         println!("digest    {}", mirror.digest());
     }
     Ok(exit::OK)
+}
+
+/// `rebuild --from-checkpoint`: the newest checkpoint that is valid
+/// against the log (checksum, version, chain value) and not past `at`,
+/// with its mirror. Each newer one that is not used is named on stderr
+/// with why; `None` when there is none (the whole log is replayed).
+fn newest_checkpoint(common: &Common, at: Option<&At>) -> Option<(std::path::PathBuf, Mirror)> {
+    use spark_core::checkpoint;
+    for (_, file) in checkpoint::list(&common.data) {
+        match checkpoint::load(&file, &log_dir(&common.data), Mirror::new()) {
+            Ok((header, mirror)) => {
+                if at.is_some_and(|at| at.excludes(header.at.seq, header.ts_ms)) {
+                    eprintln!(
+                        "spark-replay: checkpoint {} is past --at; not used",
+                        file.display()
+                    );
+                    continue;
+                }
+                return Some((file, mirror));
+            }
+            Err(why) => eprintln!("spark-replay: checkpoint {} ignored: {why}", file.display()),
+        }
+    }
+    None
+}
+
+/// What `verify` found about one checkpoint file.
+struct CheckpointCheck {
+    file: std::path::PathBuf,
+    /// Its seq and the digest of its mirror, when it is valid.
+    valid: Option<(u64, String)>,
+    /// Why it is ignored, when it is not valid.
+    why: Option<String>,
+}
+
+/// Loads every checkpoint file in the data directory against the log:
+/// valid (with its seq and mirror digest) or ignored with why.
+fn check_checkpoints(common: &Common) -> Vec<CheckpointCheck> {
+    use spark_core::checkpoint;
+    checkpoint::list(&common.data)
+        .into_iter()
+        .map(
+            |(_, file)| match checkpoint::load(&file, &log_dir(&common.data), Mirror::new()) {
+                Ok((header, mirror)) => CheckpointCheck {
+                    file,
+                    valid: Some((header.at.seq, mirror.digest())),
+                    why: None,
+                },
+                Err(why) => CheckpointCheck {
+                    file,
+                    valid: None,
+                    why: Some(why),
+                },
+            },
+        )
+        .collect()
 }
 
 /// `stats`: ops per kind, segments, bytes and the time span.

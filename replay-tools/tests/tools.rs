@@ -11,6 +11,8 @@ mod archive_s3;
 mod archive_sync;
 #[path = "tools/archive_takeover.rs"]
 mod archive_takeover;
+#[path = "tools/checkpoint.rs"]
+mod checkpoint;
 #[path = "tools/proxy.rs"]
 mod proxy;
 #[path = "tools/replica.rs"]

@@ -18,6 +18,7 @@
 //! deferred to the next batch: a duplicate of an in-flight op waits for that
 //! op's commit and then gets the same answer as any later retry.
 
+mod checkpoint;
 mod journal;
 
 use std::fs::File;
@@ -133,6 +134,9 @@ pub struct Engine {
     queue: mpsc::Sender<Job>,
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// The checkpoint worker, when `log.checkpoint_interval_ops` is above 0:
+    /// stopped before the lock is released.
+    checkpoints: Mutex<Option<checkpoint::CheckpointWorker>>,
     /// The exclusive lock on `<data>/LOCK`: held until shutdown (or drop).
     lock: Mutex<Option<File>>,
     recovery: RecoveryReport,
@@ -149,7 +153,7 @@ impl Engine {
     ) -> Result<Engine, EngineOpenError> {
         let lock = lock_data_dir(&settings.data_dir)?;
         let replay_started = std::time::Instant::now();
-        let (log, recovery, mirror) = replay_log(settings, fs)?;
+        let (log, recovery, mirror, checkpoint_seq) = replay_log(settings, fs)?;
         crate::metrics::get()
             .replay_seconds
             .set(replay_started.elapsed().as_secs_f64());
@@ -187,9 +191,29 @@ impl Engine {
             path: settings.data_dir.display().to_string(),
             source,
         })?;
+        let checkpoints = (settings.log.checkpoint_interval_ops > 0)
+            .then(|| {
+                checkpoint::CheckpointWorker::spawn(
+                    checkpoint::WorkerConfig {
+                        data_dir: settings.data_dir.clone(),
+                        log_dir: settings.log_dir(),
+                        max_record_bytes: settings.log.max_record_bytes,
+                        interval_ops: settings.log.checkpoint_interval_ops,
+                        kept: settings.log.checkpoints_kept,
+                        last_seq: checkpoint_seq,
+                    },
+                    Arc::clone(&shared),
+                )
+            })
+            .transpose()
+            .map_err(|source| EngineOpenError::DataDir {
+                path: settings.data_dir.display().to_string(),
+                source,
+            })?;
         Ok(Engine {
             queue,
             shared,
+            checkpoints: Mutex::new(checkpoints),
             writer: Mutex::new(Some(writer)),
             lock: Mutex::new(Some(lock)),
             recovery,
@@ -395,6 +419,10 @@ impl Engine {
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
+        let worker = self.checkpoints.lock().take();
+        if let Some(mut worker) = worker {
+            let _ = tokio::task::spawn_blocking(move || worker.stop()).await;
+        }
         self.lock.lock().take();
     }
 }
@@ -474,25 +502,53 @@ type ReplayBatch = (Vec<(PreparedOp, u64)>, usize);
 
 /// What the replay's fold thread ends with: the mirror, or the seq, offset
 /// and error of the first op it refused.
-type FoldResult = Result<Mirror, (u64, u64, ReplayError)>;
+type FoldResult = Result<Mirror, FoldStop>;
+
+/// Why the replay's fold thread stopped early.
+enum FoldStop {
+    /// It refused the op at this seq and offset.
+    Op(u64, u64, ReplayError),
+    /// The checkpoint it started from did not load (its file and why):
+    /// the log is replayed again without it.
+    Checkpoint(std::path::PathBuf, String),
+}
+
+/// Where the fold thread starts: the checkpoint file to load (checked by
+/// [`spark_core::checkpoint::peek`]; loading checks its checksum and body)
+/// and its seq, or nothing (an empty mirror).
+type ReplayStart = Option<(std::path::PathBuf, u64)>;
 
 /// Starts the replay's fold thread: it folds the batches it receives, in
 /// order, and sends each emptied buffer back to be filled again.
+/// With a checkpoint to start from, the thread first loads it into the
+/// (empty) `mirror`, while recovery reads the log up to it on the other
+/// thread.
 fn spawn_replay_fold(
     settings: &Settings,
     mut mirror: Mirror,
+    start: ReplayStart,
     received: std::sync::mpsc::Receiver<ReplayBatch>,
     recycle: std::sync::mpsc::Sender<Vec<(PreparedOp, u64)>>,
 ) -> Result<JoinHandle<FoldResult>, EngineOpenError> {
+    let log_dir = settings.log_dir();
     std::thread::Builder::new()
         .name("spark-replay-fold".into())
         .spawn(move || {
+            if let Some((file, seq)) = start {
+                match spark_core::checkpoint::load(&file, &log_dir, mirror) {
+                    Ok((_, loaded)) if loaded.seq == seq => mirror = loaded,
+                    Ok(_) => {
+                        return Err(FoldStop::Checkpoint(file, "changed while loading".into()))
+                    }
+                    Err(why) => return Err(FoldStop::Checkpoint(file, why)),
+                }
+            }
             for (mut batch, reserve_request_ids) in received {
                 mirror.requests.reserve(reserve_request_ids);
                 for (op, offset) in batch.drain(..) {
                     let seq = op.seq();
                     if let Err(e) = mirror.apply_prepared(op) {
-                        return Err((seq, offset, ReplayError::Fold(e)));
+                        return Err(FoldStop::Op(seq, offset, ReplayError::Fold(e)));
                     }
                 }
                 // The recovery thread may have finished: nothing to refill.
@@ -535,10 +591,75 @@ fn open_error(settings: &Settings, e: OpenError<ReplayStop>, at: (u64, u64)) -> 
     }
 }
 
+/// Startup replay: the newest valid checkpoint (when checkpoints are on),
+/// then the log's ops after it; a checkpoint that is not valid is ignored
+/// with a warning naming the file. Returns the log, what recovery did, the
+/// mirror and the seq of the checkpoint used (0 for none). A checkpoint
+/// that fails to load once picked (its checksum or body), or that lies past
+/// the end of the recovered log (which only a log that lost acknowledged
+/// records could give), is dropped with a warning and the whole log
+/// replayed.
 fn replay_log(
     settings: &Settings,
     fs: Arc<dyn Fs>,
-) -> Result<(Log, RecoveryReport, Mirror), EngineOpenError> {
+) -> Result<(Log, RecoveryReport, Mirror, u64), EngineOpenError> {
+    let start = if settings.log.checkpoint_interval_ops > 0 {
+        let (candidate, ignored) =
+            spark_core::checkpoint::newest_candidate(&settings.data_dir, &settings.log_dir());
+        for ignored in ignored {
+            tracing::warn!(file = %ignored.file.display(), why = %ignored.why, "checkpoint ignored; replaying the log instead");
+        }
+        candidate.map(|(file, header)| (file, header.at.seq))
+    } else {
+        None
+    };
+    let Some((file, checkpoint_seq)) = start else {
+        let (log, recovery, mirror) =
+            replay_log_from(settings, Arc::clone(&fs), None)?.map_err(|(_, why)| {
+                EngineOpenError::DataDir {
+                    path: settings.data_dir.display().to_string(),
+                    source: std::io::Error::other(why),
+                }
+            })?;
+        return Ok((log, recovery, mirror, 0));
+    };
+    match replay_log_from(
+        settings,
+        Arc::clone(&fs),
+        Some((file.clone(), checkpoint_seq)),
+    )? {
+        Ok((log, recovery, mirror)) if log.head().seq >= checkpoint_seq => {
+            tracing::info!(file = %file.display(), seq = checkpoint_seq, "started from checkpoint");
+            return Ok((log, recovery, mirror, checkpoint_seq));
+        }
+        Ok((log, ..)) => {
+            tracing::warn!(file = %file.display(), seq = checkpoint_seq, head = log.head().seq, "checkpoint is beyond the recovered log; replaying the whole log");
+        }
+        Err((file, why)) => {
+            tracing::warn!(file = %file.display(), %why, "checkpoint ignored; replaying the log instead");
+        }
+    }
+    let (log, recovery, mirror) =
+        replay_log_from(settings, fs, None)?.map_err(|(_, why)| EngineOpenError::DataDir {
+            path: settings.data_dir.display().to_string(),
+            source: std::io::Error::other(why),
+        })?;
+    Ok((log, recovery, mirror, 0))
+}
+
+/// What [`replay_log_from`] gives: the log, recovery's report and the
+/// mirror, or (inner `Err`) the checkpoint that did not load and why.
+type Replayed = Result<(Log, RecoveryReport, Mirror), (std::path::PathBuf, String)>;
+
+/// Replays the log into a mirror, from the checkpoint `start` when given:
+/// every record is still read and checked by recovery; the ones at or
+/// before the checkpoint's seq are not decoded.
+fn replay_log_from(
+    settings: &Settings,
+    fs: Arc<dyn Fs>,
+    start: ReplayStart,
+) -> Result<Replayed, EngineOpenError> {
+    let skip_through = start.as_ref().map_or(0, |(_, seq)| *seq);
     let (batches, received) =
         std::sync::mpsc::sync_channel::<ReplayBatch>(REPLAY_BATCHES_IN_FLIGHT);
     // Emptied batch buffers go back to be filled again: a fresh 0.5 MB
@@ -550,12 +671,15 @@ fn replay_log(
     // Ops are decoded and prepared (creates built and boxed, request ids
     // hashed) on this thread, and folded on the fold thread.
     let preparer = mirror.preparer();
-    let fold = spawn_replay_fold(settings, mirror, received, recycle)?;
+    let fold = spawn_replay_fold(settings, mirror, start, received, recycle)?;
     let log_bytes = segment_bytes(&settings.log_dir());
     let mut sample = RequestIdSample::default();
     let mut at = (0, 0);
     let mut batch = Vec::with_capacity(REPLAY_BATCH_OPS);
     let opened = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
+        if record.seq <= skip_through {
+            return Ok(());
+        }
         at = (record.seq, record.offset);
         let op = Op::decode(&record).map_err(|e| ReplayStop::Decode(e.into()))?;
         let op = preparer.prepare(op);
@@ -566,7 +690,11 @@ fn replay_log(
                 .try_recv()
                 .unwrap_or_else(|_| Vec::with_capacity(REPLAY_BATCH_OPS));
             let full = std::mem::replace(&mut batch, empty);
-            let reserve = sample.take_estimate(log_bytes);
+            // From a checkpoint, the index grows by the tail's ids only.
+            let reserve = match skip_through {
+                0 => sample.take_estimate(log_bytes),
+                _ => 0,
+            };
             batches
                 .send((full, reserve))
                 .map_err(|_| ReplayStop::FoldStopped)?;
@@ -593,10 +721,18 @@ fn replay_log(
     // The fold's error is the earliest in seq order: report it first.
     let mirror = match folded {
         Ok(mirror) => mirror,
-        Err((seq, offset, source)) => return Err(replay_error(seq, offset, source)),
+        Err(FoldStop::Op(seq, offset, source)) => return Err(replay_error(seq, offset, source)),
+        Err(FoldStop::Checkpoint(file, why)) => {
+            // The log's own damage still wins: it would stop a replay
+            // without the checkpoint too.
+            if let Err(e @ OpenError::Log(_)) = opened {
+                return Err(open_error(settings, e, at));
+            }
+            return Ok(Err((file, why)));
+        }
     };
     let (log, recovery) = opened.map_err(|e| open_error(settings, e, at))?;
-    Ok((log, recovery, mirror))
+    Ok(Ok((log, recovery, mirror)))
 }
 
 /// The name of the segment file that holds `seq`: the one with the largest

@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, HashMap};
 /// replay profile (issue 7).
 pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
 
 use crate::ids::Id;
@@ -149,6 +149,74 @@ impl Moment {
         self.media_count += 1;
     }
 
+    /// The packed parts a checkpoint stores (see `crate::checkpoint`):
+    /// the create seq and texts as packed, the capture time field, the
+    /// `present` bits, the media count and the ids.
+    pub(crate) fn packed_parts(&self) -> (&[u8], i64, u8, u8, &[Id]) {
+        (
+            &self.texts,
+            self.captured_at_ms,
+            self.present,
+            self.media_count,
+            &self.ids,
+        )
+    }
+
+    /// A moment from the parts [`Moment::packed_parts`] gave, checked: the
+    /// packed texts must hold a LEB128 seq and exactly the texts `present`
+    /// names, each whole UTF-8; `present` only its four bits;
+    /// `media_count` at most the ids. Errors say which part is wrong.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_packed_parts(
+        id: Id,
+        texts: Box<[u8]>,
+        captured_at_ms: i64,
+        (created_at_ms, version, deleted): (u64, u32, bool),
+        present: u8,
+        media_count: u8,
+        ids: ThinVec<Id>,
+    ) -> Result<Moment, String> {
+        if present & !(HAS_TEXT | HAS_CAPTION | HAS_LANG | HAS_CAPTURED_AT) != 0 {
+            return Err(format!("moment {id}: unknown present bits {present:#x}"));
+        }
+        if usize::from(media_count) > ids.len() {
+            return Err(format!(
+                "moment {id}: {media_count} media but {} ids",
+                ids.len()
+            ));
+        }
+        let mut at = crate::len_prefixed::checked_read_leb128(&texts, 0)
+            .ok_or_else(|| format!("moment {id}: packed texts hold no create seq"))?
+            .1;
+        for bit in [HAS_TEXT, HAS_CAPTION, HAS_LANG] {
+            if present & bit == 0 {
+                continue;
+            }
+            let (bytes, next) = crate::len_prefixed::checked_read(&texts, at)
+                .ok_or_else(|| format!("moment {id}: a packed text runs past its end"))?;
+            std::str::from_utf8(bytes)
+                .map_err(|_| format!("moment {id}: a packed text is not UTF-8"))?;
+            at = next;
+        }
+        if at != texts.len() {
+            return Err(format!(
+                "moment {id}: {} bytes after the packed texts",
+                texts.len() - at
+            ));
+        }
+        Ok(Moment {
+            id,
+            texts,
+            captured_at_ms,
+            created_at_ms,
+            version,
+            deleted,
+            present,
+            media_count,
+            ids,
+        })
+    }
+
     /// Text, caption and lang.
     fn texts(&self) -> [Option<&str>; 3] {
         let mut out = [None; 3];
@@ -210,7 +278,7 @@ impl Serialize for Moment {
 }
 
 /// One stored blob as the mirror holds it (from its `media.put`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Media {
     /// The phone-minted media id.
     pub id: Id,
@@ -242,7 +310,7 @@ pub struct RequestRow {
 }
 
 /// Where a turn stands.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TurnStatus {
     /// Started; the brain has not answered (or the engine stopped before it
     /// did: it is asked again after a restart).
@@ -268,7 +336,7 @@ pub enum TurnStatus {
 }
 
 /// One turn as the mirror holds it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Turn {
     /// The engine-minted turn id.
     pub id: Id,
@@ -289,7 +357,7 @@ pub struct Turn {
 }
 
 /// One kept phrase (a mark).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mark {
     /// `keep:<phrase>`.
     pub id: String,
@@ -306,7 +374,7 @@ pub struct Mark {
 }
 
 /// One high-quality job.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     /// The client's job id.
     pub job_id: String,
@@ -321,7 +389,7 @@ pub struct Job {
 }
 
 /// One message in a moment's thread.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     /// The ULID minted at the send attempt.
     pub id: Id,
@@ -336,7 +404,7 @@ pub struct Message {
 }
 
 /// One quick-recall session.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Recall {
     /// The recall id.
     pub id: String,
