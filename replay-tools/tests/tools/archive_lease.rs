@@ -7,7 +7,7 @@
 //! `verify --from` and `restore` accept the archive with its renewals.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ use spark_log_format::archive::Manifest;
 use spark_log_format::OsFs;
 
 use crate::s3_common::*;
-use crate::weed::{Weed, KEY_ID, SECRET};
+use crate::weed::Weed;
 
 const SHIP_INTERVAL_MS: u64 = 100;
 const LEASE_MS: u64 = 900;
@@ -29,13 +29,7 @@ const LEASE_MS: u64 = 900;
 /// start: its exit code and its stderr (panics if it serves instead).
 fn refused_start(binary: &Path, data: &Path, config: &Path) -> (i32, String) {
     let log = config.with_file_name("refused.log");
-    let mut child = Command::new(binary)
-        .args(["--listen", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .arg("--config")
-        .arg(config)
-        .env("AWS_ACCESS_KEY_ID", KEY_ID)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+    let mut child = engine_command(binary, &[], data, config)
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
         .spawn()

@@ -172,6 +172,29 @@ pub struct EngineProcess {
     log: PathBuf,
 }
 
+/// `binary ARGS --listen 127.0.0.1:0 --data DATA --config CONFIG` with the
+/// store's credentials. The test's own `SPARK_*` variables
+/// (`SPARK_ARCHIVE_KILLS`, `SPARK_REQUIRE_S3`, ...) are not the engine's:
+/// it refuses a `SPARK_ARCHIVE_` variable it does not know, so they are
+/// removed and its settings come from `config` alone.
+pub fn engine_command(binary: &Path, args: &[&str], data: &Path, config: &Path) -> Command {
+    let mut command = Command::new(binary);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SPARK_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(args)
+        .args(["--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .arg("--config")
+        .arg(config)
+        .env("AWS_ACCESS_KEY_ID", KEY_ID)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET);
+    command
+}
+
 impl EngineProcess {
     /// Starts `binary` on `data` with the settings file `config`; waits
     /// for the line naming its address (panics with its log if it exits).
@@ -188,24 +211,7 @@ impl EngineProcess {
         } else {
             data.with_extension("log")
         };
-        let mut command = Command::new(binary);
-        // The test's own `SPARK_*` variables (`SPARK_ARCHIVE_KILLS`,
-        // `SPARK_REQUIRE_S3`, ...) are not the engine's: it refuses a
-        // `SPARK_ARCHIVE_` variable it does not know. Its settings come
-        // from `config` alone.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("SPARK_") {
-                command.env_remove(name);
-            }
-        }
-        let mut child = command
-            .args(args)
-            .args(["--listen", "127.0.0.1:0", "--data"])
-            .arg(data)
-            .arg("--config")
-            .arg(config)
-            .env("AWS_ACCESS_KEY_ID", KEY_ID)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        let mut child = engine_command(binary, args, data, config)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
