@@ -210,6 +210,20 @@ impl Metrics {
     }
 }
 
+/// Appends the samples of `registry` (a component's own, such as the
+/// archive's or a replica's) to `text`, an OpenMetrics exposition, keeping
+/// one `# EOF` at its end. A registry that fails to encode adds nothing.
+pub(crate) fn append_registry(text: &mut String, registry: &Registry) {
+    let mut extra = String::new();
+    if encode(&mut extra, registry).is_err() {
+        return;
+    }
+    if let Some(stripped) = text.strip_suffix("# EOF\n") {
+        text.truncate(stripped.len());
+    }
+    text.push_str(&extra);
+}
+
 /// The process-wide metrics.
 pub fn get() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();

@@ -6,7 +6,6 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -136,12 +135,5 @@ pub fn render_into(text: &mut String) {
         return;
     };
     refresh(metrics);
-    let mut extra = String::new();
-    if encode(&mut extra, &metrics.registry).is_err() {
-        return;
-    }
-    if let Some(stripped) = text.strip_suffix("# EOF\n") {
-        text.truncate(stripped.len());
-    }
-    text.push_str(&extra);
+    crate::metrics::append_registry(text, &metrics.registry);
 }

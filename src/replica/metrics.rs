@@ -5,7 +5,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -80,12 +79,5 @@ pub fn render_into(text: &mut String) {
         metrics.seq.set(status.seq() as i64);
         metrics.lag_seconds.set(status.lag_ms() as f64 / 1000.0);
     }
-    let mut extra = String::new();
-    if encode(&mut extra, &metrics.registry).is_err() {
-        return;
-    }
-    if let Some(stripped) = text.strip_suffix("# EOF\n") {
-        text.truncate(stripped.len());
-    }
-    text.push_str(&extra);
+    crate::metrics::append_registry(text, &metrics.registry);
 }
