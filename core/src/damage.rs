@@ -65,10 +65,18 @@ pub fn salvage(report: &DamageReport) -> Vec<DamagedOp> {
         .collect()
 }
 
-/// The damaged range as text: `seq 5..=7`, `seq 5 and later`, or `none`.
+/// The damaged range as text: `seq 5..=7`, `seq 5 and later`, or, when
+/// the damaged frame holds no op (a batch's commit mark, a segment header
+/// or a seal: the next valid record is the next seq), `no op: the damaged
+/// frame lies between seq 4 and seq 5 (a commit mark, a segment header or
+/// a seal)`.
 pub fn range_text(report: &DamageReport) -> String {
     match report.damaged_seqs() {
-        None => "no record (a header or a seal)".into(),
+        None => format!(
+            "no op: the damaged frame lies between seq {} and seq {} (a commit mark, a segment header or a seal)",
+            report.last_good_seq,
+            report.last_good_seq.saturating_add(1)
+        ),
         Some((first, Some(last))) if first == last => format!("seq {first}"),
         Some((first, Some(last))) => format!("seq {first}..={last}"),
         Some((first, None)) => format!("seq {first} and later"),

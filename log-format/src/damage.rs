@@ -105,7 +105,7 @@ pub struct DamageReport {
 impl DamageReport {
     /// The damaged seqs: from the last good one + 1 to the next good one - 1
     /// (open-ended when no valid record follows). `None` when the damage
-    /// hides no record (e.g. a header or a seal). For a damaged or torn last
+    /// hides no record (a batch's commit mark, a segment header or a seal). For a damaged or torn last
     /// frame: its seq (the last good one + 1), open-ended when non-zero
     /// bytes follow the frame, `None` when the frame is a seal.
     pub fn damaged_seqs(&self) -> Option<(Seq, Option<Seq>)> {

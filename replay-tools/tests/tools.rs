@@ -506,6 +506,53 @@ async fn verify_describes_zeros_then_a_stray_byte_as_a_torn_tail() {
     assert_eq!(code, 0, "{out}{err}");
 }
 
+/// A damaged commit mark mid-log hides no op: both tools say which seqs
+/// it lies between instead of naming a damaged range.
+#[tokio::test]
+async fn audit_damage_names_a_damaged_commit_mark_as_no_op() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (engine, _) = populate(&data, 64 << 20).await;
+    engine.shutdown().await;
+    drop(engine);
+    // Each op of `populate` is its own batch, so the commit mark of seq 2's
+    // batch ends right where seq 3's record starts.
+    let segment = data.join("log/00000000000000000001.seg");
+    let reader = spark_log_format::LogReader::open(&data.join("log")).unwrap();
+    let mut offset3 = 0;
+    reader
+        .scan(Default::default(), |_, r| {
+            if r.seq == 3 {
+                offset3 = r.offset as usize;
+            }
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    drop(reader);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[offset3 - 1] ^= 0x10;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let report = json(&out);
+    assert_eq!(report["kind"], "corrupt");
+    assert_eq!(report["last_good_seq"], 2);
+    assert_eq!(report["next_good_seq"], 3);
+    assert_eq!(
+        report["damaged_seqs"],
+        serde_json::json!({"first": null, "last": null})
+    );
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains(
+            "damaged: no op: the damaged frame lies between seq 2 and seq 3 (a commit mark"
+        ),
+        "{out}"
+    );
+}
+
 #[tokio::test]
 async fn audit_damage_and_verify_agree_on_the_last_record() {
     let dir = tempfile::tempdir().unwrap();
