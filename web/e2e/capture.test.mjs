@@ -72,6 +72,9 @@ test("capture through the page: moment, copy, reading and original arrive once",
     await page.fill("#message-body", "Ich parke woanders");
     await page.click("#message-form button");
     await page.waitForSelector('#thread [data-state="sent"]');
+    // From the top: a full-page capture of a scrolled page draws the
+    // sticky header at its scrolled place, over the content.
+    await page.evaluate(() => window.scrollTo(0, 0));
     await page.screenshot({ path: path.join(outDir, "moment.png"), fullPage: true });
     const marks = await api(engine.base, "/api/phrases");
     assert.deepEqual(marks.marks.map((m) => m.phrase), ["ausfahrt freihalten"]);

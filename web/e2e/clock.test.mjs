@@ -93,6 +93,9 @@ test("the page 6 minutes behind: the message fails with a clock text, no second 
     await row.waitFor();
     assert.match(await row.textContent(), /clock is off by about 6\.0 minutes/);
     assert.equal(await row.locator("button").textContent(), "Retry");
+    // From the top: a full-page capture of a scrolled page draws the
+    // sticky header at its scrolled place, over the content.
+    await page.evaluate(() => window.scrollTo(0, 0));
     await page.screenshot({ path: path.join(outDir, "clock-failed.png"), fullPage: true });
     await new Promise((r) => setTimeout(r, 1000));
     assert.deepEqual(posts.map((p) => p.status), [400], "one request: no second round on a fresh id");
