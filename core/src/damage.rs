@@ -104,7 +104,7 @@ pub fn summary(report: &DamageReport) -> String {
         ));
     }
     match report.kind {
-        DamageKind::Corrupt => text.push_str("\nrun `spark-replay audit damage` for the full report; clients holding these captures can send them again once the log is repaired"),
+        DamageKind::Corrupt => text.push_str("\nthe devices named can send these captures again with the same ids once the engine runs on a restored log (README \"A damaged log\")"),
         DamageKind::DamagedOrTornLastFrame { seal: true, .. } => {}
         DamageKind::DamagedOrTornLastFrame { seal: false, .. } => text.push_str("\nif it was acknowledged, the client holding that capture can send it again once the engine has cut it"),
     }

@@ -609,9 +609,11 @@ async fn restore_blobs(
             let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
             if digest != sha || bytes.len() as u64 != size {
                 return Err(Failure::damage(format!(
-                    "{key}: {} bytes with SHA-256 {}, the media.put op says {size} bytes",
+                    "{key}: {} bytes with SHA-256 {}, the media.put op says {size} bytes \
+                     with SHA-256 {}",
                     bytes.len(),
-                    hex::encode(digest)
+                    hex::encode(digest),
+                    hex::encode(sha)
                 )));
             }
             Ok(Ok((sha, bytes)))

@@ -129,7 +129,7 @@ async fn receive_body(state: &AppState, req: &mut Request) -> Result<Received, A
         .and_then(|v| v.parse::<u64>().ok());
     if let Some(length) = declared {
         if length > limit_bytes {
-            return Err(ApiError::too_large(limit_bytes));
+            return Err(ApiError::too_large(limit_bytes).closing());
         }
         if length == 0 {
             return Err(ApiError::invalid_request(EMPTY_BODY));
@@ -140,7 +140,7 @@ async fn receive_body(state: &AppState, req: &mut Request) -> Result<Received, A
             .writes_refused
             .get_or_create(&crate::metrics::label("reason", "disk_reserve"))
             .inc();
-        return Err(refusal.into());
+        return Err(ApiError::from(refusal).closing());
     }
     let body = std::mem::replace(&mut req.body, Box::pin(futures_util::stream::empty()))
         .map_err(std::io::Error::other);
@@ -149,7 +149,7 @@ async fn receive_body(state: &AppState, req: &mut Request) -> Result<Received, A
         .receive(body, limit_bytes)
         .await
         .map_err(|e| match e {
-            ReceiveError::TooLarge { limit_bytes } => ApiError::too_large(limit_bytes),
+            ReceiveError::TooLarge { limit_bytes } => ApiError::too_large(limit_bytes).closing(),
             ReceiveError::Body(why) => ApiError::invalid_request(why),
             ReceiveError::Io(e) => store_error(state, &e),
         })
@@ -179,11 +179,14 @@ fn store_error(state: &AppState, e: &std::io::Error) -> ApiError {
 /// an upload it refuses removes its blob unless the bytes are named
 /// elsewhere ([`crate::media::MediaStore::spawn_put`]).
 async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, ApiError> {
-    let headers = upload_headers(&req)?;
+    let headers = upload_headers(&req).map_err(ApiError::closing)?;
     // Fail fast, before reading a byte, on what the bytes cannot change.
-    state.engine.read(|mirror| {
-        media_rules::admit_target(mirror, id, headers.moment_id, headers.role).map(|_| ())
-    })?;
+    state
+        .engine
+        .read(|mirror| {
+            media_rules::admit_target(mirror, id, headers.moment_id, headers.role).map(|_| ())
+        })
+        .map_err(|e| ApiError::from(e).closing())?;
     let received = receive_body(state, &mut req).await?;
     if received.size_bytes == 0 {
         // A chunked body without a length, found empty once read.
@@ -289,6 +292,14 @@ fn parse_range(value: Option<&str>, size: u64) -> Result<Option<ByteRange>, ()> 
     Ok(Some(range))
 }
 
+/// Whether `Range` is to be honoured under `If-Range` (RFC 9110 section
+/// 13.1.5): yes without the header; with it, only when it is this blob's
+/// strong entity tag (`etag`, quoted). A weak tag or a date never matches
+/// (a blob has no `Last-Modified`), so the whole blob is served, `200`.
+fn if_range_holds(if_range: Option<&str>, etag: &str) -> bool {
+    if_range.is_none_or(|v| v.trim() == etag)
+}
+
 /// A download's body: chunks sent by the reader task. An error item (the
 /// blob no longer hashes to its op) makes the server abort the response, so
 /// a damaged blob is never delivered as if it were good.
@@ -314,7 +325,12 @@ async fn get(state: &AppState, id: Id, req: &Request) -> Result<Response, ApiErr
     let path = state.media.blob_path(&digest);
     let file = open_blob(id, &path, media.size_bytes).await?;
     let size = media.size_bytes;
-    let range = match parse_range(req.header("range")?, size) {
+    let range_header = if if_range_holds(req.header("if-range")?, &etag) {
+        req.header("range")?
+    } else {
+        None
+    };
+    let range = match parse_range(range_header, size) {
         Ok(r) => r,
         Err(()) => return Ok(unsatisfiable(id, size)),
     };
@@ -605,5 +621,16 @@ mod tests {
         assert_eq!(r("bytes=0-1,5-6", 1000), Ok(None));
         assert_eq!(r("items=0-1", 1000), Ok(None));
         assert_eq!(parse_range(None, 1000), Ok(None));
+    }
+
+    #[test]
+    fn if_range_honours_the_range_only_for_this_strong_tag() {
+        let etag = "\"ab12\"";
+        assert!(if_range_holds(None, etag));
+        assert!(if_range_holds(Some("\"ab12\""), etag));
+        assert!(if_range_holds(Some(" \"ab12\" "), etag));
+        assert!(!if_range_holds(Some("\"nope\""), etag));
+        assert!(!if_range_holds(Some("W/\"ab12\""), etag));
+        assert!(!if_range_holds(Some("Tue, 01 Dec 2026 00:00:00 GMT"), etag));
     }
 }

@@ -28,6 +28,11 @@ pub struct ApiError {
     pub extra: Map<String, Value>,
     /// `Retry-After` in seconds, for `503` and `507` answers.
     pub retry_after_s: Option<u64>,
+    /// Answer with `Connection: close`: the refusal comes before the
+    /// request's body was read (an upload refused on its headers or its
+    /// declared length), so the connection cannot carry another request and
+    /// the client is told so rather than finding a closed socket.
+    pub close_connection: bool,
 }
 
 impl ApiError {
@@ -39,7 +44,15 @@ impl ApiError {
             detail: detail.into(),
             extra: Map::new(),
             retry_after_s: None,
+            close_connection: false,
         }
+    }
+
+    /// The same error, answered with `Connection: close` (see
+    /// [`ApiError::close_connection`]).
+    pub fn closing(mut self) -> ApiError {
+        self.close_connection = true;
+        self
     }
 
     /// `400 invalid_request`: malformed JSON, unknown members, wrong types.
@@ -114,6 +127,9 @@ impl ApiError {
         }
         if let Some(allow) = allow.and_then(|a| HeaderValue::from_str(&a).ok()) {
             headers.insert(header::ALLOW, allow);
+        }
+        if self.close_connection {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }

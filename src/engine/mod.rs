@@ -572,7 +572,10 @@ fn open_error(settings: &Settings, e: OpenError<ReplayStop>, at: (u64, u64)) -> 
                 &settings.log_dir(),
                 settings.log.max_record_bytes,
             ) {
-                Ok(Some(report)) => EngineOpenError::Damaged(crate::damage::summary(&report)),
+                Ok(Some(report)) => EngineOpenError::Damaged(format!(
+                    "{}\nrun `spark-replay audit damage` for the full report",
+                    crate::damage::summary(&report)
+                )),
                 _ => EngineOpenError::Log(e),
             }
         }

@@ -11,7 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Reads one HTTP/1.1 answer (head and a `Content-Length` body) and returns
-/// its status and body text; `None` when the connection closes first.
+/// its status and text (the head, a blank line, the body); `None` when the
+/// connection closes first.
 async fn read_answer(stream: &mut TcpStream) -> Option<(u16, String)> {
     let mut buffer = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -34,8 +35,8 @@ async fn read_answer(stream: &mut TcpStream) -> Option<(u16, String)> {
                 }
                 buffer.extend_from_slice(&chunk[..n]);
             }
-            let body = String::from_utf8_lossy(&buffer[end + 4..end + 4 + length]).to_string();
-            return Some((status, body));
+            let text = String::from_utf8_lossy(&buffer[..end + 4 + length]).to_string();
+            return Some((status, text));
         }
         let n = stream.read(&mut chunk).await.ok()?;
         if n == 0 {
@@ -150,7 +151,8 @@ async fn a_body_that_stalls_gets_408_and_writes_nothing() {
         .expect("answered within the timeout")
         .expect("an answer, not a bare close");
     assert_eq!(status, 408, "{text}");
-    let problem: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let answer_body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let problem: serde_json::Value = serde_json::from_str(answer_body).unwrap();
     assert_eq!(problem["code"], "request_timeout");
     assert_eq!(
         log_records(dir.path()).len(),
@@ -317,6 +319,12 @@ async fn a_reserve_above_the_free_space_refuses_writes_with_507_and_uploads_befo
         .expect("an answer");
     assert_eq!(status, 507, "{text}");
     assert!(text.contains("insufficient_storage"), "{text}");
+    // The body was never read, so the connection cannot carry another
+    // request: the answer says so rather than leaving a dead socket.
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
     let tmp = dir.path().join("media").join("tmp");
     let left: Vec<_> = std::fs::read_dir(&tmp)
         .map(|entries| entries.flatten().map(|e| e.file_name()).collect())

@@ -191,6 +191,7 @@ async fn over_the_limit_is_413_and_keeps_nothing() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 413);
+    assert_eq!(response.headers()["connection"], "close");
     let (status, _) = put(&server, &ulid(), &m, "copy", vec![0u8; 10_000], &[]).await;
     assert_eq!(status, 201, "exactly the limit is accepted");
     server.stop().await;
@@ -303,6 +304,26 @@ async fn downloads_with_etag_ranges_and_damage_checks() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 416);
     assert_eq!(r.headers()["content-range"], "bytes */300000");
+    // If-Range (RFC 9110 section 13.1.5): the range only for this blob's
+    // strong tag; any other validator gets the whole blob.
+    for (validator, status) in [(etag.as_str(), 206), ("\"nope\"", 200)] {
+        let r = server
+            .client
+            .get(&url)
+            .header("Range", "bytes=0-9")
+            .header("If-Range", validator)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "If-Range: {validator}");
+        let body = r.bytes().await.unwrap();
+        let want = if status == 206 {
+            &bytes[..10]
+        } else {
+            &bytes[..]
+        };
+        assert_eq!(body.as_ref(), want, "If-Range: {validator}");
+    }
     let r = server.client.head(&url).send().await.unwrap();
     assert_eq!(
         (
