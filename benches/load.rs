@@ -29,7 +29,8 @@
 //!   measured window.
 //! - **Interleaving**: `SPARK_LOAD_ROUNDS` rounds; in each, every connection
 //!   count runs every system in turn, the order rotated by one each round
-//!   and connection count. The table gives medians across rounds (creates/s
+//!   and connection count. Before each row the bench calls `sync(2)`, so
+//!   the previous rows' writeback does not fall into the next one. The table gives medians across rounds (creates/s
 //!   with its min..max), the server's CPU per create (user + system from
 //!   `/proc/<pid>/stat` over the window; for `postgres` the peer plus the
 //!   postmaster and all its children), the generator's CPU and, for the
@@ -979,6 +980,14 @@ fn prefill(server: &Server, connections: usize, count: u64) -> f64 {
 
 // ---- The side-by-side ----------------------------------------------------------
 
+/// Flushes every file system's dirty data (`sync(2)`) before a row, so
+/// that the writeback of the previous rows' files (and of the deleted data
+/// directories) does not land in this row's fdatasyncs.
+fn settle() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
 /// One row of `system` at `connections`, on a fresh data directory.
 /// `Err`: the system did not start.
 fn system_row(
@@ -989,6 +998,7 @@ fn system_row(
 ) -> Result<(Row, Option<Row>), String> {
     let dir = opts.tempdir();
     let data = dir.path().join("data");
+    settle();
     let server = match system {
         "engine" => Server::engine(&opts.bin, &data, None, &[])?,
         "postgres" => Server::peer(system, &data, pg)?,
@@ -1336,6 +1346,7 @@ fn checkpoint_section(opts: &Options) -> u64 {
                 .expect("cp runs");
             assert!(status.success(), "copying the pre-filled data directory");
             let env: &[(&str, String)] = if mode == "on" { &on } else { &off };
+            settle();
             eprintln!(
                 "round {} of {}: checkpoints {mode} @{n} ...",
                 round + 1,
@@ -1476,6 +1487,7 @@ enum SyncKind {
 fn fdatasync_row(opts: &Options, kind: SyncKind) -> Row {
     use std::os::unix::fs::FileExt;
     const SPAN: u64 = 1 << 20;
+    settle();
     let dir = opts.tempdir();
     let path = dir.path().join("sync");
     let mut file = std::fs::OpenOptions::new()
