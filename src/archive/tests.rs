@@ -366,6 +366,7 @@ async fn a_manifest_of_a_newer_epoch_fences_the_shipper() {
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
+        checkpoints: Vec::new(),
     };
     store
         .put_create(&manifest_key("", 1), Bytes::from(theirs.encode()))
@@ -1019,6 +1020,7 @@ async fn sync_a_fenced_shipper_fails_waiting_writes() {
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
+        checkpoints: Vec::new(),
     };
     ArchiveStore::new(flaky.clone(), "shard".into())
         .put_create(&manifest_key("shard", 1), Bytes::from(theirs.encode()))
@@ -1467,6 +1469,7 @@ fn a_lease_is_read_from_the_holders_last_manifest_or_its_epoch() {
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms,
+        checkpoints: Vec::new(),
     };
     // Before its first manifest: the epoch object's.
     let before = LeaseView::of(&doc, Some(&manifest(1, 50_000, 3000)));
