@@ -809,9 +809,11 @@ fn discard(data: &Path, existed: bool) {
     }
 }
 
-/// `restore --from URL --data DIR [--at SEQ|TIME]`: refuses a non-empty
-/// DIR; on failure removes what it wrote.
-pub fn restore(common: &Common, from: &From, at: Option<&str>) -> Outcome {
+/// `restore --from URL --data DIR [--at SEQ|TIME] [--no-checkpoint]`:
+/// refuses a non-empty DIR; on failure removes what it wrote. With
+/// `from_checkpoint`, the fold starts from the newest valid archived
+/// checkpoint ([`start_from_checkpoint`]).
+pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: bool) -> Outcome {
     let at = at.map(At::parse).transpose()?;
     let data = &common.data;
     match is_empty_dir(data) {
@@ -838,7 +840,7 @@ pub fn restore(common: &Common, from: &From, at: Option<&str>) -> Outcome {
         }
         std::fs::create_dir_all(data)
             .map_err(|e| Failure::unreadable(format!("cannot create {}: {e}", data.display())))?;
-        materialize(&store, manifest, at, data, true).await
+        materialize(&store, manifest, at, data, from_checkpoint).await
     });
     let summary = match result {
         Ok(summary) => summary,

@@ -1630,3 +1630,98 @@ async fn a_take_over_that_stopped_before_its_manifest_is_finished_at_the_next_le
     new.shutdown().await;
     old.shutdown().await;
 }
+
+/// ARCHIVE.md "Checkpoint": with checkpoints on, a `sync`-mode writer
+/// ships every checkpoint it writes (create-only, the local file's bytes,
+/// keyed by seq and epoch) while writes go on being acknowledged once
+/// archived; manifests list at most [`CHECKPOINTS_LISTED`], oldest first,
+/// each covered by the archived log; an idle writer still lists the last
+/// one (a manifest of the same entries); and no object is ever deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_ship_create_only_and_manifests_list_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings {
+        data_dir: dir.path().to_owned(),
+        ..Settings::default()
+    };
+    settings.log.segment_size_bytes = 4096;
+    settings.log.checkpoint_interval_ops = 40;
+    settings.archive = Some(crate::config::ArchiveSettings {
+        url: "s3://unused/p".into(),
+        endpoint: None,
+        region: "us-east-1".into(),
+        ship_interval_ms: 20,
+        mode: crate::config::ArchiveMode::Sync,
+        lease_ms: 0,
+    });
+    let engine = Arc::new(
+        Engine::open(
+            &settings,
+            Arc::new(spark_log_format::OsFs),
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    );
+    let flaky = Arc::new(Flaky::default());
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    let store = ArchiveStore::new(flaky.clone(), "shard".into());
+    let mut stored_checkpoints = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + HANG_GUARD;
+    // Writes in rounds, with pauses so that the worker writes checkpoints
+    // and the shipper (one look a second) ships several of them.
+    for round in 0..5u64 {
+        for i in 0..45u64 {
+            let n = 1 + round * 45 + i;
+            tokio::time::timeout(HANG_GUARD, engine.submit(create(n)))
+                .await
+                .expect("hang guard")
+                .unwrap();
+        }
+        // Until the newest local checkpoint is listed.
+        loop {
+            assert!(Instant::now() < deadline, "checkpoints not shipped");
+            let newest_local = spark_core::checkpoint::list(dir.path())
+                .first()
+                .map(|(seq, _)| *seq);
+            let manifest = store.latest_manifest().await.unwrap().unwrap();
+            for c in &manifest.checkpoints {
+                stored_checkpoints.insert(c.key.clone());
+            }
+            let listed = manifest.checkpoints.last().map(|c| c.seq);
+            if newest_local.is_some() && listed == newest_local {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let manifest = store.latest_manifest().await.unwrap().unwrap();
+    assert!(manifest.checkpoints.len() <= CHECKPOINTS_LISTED);
+    assert!(
+        manifest.checkpoints.windows(2).all(|w| w[0].seq < w[1].seq),
+        "{:?}",
+        manifest.checkpoints
+    );
+    assert!(
+        stored_checkpoints.len() > CHECKPOINTS_LISTED,
+        "{stored_checkpoints:?}"
+    );
+    for c in &manifest.checkpoints {
+        assert!(c.seq <= manifest.shipped_seq);
+        assert_eq!(c.key, checkpoint_key("shard", c.seq, 1));
+        let object = store.get_listed(&c.key, c.bytes, &c.blake3).await.unwrap();
+        let header = spark_core::checkpoint::decode_header(&object).unwrap();
+        assert_eq!((header.at.seq, header.ts_ms), (c.seq, c.ts_ms));
+        assert_eq!(chain_hex(&header.at.chain), c.chain);
+    }
+    // Retired from the list, never deleted.
+    for key in &stored_checkpoints {
+        assert!(store.exists(key).await.unwrap(), "{key}");
+    }
+    // Every checkpoint put was create-only: the keys were put once each.
+    let keys = flaky.keys.lock().clone();
+    let puts = keys.iter().filter(|k| k.contains("/checkpoint/")).count();
+    let distinct: std::collections::BTreeSet<_> =
+        keys.iter().filter(|k| k.contains("/checkpoint/")).collect();
+    assert_eq!(puts, distinct.len(), "{keys:?}");
+    shipping.stop().await;
+}
