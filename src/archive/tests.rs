@@ -1667,6 +1667,7 @@ async fn checkpoints_ship_create_only_and_manifests_list_the_newest() {
     let store = ArchiveStore::new(flaky.clone(), "shard".into());
     let mut stored_checkpoints = std::collections::BTreeSet::new();
     let deadline = Instant::now() + HANG_GUARD;
+    let mut prev_listed = None;
     // Writes in rounds, with pauses so that the worker writes checkpoints
     // and the shipper (one look a second) ships several of them.
     for round in 0..5u64 {
@@ -1688,7 +1689,10 @@ async fn checkpoints_ship_create_only_and_manifests_list_the_newest() {
                 stored_checkpoints.insert(c.key.clone());
             }
             let listed = manifest.checkpoints.last().map(|c| c.seq);
-            if newest_local.is_some() && listed == newest_local {
+            // Each round writes more than an interval: a newer checkpoint
+            // is written, then listed.
+            if newest_local.is_some() && listed == newest_local && listed > prev_listed {
+                prev_listed = listed;
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1724,4 +1728,107 @@ async fn checkpoints_ship_create_only_and_manifests_list_the_newest() {
         keys.iter().filter(|k| k.contains("/checkpoint/")).collect();
     assert_eq!(puts, distinct.len(), "{keys:?}");
     shipping.stop().await;
+}
+
+/// An engine on `data` (4 KiB segments, no archive gate: `async`
+/// shipping) writing a checkpoint every `interval_ops` ops.
+fn engine_checkpointing(data: &std::path::Path, interval_ops: u64) -> Arc<Engine> {
+    let mut settings = Settings {
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    };
+    settings.log.segment_size_bytes = 4096;
+    settings.log.checkpoint_interval_ops = interval_ops;
+    Arc::new(
+        Engine::open(
+            &settings,
+            Arc::new(spark_log_format::OsFs),
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    )
+}
+
+/// Waits until the latest manifest's newest checkpoint satisfies `ok`.
+async fn until_listed(store: &ArchiveStore, ok: impl Fn(&CheckpointEntry) -> bool) -> Manifest {
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        if let Some(m) = store.latest_manifest().await.unwrap() {
+            if m.checkpoints.last().is_some_and(&ok) {
+                return m;
+            }
+        }
+        assert!(Instant::now() < deadline, "no such checkpoint listed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A take-over keeps the archived checkpoints (they stand at seqs of the
+/// log both writers share) and the new writer's own are keyed by its
+/// epoch; the fenced writer lists none after the take-over point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_keeps_the_archived_checkpoints_and_ships_its_own() {
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let old_dir = tempfile::tempdir().unwrap();
+    let old = engine_checkpointing(old_dir.path(), 30);
+    let shipping = ship_every_20_ms(store.clone(), old_dir.path(), &old)
+        .await
+        .unwrap();
+    for n in 1..=100 {
+        old.submit(create(n)).await.unwrap();
+    }
+    let before = until_listed(&store, |c| c.key.ends_with("-00000000000000000001.ckpt")).await;
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let new_dir = tempfile::tempdir().unwrap();
+    let taken = take_over_on(store.clone(), new_dir.path(), max)
+        .await
+        .unwrap();
+    assert_eq!(taken.epoch, 2);
+    let takeover = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!(takeover.epoch, 2);
+    // The take-over manifest lists what the one before it listed.
+    assert!(takeover.number > before.number);
+    let last_old = store.manifest(takeover.number - 1).await.unwrap();
+    assert!(!takeover.checkpoints.is_empty());
+    assert_eq!(takeover.checkpoints, last_old.checkpoints);
+    let new = engine_checkpointing(new_dir.path(), 30);
+    let new_shipping = ship_every_20_ms(store.clone(), new_dir.path(), &new)
+        .await
+        .unwrap();
+    // The old writer goes on until fenced; none of its later ops is listed.
+    let mut n = 1000;
+    while shipping.status.fenced_at().is_none() {
+        n += 1;
+        let _ = old.submit(create(n)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(n < 20_000, "never fenced");
+    }
+    for n in 5000..5080 {
+        new.submit(create(n)).await.unwrap();
+    }
+    let after = until_listed(&store, |c| c.key.ends_with("-00000000000000000002.ckpt")).await;
+    for c in &after.checkpoints {
+        assert!(c.seq <= after.shipped_seq);
+        if c.key.ends_with("-00000000000000000001.ckpt") {
+            assert!(c.seq <= taken.shipped_seq, "{c:?}");
+        }
+        // Each listed checkpoint is valid against the new writer's log.
+        let object = store.get_listed(&c.key, c.bytes, &c.blake3).await.unwrap();
+        let header = spark_core::checkpoint::decode_header(&object).unwrap();
+        let log_dir = spark_core::layout::log_dir(new_dir.path());
+        assert_eq!(
+            spark_core::checkpoint::chain_at(
+                &log_dir,
+                header.at.segment_first_seq,
+                header.at.frame_end_offset
+            )
+            .unwrap(),
+            header.at.chain,
+            "{c:?}"
+        );
+    }
+    new_shipping.stop().await;
+    shipping.stop().await;
+    new.shutdown().await;
+    old.shutdown().await;
 }
