@@ -3,7 +3,8 @@
 //!
 //! `cargo bench -p spark-replay-tools --bench restore`: writes
 //! `SPARK_BENCH_RESTORE_OPS` (default 6,000,000, about 1.0 GiB) synthetic
-//! moment creates with `spark-replay generate`, ships them with the
+//! moment creates (then `SPARK_BENCH_RESTORE_EDITS` edits and deletes,
+//! default 0) with `spark-replay generate`, ships them with the
 //! engine's own shipper (an in-process engine with `[archive]` on a `weed
 //! mini` of its own, 64 MiB segments), then times `spark-replay restore
 //! --json` (the release binary) into an empty directory and checks its
@@ -38,6 +39,12 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(6_000_000);
+    // `SPARK_BENCH_RESTORE_EDITS`: edits and deletes after the creates
+    // (default 0), a log whose history outgrows its live state.
+    let edits: u64 = std::env::var("SPARK_BENCH_RESTORE_EDITS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     set_credentials();
     let work = tempfile::tempdir().expect("a temporary directory");
     let data = work.path().join("original");
@@ -52,13 +59,15 @@ fn main() {
             &data_arg,
             "--ops",
             &ops.to_string(),
+            "--edits",
+            &edits.to_string(),
         ],
         "",
     );
     assert_eq!(code, 0, "{out}{err}");
     let log_bytes = json(&out)["log_bytes"].as_u64().unwrap();
     eprintln!(
-        "generated {ops} ops, {:.0} MiB of log, in {:.1} s",
+        "generated {ops} creates and {edits} edits and deletes, {:.0} MiB of log, in {:.1} s",
         log_bytes as f64 / MIB,
         started.elapsed().as_secs_f64()
     );
