@@ -18,6 +18,8 @@ use spark_log_format::archive::{epoch_key, manifest_key, EpochDoc, Manifest, Obj
 
 pub use object_store;
 
+pub mod checkpoint;
+
 /// Why a store operation failed, by kind (the `kind` label of
 /// `spark_archive_failures_total`).
 #[derive(Debug, thiserror::Error)]

@@ -81,6 +81,18 @@ pub fn epoch_key(prefix: &str, epoch: u64) -> String {
     join(prefix, format!("epoch/{}", digits(epoch)))
 }
 
+/// Key of a checkpoint (`log-format/CHECKPOINT.md`) that writer epoch
+/// `epoch` shipped, standing at `seq`:
+/// `<prefix>/checkpoint/<seq>-<epoch>.ckpt` (each 20 digits; ARCHIVE.md
+/// "Checkpoint"). The epoch keeps a fenced writer's checkpoint at a seq
+/// past a take-over point off the key the new writer needs.
+pub fn checkpoint_key(prefix: &str, seq: Seq, epoch: u64) -> String {
+    join(
+        prefix,
+        format!("checkpoint/{}-{}.ckpt", digits(seq), digits(epoch)),
+    )
+}
+
 /// Key of a media blob: `<prefix>/blob/<sha256, 64 lowercase hex>`.
 pub fn blob_key(prefix: &str, sha256: &[u8; 32]) -> String {
     join(prefix, format!("blob/{}", chain_hex(sha256)))
@@ -335,6 +347,27 @@ pub struct ChunkEntry {
     pub chain_after: String,
 }
 
+/// A checkpoint as the manifest lists it (ARCHIVE.md "Checkpoint"): derived
+/// state, never needed to read the log; a reader that finds it missing,
+/// damaged or stale ignores it with a warning.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointEntry {
+    /// Its object key ([`checkpoint_key`]).
+    pub key: String,
+    /// The last seq folded into it (at most the manifest's `shipped_seq`).
+    pub seq: Seq,
+    /// The mirror's `ts_ms` at `seq` (Unix ms), so that `restore --at TIME`
+    /// can pick one without fetching it.
+    pub ts_ms: u64,
+    /// Object bytes (the checkpoint file, verbatim).
+    pub bytes: u64,
+    /// BLAKE3 of the object bytes, 64 hex.
+    pub blake3: String,
+    /// The chain value its header names (at the end of the record at
+    /// `seq`), 64 hex.
+    pub chain: String,
+}
+
 /// A manifest: what the archive holds as of manifest `number` (ARCHIVE.md
 /// "Manifest"). Every manifest lists everything (no deltas).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -361,7 +394,17 @@ pub struct Manifest {
     /// `--take-over`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lease_ms: u64,
+    /// The checkpoints shipped, oldest first, at most
+    /// [`CHECKPOINTS_LISTED`] (ARCHIVE.md "Checkpoint"); left out of the
+    /// JSON when none, as before checkpoints were shipped. Not part of the
+    /// history rule ([`extends`]): derived state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<CheckpointEntry>,
 }
+
+/// How many shipped checkpoints a manifest lists at most (the newest);
+/// older ones drop out of the list, their objects stay (nothing is deleted).
+pub const CHECKPOINTS_LISTED: usize = 3;
 
 fn is_zero(value: &u64) -> bool {
     *value == 0
@@ -785,7 +828,42 @@ mod tests {
             segments,
             chunks,
             lease_ms: 0,
+            checkpoints: Vec::new(),
         }
+    }
+
+    #[test]
+    fn checkpoints_are_listed_only_when_shipped_and_are_not_history() {
+        let m1 = manifest(1, 1, vec![segment(1, 12)], vec![chunk(13, 13, 20, 1)]);
+        // None shipped: the bytes are what they were before checkpoints.
+        assert!(!String::from_utf8_lossy(&m1.encode()).contains("checkpoints"));
+        let entry = CheckpointEntry {
+            key: checkpoint_key("p", 12, 1),
+            seq: 12,
+            ts_ms: 99,
+            bytes: 1000,
+            blake3: "a".repeat(64),
+            chain: "b".repeat(64),
+        };
+        assert_eq!(
+            entry.key,
+            "p/checkpoint/00000000000000000012-00000000000000000001.ckpt"
+        );
+        let m2 = Manifest {
+            number: 2,
+            checkpoints: vec![entry],
+            ..m1.clone()
+        };
+        let bytes = m2.encode();
+        assert_eq!(Manifest::decode(&bytes, 2).unwrap(), m2);
+        // Derived state: listing one (or dropping it) forks nothing.
+        assert_eq!(extends(&m1, &m2), Ok(()));
+        let m3 = Manifest {
+            number: 3,
+            checkpoints: Vec::new(),
+            ..m2.clone()
+        };
+        assert_eq!(extends(&m2, &m3), Ok(()));
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //!    keep-alive clients GET `/api/moments/{id}` of random ids for 5 s;
 //! 3. replica startup from a large archive: `SPARK_BENCH_REPLICA_OPS`
 //!    (default 6,000,000, about 1 GiB) generated creates shipped with the
-//!    engine's own shipper, then the time until a replica listens, on an
-//!    empty cache and again on its cache.
+//!    engine's own shipper (with the checkpoint the engine writes at the
+//!    head), then the time until a replica listens: on an empty cache with
+//!    checkpoints off (the whole log folded) and on (from the archived
+//!    checkpoint), interleaved, two rounds, then again on its cache.
 //!
 //! `SPARK_WEED=... cargo bench -p spark-replay-tools --bench replica`;
 //! `SPARK_BENCH_PARTS=lag,reads,startup` picks parts. Without `weed` it
@@ -265,19 +267,52 @@ fn startup(weed: &Weed, engine: &Path) {
         let (engine, shipping) =
             open_archived_with(&data, &url, &endpoint, DEFAULT_SEGMENT_SIZE_BYTES).await;
         wait_shipped(&engine, &shipping, Duration::from_secs(1800)).await;
+        if ops
+            >= spark_engine::config::Settings::default()
+                .log
+                .checkpoint_interval_ops
+        {
+            // The checkpoint the engine writes at the head, shipped.
+            wait_checkpoint_listed(&url, &endpoint, ops).await;
+        }
         shipping.stop().await;
         engine.shutdown().await;
     });
-    let replica_toml = work.path().join("replica.toml");
-    std::fs::write(&replica_toml, "[replica]\n").unwrap();
-    let cache = work.path().join("replica");
-    for run in ["an empty cache", "its cache"] {
+    // With checkpoints off (`log.checkpoint_interval_ops = 0`) a replica
+    // neither installs the archived checkpoint nor loads one: the whole
+    // log is folded. Interleaved with the default (on), then a restart on
+    // the last cache.
+    let without = work.path().join("replica-without.toml");
+    std::fs::write(
+        &without,
+        "[log]\ncheckpoint_interval_ops = 0\n\n[replica]\n",
+    )
+    .unwrap();
+    let with = work.path().join("replica.toml");
+    std::fs::write(&with, "[replica]\n").unwrap();
+    let runs = [
+        (
+            "an empty cache, checkpoints off (the whole log folded)",
+            &without,
+            0,
+        ),
+        ("an empty cache, from the archived checkpoint", &with, 1),
+        (
+            "an empty cache, checkpoints off (the whole log folded)",
+            &without,
+            2,
+        ),
+        ("an empty cache, from the archived checkpoint", &with, 3),
+        ("its cache (from its own checkpoint)", &with, 3),
+    ];
+    for (run, replica_toml, n) in runs {
+        let cache = work.path().join(format!("replica-{n}"));
         let started = Instant::now();
         let mut replica = EngineProcess::start_args(
             engine,
             &["replica", "--from", &url, "--endpoint", &endpoint],
             &cache,
-            &replica_toml,
+            replica_toml,
         );
         let elapsed = started.elapsed().as_secs_f64();
         assert_eq!(seq_of(&client(), &replica.base), ops);
@@ -287,6 +322,9 @@ fn startup(weed: &Weed, engine: &Path) {
             log_bytes as f64 / 1024.0 / 1024.0
         );
         replica.terminate();
+        if n < 3 {
+            std::fs::remove_dir_all(&cache).unwrap();
+        }
     }
 }
 

@@ -21,8 +21,8 @@ use sha2::Digest;
 use spark_archive::{ArchiveStore, StoreConfig, StoreError};
 use spark_core::mirror::Mirror;
 use spark_log_format::archive::{
-    blob_key, extends, manifest_key, missing_key, ChunkEntry, ChunkHeader, Manifest,
-    MissingBlobDoc, SegmentEntry,
+    blob_key, extends, manifest_key, missing_key, CheckpointEntry, ChunkEntry, ChunkHeader,
+    Manifest, MissingBlobDoc, SegmentEntry,
 };
 use spark_log_format::format::{
     chain_hasher, chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
@@ -496,14 +496,19 @@ fn check_chunk_header(
 
 /// Writes the log into `data`, checks it with the full decoder, the chain
 /// and the one fold, then fetches and checks every blob a kept op names.
+/// With `from_checkpoint`, the fold starts from the newest archived
+/// checkpoint that is valid against the written log and not past it
+/// ([`start_from_checkpoint`]): every record is still read and checked,
+/// only the ops after it are folded.
 async fn materialize(
     store: &ArchiveStore,
     manifest: Manifest,
     at: Option<At>,
     data: &Path,
+    from_checkpoint: bool,
 ) -> Result<serde_json::Value, Failure> {
-    let written =
-        write_archived_log(store, &manifest, at, &spark_core::layout::log_dir(data)).await?;
+    let log_dir = spark_core::layout::log_dir(data);
+    let written = write_archived_log(store, &manifest, at, &log_dir).await?;
     if let (Some(At::Seq(seq)), Some(cut)) = (at, written.cut) {
         if cut.last_seq != seq {
             return Err(scan::usage(format!(
@@ -518,7 +523,17 @@ async fn materialize(
             "--at: the archive holds no op at or before it".to_owned(),
         ));
     }
-    let (mirror, report) = check_log(&written, data)?;
+    let restored_seq = written.cut.map_or(manifest.shipped_seq, |c| c.last_seq);
+    let start = if from_checkpoint {
+        start_from_checkpoint(store, &manifest, at, restored_seq, data).await
+    } else {
+        None
+    };
+    let checkpoint = start
+        .as_ref()
+        .map(|(key, mirror)| json!({"key": key, "seq": mirror.seq}));
+    let start = start.map_or_else(Mirror::new, |(_, mirror)| mirror);
+    let (mirror, report, ops_folded) = check_log(&written, data, start)?;
     let (blobs, blob_bytes, blobs_missing) = restore_blobs(store, &mirror, data).await?;
     let cut = written
         .cut
@@ -539,43 +554,90 @@ async fn materialize(
         "blobs_missing": blobs_missing,
         "digest": mirror.digest(),
         "cut": cut,
+        "checkpoint": checkpoint,
+        "ops_folded": ops_folded,
     }))
+}
+
+/// The newest checkpoint `manifest` lists that `at` keeps and the restored
+/// log (up to `restored_seq`) holds, valid against that log
+/// ([`spark_archive::checkpoint::install`]: length, BLAKE3, header, chain
+/// value) and whole ([`spark_core::checkpoint::load`]): written into
+/// `data`'s `checkpoint/` (the engine's first start uses it too) and
+/// loaded, with its object key. Every one not used is named on stderr with
+/// why, and the restore goes on: a checkpoint only saves time.
+async fn start_from_checkpoint(
+    store: &ArchiveStore,
+    manifest: &Manifest,
+    at: Option<At>,
+    restored_seq: u64,
+    data: &Path,
+) -> Option<(String, Mirror)> {
+    let log_dir = spark_core::layout::log_dir(data);
+    let fits = |entry: &CheckpointEntry| {
+        entry.seq <= restored_seq && !at.is_some_and(|at| at.excludes(entry.seq, entry.ts_ms))
+    };
+    let (installed, skipped) =
+        spark_archive::checkpoint::install_newest(store, manifest, data, &log_dir, fits).await;
+    for skipped in skipped {
+        eprintln!(
+            "spark-replay: warning: archived checkpoint {} ignored: {}; folding the log without it",
+            skipped.key, skipped.why
+        );
+    }
+    let installed = installed?;
+    match spark_core::checkpoint::load(&installed.file, &log_dir, Mirror::new()) {
+        Ok((_, mirror)) => Some((installed.key, mirror)),
+        Err(why) => {
+            eprintln!(
+                "spark-replay: warning: archived checkpoint {} ignored: {why}; folding the log without it",
+                installed.key
+            );
+            let _ = std::fs::remove_file(&installed.file);
+            None
+        }
+    }
 }
 
 /// Replays the written log with the full decoder, the chain of every
 /// sealed segment and the one fold; a failure names the objects its
 /// segment came from. A torn tail is damage.
-fn check_log(written: &Written, data: &Path) -> Result<(Mirror, ScanReport), Failure> {
+fn check_log(
+    written: &Written,
+    data: &Path,
+    start: Mirror,
+) -> Result<(Mirror, ScanReport, u64), Failure> {
     let common = Common {
         data: data.to_owned(),
         json: false,
     };
-    let (mirror, report) = scan::replay_verified(&common).map_err(|failure| {
-        let objects: Vec<String> = written
-            .segments
-            .iter()
-            .filter(|s| failure.message.contains(&s.name))
-            .flat_map(|s| {
-                s.objects
-                    .iter()
-                    .map(|(k, at)| format!("{k} (from offset {at})"))
-            })
-            .collect();
-        Failure {
-            message: format!(
-                "the archived log does not verify: {}; that segment came from: {}",
-                failure.message,
-                objects.join(", ")
-            ),
-            code: failure.code,
-        }
-    })?;
+    let (mirror, report, folded) =
+        scan::replay_verified_from(&common, start).map_err(|failure| {
+            let objects: Vec<String> = written
+                .segments
+                .iter()
+                .filter(|s| failure.message.contains(&s.name))
+                .flat_map(|s| {
+                    s.objects
+                        .iter()
+                        .map(|(k, at)| format!("{k} (from offset {at})"))
+                })
+                .collect();
+            Failure {
+                message: format!(
+                    "the archived log does not verify: {}; that segment came from: {}",
+                    failure.message,
+                    objects.join(", ")
+                ),
+                code: failure.code,
+            }
+        })?;
     if report.torn_tail.is_some() {
         return Err(Failure::damage(
             "the archived log ends in bytes that are not a whole batch (a chunk past its last commit mark)",
         ));
     }
-    Ok((mirror, report))
+    Ok((mirror, report, folded))
 }
 
 /// Fetches every blob the mirror's media name into `data`'s blob store
@@ -677,6 +739,12 @@ fn print(common: &Common, what: &str, summary: &serde_json::Value) {
     if let Some(manifests) = summary["manifests"].as_u64() {
         println!("history   {manifests} manifests, each extending the one before");
     }
+    if let Some(key) = summary["checkpoint"]["key"].as_str() {
+        println!(
+            "from      checkpoint {key} (seq {}); {} ops folded after it",
+            summary["checkpoint"]["seq"], summary["ops_folded"]
+        );
+    }
     println!("segments  {}", summary["segments"]);
     println!(
         "objects   {} ({} bytes)",
@@ -728,6 +796,7 @@ fn discard(data: &Path, existed: bool) {
     if existed {
         for dir in [
             spark_core::layout::log_dir(data),
+            spark_core::checkpoint::checkpoint_dir(data),
             spark_core::blob::blobs_dir(data)
                 .parent()
                 .map(Path::to_owned)
@@ -742,9 +811,11 @@ fn discard(data: &Path, existed: bool) {
     }
 }
 
-/// `restore --from URL --data DIR [--at SEQ|TIME]`: refuses a non-empty
-/// DIR; on failure removes what it wrote.
-pub fn restore(common: &Common, from: &From, at: Option<&str>) -> Outcome {
+/// `restore --from URL --data DIR [--at SEQ|TIME] [--no-checkpoint]`:
+/// refuses a non-empty DIR; on failure removes what it wrote. With
+/// `from_checkpoint`, the fold starts from the newest valid archived
+/// checkpoint ([`start_from_checkpoint`]).
+pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: bool) -> Outcome {
     let at = at.map(At::parse).transpose()?;
     let data = &common.data;
     match is_empty_dir(data) {
@@ -771,7 +842,7 @@ pub fn restore(common: &Common, from: &From, at: Option<&str>) -> Outcome {
         }
         std::fs::create_dir_all(data)
             .map_err(|e| Failure::unreadable(format!("cannot create {}: {e}", data.display())))?;
-        materialize(&store, manifest, at, data).await
+        materialize(&store, manifest, at, data, from_checkpoint).await
     });
     let summary = match result {
         Ok(summary) => summary,
@@ -849,7 +920,9 @@ pub fn verify(common: &Common, from: &From) -> Outcome {
         std::fs::create_dir_all(&scratch).map_err(|e| {
             Failure::unreadable(format!("cannot create {}: {e}", scratch.display()))
         })?;
-        let mut summary = materialize(&store, manifest, None, &scratch).await?;
+        // verify folds the whole log: a checkpoint would skip the fold it
+        // checks.
+        let mut summary = materialize(&store, manifest, None, &scratch, false).await?;
         summary["manifests"] = json!(manifests);
         Ok(summary)
     });

@@ -114,6 +114,10 @@ enum Cmd {
         /// note). Exit 2 when the archive holds no op at or before it.
         #[arg(long, value_name = "SEQ|TIME")]
         at: Option<String>,
+        /// Fold the whole log instead of starting from the newest archived
+        /// checkpoint (every record is read and checked either way).
+        #[arg(long)]
+        no_checkpoint: bool,
     },
     /// Print ops as JSON lines: seq, ts_ms, kind, request_id, entity_id,
     /// device and the payload. Filters combine with AND.
@@ -195,7 +199,12 @@ fn main() -> ExitCode {
                 region,
             },
         ),
-        Cmd::Restore { common, from, at } => archive::restore(&common, &from, at.as_deref()),
+        Cmd::Restore {
+            common,
+            from,
+            at,
+            no_checkpoint,
+        } => archive::restore(&common, &from, at.as_deref(), !no_checkpoint),
         Cmd::Dump { common, filter } => scan::dump(&common, &filter),
         Cmd::Rebuild {
             common,

@@ -510,11 +510,28 @@ pub fn replay_all(common: &Common) -> Result<(Mirror, ScanReport), Failure> {
     replay(&reader, None, false)
 }
 
-/// Replays a data directory fully and checks every sealed segment's chain
-/// against its seal too (the chain from the first op); for restore.
-pub fn replay_verified(common: &Common) -> Result<(Mirror, ScanReport), Failure> {
+/// Replays a data directory and checks every sealed segment's chain
+/// against its seal too (the chain from the first op), starting from
+/// `mirror` (a checkpoint's, or an empty one): every record is read and
+/// checked (CRC, seqs, commit marks, chains), only those after
+/// `mirror.seq` are folded; for restore. Also returns how many ops were
+/// folded.
+pub fn replay_verified_from(
+    common: &Common,
+    mirror: Mirror,
+) -> Result<(Mirror, ScanReport, u64), Failure> {
     let reader = open(common)?;
-    replay(&reader, None, true)
+    let mut folded = 0u64;
+    let skip_through = mirror.seq;
+    let mut mirror = mirror;
+    let report = scan(&reader, true, "rebuild", |segment, record| {
+        if record.seq <= skip_through {
+            return Ok(ControlFlow::Continue(()));
+        }
+        folded += 1;
+        fold(&mut mirror, segment, record).map(|_| ControlFlow::Continue(()))
+    })?;
+    Ok((mirror, report, folded))
 }
 
 /// `rebuild`: counts and digest of the mirror, optionally as of `--at`, and

@@ -1,6 +1,8 @@
 //! `spark-replay` end to end: every subcommand against a data directory
 //! written by the real engine, beside a live engine, and on damaged copies.
 
+#[path = "tools/archive_checkpoint.rs"]
+mod archive_checkpoint;
 #[path = "tools/archive_kill9.rs"]
 mod archive_kill9;
 #[path = "tools/archive_lease.rs"]

@@ -51,8 +51,9 @@ use futures_util::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
 use spark_log_format::archive::{
-    acknowledged_end, blob_key, chunk_key, epoch_key, manifest_key, missing_key, segment_key,
-    ChunkEntry, ChunkHeader, EpochDoc, Manifest, MissingBlobDoc, SegmentEntry, CHUNK_HEADER_LEN,
+    acknowledged_end, blob_key, checkpoint_key, chunk_key, epoch_key, manifest_key, missing_key,
+    segment_key, CheckpointEntry, ChunkEntry, ChunkHeader, EpochDoc, Manifest, MissingBlobDoc,
+    SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
 };
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, decode_record, segment_file_name, ChainValue,
@@ -88,6 +89,9 @@ pub const BEHIND_AFTER_INTERVALS: u32 = 3;
 const MISSING_BLOBS_LISTED: usize = 100;
 /// The file in the data directory that names this writer and its epoch.
 pub const WRITER_FILE: &str = "archive-writer";
+/// How often the shipper looks for a new local checkpoint to ship
+/// (ARCHIVE.md "Checkpoint"): one directory listing, off the ship's path.
+pub const CHECKPOINT_LOOK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why the archive did not start (the server refuses to start).
 #[derive(Debug, thiserror::Error)]
@@ -462,7 +466,13 @@ struct ShipState {
     shipped_seq: u64,
     shipped_chain: ChainValue,
     tail: Tail,
+    /// The checkpoints the manifest lists (ARCHIVE.md "Checkpoint").
+    checkpoints: Vec<CheckpointEntry>,
 }
+
+/// A checkpoint put in flight, off the ship's path: a large object must
+/// not hold up the manifests writers wait for (`sync` mode).
+type CheckpointPut = tokio::task::JoinHandle<Result<CheckpointEntry, String>>;
 
 struct Shipper {
     store: ArchiveStore,
@@ -483,6 +493,15 @@ struct Shipper {
     /// is not this writer's, so that the archive never advertises a lease
     /// nobody renews.
     advertised_lease_ms: u64,
+    /// The data directory (its `checkpoint/` is shipped).
+    data_dir: PathBuf,
+    /// The checkpoint put in flight, if any.
+    checkpoint_put: Option<CheckpointPut>,
+    /// A checkpoint stored in the archive that no manifest lists yet: the
+    /// next manifest does (a ship's, or one of its own).
+    checkpoint_stored: Option<CheckpointEntry>,
+    /// When the shipper last looked for a new local checkpoint.
+    checkpoint_looked: Option<Instant>,
 }
 
 /// The writer file: `{"writer": id, "epoch": n}`.
@@ -626,6 +645,10 @@ pub async fn start_on_leased(
         lease: (lease_ms > 0).then(|| Duration::from_millis(lease_ms)),
         renewed_at: instant_of(written_ms),
         advertised_lease_ms,
+        data_dir: data_dir.to_owned(),
+        checkpoint_put: None,
+        checkpoint_stored: None,
+        checkpoint_looked: None,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(shipper.run(interval, stopped));
@@ -767,6 +790,7 @@ async fn resume(
             shipped_seq: 0,
             shipped_chain: [0; 32],
             tail: Tail::fresh(1, [0; 32]),
+            checkpoints: Vec::new(),
         };
         return Ok((empty, None));
     };
@@ -813,6 +837,7 @@ fn state_after(
         shipped_seq: manifest.shipped_seq,
         shipped_chain,
         tail,
+        checkpoints: manifest.checkpoints,
     })
 }
 
@@ -923,6 +948,11 @@ impl Shipper {
                 _ = stopped.changed() => true,
             };
             if stopping {
+                if let Some(put) = self.checkpoint_put.take() {
+                    // Derived state: an unfinished put is shipped again
+                    // after the restart.
+                    put.abort();
+                }
                 let _ = tokio::time::timeout(FINAL_SHIP_TIMEOUT, self.tick()).await;
                 if let Some(gate) = &gate {
                     gate.close(gate::shutting_down());
@@ -990,9 +1020,14 @@ impl Shipper {
     /// manifest was stored for `lease / 3` (ARCHIVE.md "Lease"), and
     /// records the outcome. With leases off and the head still, no request.
     async fn tick(&mut self) -> Result<(), ShipError> {
+        self.checkpoints_tick();
         let head = self.engine.head();
         let moved = head.seq > self.state.shipped_seq;
-        if !moved && !self.renewal_due() {
+        let list_checkpoint = self
+            .checkpoint_stored
+            .as_ref()
+            .is_some_and(|c| c.seq <= self.state.shipped_seq);
+        if !moved && !self.renewal_due() && !list_checkpoint {
             return Ok(());
         }
         let mut result = if moved {
@@ -1000,6 +1035,18 @@ impl Shipper {
         } else {
             Ok(())
         };
+        // A stored checkpoint no manifest lists yet, and no ship stored
+        // a manifest (idle): one manifest of the same entries lists it.
+        let shipped = self.state.shipped_seq;
+        if result.is_ok()
+            && self
+                .checkpoint_stored
+                .as_ref()
+                .is_some_and(|c| c.seq <= shipped)
+        {
+            let next = self.state.clone();
+            result = self.ship_manifest_as("checkpoint", next).await;
+        }
         // Also after a failed ship (not a fence): a writer that is alive
         // and reaches the store keeps its lease while a local fault (an
         // unreadable blob, say) holds its ship back, so that no standby
@@ -1457,6 +1504,15 @@ impl Shipper {
     /// restarts from just before its put.
     async fn ship_manifest_as(&mut self, kind: &str, mut next: ShipState) -> Result<(), ShipError> {
         next.number += 1;
+        if let Some(stored) = self
+            .checkpoint_stored
+            .clone()
+            .filter(|c| c.seq <= next.shipped_seq && !next.checkpoints.contains(c))
+        {
+            next.checkpoints.push(stored);
+            let over = next.checkpoints.len().saturating_sub(CHECKPOINTS_LISTED);
+            next.checkpoints.drain(..over);
+        }
         let lease_ms = self.lease.map_or(0, |l| l.as_millis() as u64);
         let started = Instant::now();
         let manifest = Manifest {
@@ -1468,6 +1524,7 @@ impl Shipper {
             segments: next.segments.clone(),
             chunks: next.chunks.clone(),
             lease_ms,
+            checkpoints: next.checkpoints.clone(),
         };
         let key = manifest_key(self.store.prefix(), next.number);
         match self.put(kind, &key, manifest.encode()).await {
@@ -1482,8 +1539,9 @@ impl Shipper {
                 }
                 // A renewal repeats the last state: any manifest of this
                 // epoch under its number is one of this writer's whose
-                // answer was lost (a ship's or a renewal's).
-                let renewal = kind == "renewal";
+                // answer was lost (a ship's or a renewal's). So does a
+                // manifest that only lists a checkpoint.
+                let renewal = kind == "renewal" || kind == "checkpoint";
                 if stored.epoch == self.status.epoch
                     && (renewal || stored.shipped_seq <= next.shipped_seq)
                 {
@@ -1495,6 +1553,7 @@ impl Shipper {
                     self.advertised_lease_ms = stored.lease_ms;
                     self.state = state_after(&self.log_dir, &head_now, stored)
                         .map_err(|e| ShipError::Local(e.to_string()))?;
+                    self.checkpoint_listed();
                     return Ok(());
                 }
                 return Err(ShipError::Store(StoreError::Conflict { key }));
@@ -1504,8 +1563,109 @@ impl Shipper {
         self.state = next;
         self.renewed_at = started;
         self.advertised_lease_ms = lease_ms;
+        self.checkpoint_listed();
         Ok(())
     }
+
+    /// Forgets the stored checkpoint once the state's manifest lists it.
+    fn checkpoint_listed(&mut self) {
+        if self
+            .checkpoint_stored
+            .as_ref()
+            .is_some_and(|c| self.state.checkpoints.contains(c))
+        {
+            self.checkpoint_stored = None;
+        }
+    }
+
+    /// ARCHIVE.md "Checkpoint": collects a finished checkpoint put (stored:
+    /// the next manifest lists it; failed: a WARN, tried again later), and
+    /// at most every [`CHECKPOINT_LOOK_INTERVAL`], with no put in flight
+    /// and none waiting to be listed, starts the put of the newest local
+    /// checkpoint that the archive's log covers (`seq` at most the shipped
+    /// seq) and is newer than the newest listed. Never fails the ship: a
+    /// checkpoint is derived state.
+    fn checkpoints_tick(&mut self) {
+        if let Some(put) = self.checkpoint_put.take_if(|p| p.is_finished()) {
+            match futures_util::FutureExt::now_or_never(put) {
+                Some(Ok(Ok(entry))) => {
+                    tracing::info!(key = %entry.key, seq = entry.seq, bytes = entry.bytes, "archive: checkpoint stored");
+                    self.checkpoint_stored = Some(entry);
+                }
+                Some(Ok(Err(why))) => {
+                    tracing::warn!(%why, "archive: checkpoint not shipped; trying again later")
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "archive: checkpoint put did not finish")
+                }
+                None => {}
+            }
+        }
+        if self.checkpoint_put.is_some() || self.checkpoint_stored.is_some() {
+            return;
+        }
+        if self
+            .checkpoint_looked
+            .is_some_and(|at| at.elapsed() < CHECKPOINT_LOOK_INTERVAL)
+        {
+            return;
+        }
+        self.checkpoint_looked = Some(Instant::now());
+        let listed = self.state.checkpoints.last().map_or(0, |c| c.seq);
+        let shipped = self.state.shipped_seq;
+        let Some((seq, file)) = spark_core::checkpoint::list(&self.data_dir)
+            .into_iter()
+            .find(|(seq, _)| *seq <= shipped)
+            .filter(|(seq, _)| *seq > listed)
+        else {
+            return;
+        };
+        let store = self.store.clone();
+        let log_dir = self.log_dir.clone();
+        let epoch = self.status.epoch;
+        self.checkpoint_put = Some(tokio::spawn(async move {
+            let (file_, log_dir_) = (file.clone(), log_dir.clone());
+            let read = tokio::task::spawn_blocking(move || read_checkpoint(&file_, &log_dir_));
+            let (header, bytes) = read
+                .await
+                .map_err(|e| format!("{}: {e}", file.display()))?
+                .map_err(|why| format!("{}: {why}", file.display()))?;
+            debug_assert_eq!(header.at.seq, seq);
+            let key = checkpoint_key(store.prefix(), seq, epoch);
+            let entry = CheckpointEntry {
+                key: key.clone(),
+                seq,
+                ts_ms: header.ts_ms,
+                bytes: bytes.len() as u64,
+                blake3: blake3::hash(&bytes).to_hex().to_string(),
+                chain: chain_hex(&header.at.chain),
+            };
+            let len = bytes.len() as u64;
+            match store.put_create(&key, Bytes::from(bytes)).await {
+                Ok(Put::Created) => count_put("checkpoint", len),
+                Ok(Put::AlreadyThere) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            Ok(entry)
+        }));
+    }
+}
+
+/// A local checkpoint file to ship, checked first as a start would check
+/// it: its header and length, its chain value against the local log
+/// ([`spark_core::checkpoint::peek`]), and its BLAKE3 trailer (a damaged
+/// file put create-only could never be replaced). Errors in words.
+fn read_checkpoint(
+    file: &Path,
+    log_dir: &Path,
+) -> Result<(spark_core::checkpoint::Header, Vec<u8>), String> {
+    let header = spark_core::checkpoint::peek(file, log_dir)?;
+    let bytes = std::fs::read(file).map_err(|e| format!("cannot be read: {e}"))?;
+    let decoded = spark_core::checkpoint::decode_header(&bytes)?;
+    if decoded != header {
+        return Err("changed while it was read".into());
+    }
+    Ok((header, bytes))
 }
 
 #[cfg(test)]

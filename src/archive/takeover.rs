@@ -239,6 +239,7 @@ fn empty_archive() -> Manifest {
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
+        checkpoints: Vec::new(),
     }
 }
 

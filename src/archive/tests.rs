@@ -366,6 +366,7 @@ async fn a_manifest_of_a_newer_epoch_fences_the_shipper() {
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
+        checkpoints: Vec::new(),
     };
     store
         .put_create(&manifest_key("", 1), Bytes::from(theirs.encode()))
@@ -1019,6 +1020,7 @@ async fn sync_a_fenced_shipper_fails_waiting_writes() {
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
+        checkpoints: Vec::new(),
     };
     ArchiveStore::new(flaky.clone(), "shard".into())
         .put_create(&manifest_key("shard", 1), Bytes::from(theirs.encode()))
@@ -1467,6 +1469,7 @@ fn a_lease_is_read_from_the_holders_last_manifest_or_its_epoch() {
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms,
+        checkpoints: Vec::new(),
     };
     // Before its first manifest: the epoch object's.
     let before = LeaseView::of(&doc, Some(&manifest(1, 50_000, 3000)));
@@ -1624,6 +1627,208 @@ async fn a_take_over_that_stopped_before_its_manifest_is_finished_at_the_next_le
         .unwrap();
     assert!(again.is_none());
     assert_extends(&history(&store).await);
+    new.shutdown().await;
+    old.shutdown().await;
+}
+
+/// ARCHIVE.md "Checkpoint": with checkpoints on, a `sync`-mode writer
+/// ships every checkpoint it writes (create-only, the local file's bytes,
+/// keyed by seq and epoch) while writes go on being acknowledged once
+/// archived; manifests list at most [`CHECKPOINTS_LISTED`], oldest first,
+/// each covered by the archived log; an idle writer still lists the last
+/// one (a manifest of the same entries); and no object is ever deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_ship_create_only_and_manifests_list_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings {
+        data_dir: dir.path().to_owned(),
+        ..Settings::default()
+    };
+    settings.log.segment_size_bytes = 4096;
+    settings.log.checkpoint_interval_ops = 40;
+    settings.archive = Some(crate::config::ArchiveSettings {
+        url: "s3://unused/p".into(),
+        endpoint: None,
+        region: "us-east-1".into(),
+        ship_interval_ms: 20,
+        mode: crate::config::ArchiveMode::Sync,
+        lease_ms: 0,
+    });
+    let engine = Arc::new(
+        Engine::open(
+            &settings,
+            Arc::new(spark_log_format::OsFs),
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    );
+    let flaky = Arc::new(Flaky::default());
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    let store = ArchiveStore::new(flaky.clone(), "shard".into());
+    let mut stored_checkpoints = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + HANG_GUARD;
+    let mut prev_listed = None;
+    // Writes in rounds, with pauses so that the worker writes checkpoints
+    // and the shipper (one look a second) ships several of them.
+    for round in 0..5u64 {
+        for i in 0..45u64 {
+            let n = 1 + round * 45 + i;
+            tokio::time::timeout(HANG_GUARD, engine.submit(create(n)))
+                .await
+                .expect("hang guard")
+                .unwrap();
+        }
+        // Until the newest local checkpoint is listed.
+        loop {
+            assert!(Instant::now() < deadline, "checkpoints not shipped");
+            let newest_local = spark_core::checkpoint::list(dir.path())
+                .first()
+                .map(|(seq, _)| *seq);
+            let manifest = store.latest_manifest().await.unwrap().unwrap();
+            for c in &manifest.checkpoints {
+                stored_checkpoints.insert(c.key.clone());
+            }
+            let listed = manifest.checkpoints.last().map(|c| c.seq);
+            // Each round writes more than an interval: a newer checkpoint
+            // is written, then listed.
+            if newest_local.is_some() && listed == newest_local && listed > prev_listed {
+                prev_listed = listed;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let manifest = store.latest_manifest().await.unwrap().unwrap();
+    assert!(manifest.checkpoints.len() <= CHECKPOINTS_LISTED);
+    assert!(
+        manifest.checkpoints.windows(2).all(|w| w[0].seq < w[1].seq),
+        "{:?}",
+        manifest.checkpoints
+    );
+    assert!(
+        stored_checkpoints.len() > CHECKPOINTS_LISTED,
+        "{stored_checkpoints:?}"
+    );
+    for c in &manifest.checkpoints {
+        assert!(c.seq <= manifest.shipped_seq);
+        assert_eq!(c.key, checkpoint_key("shard", c.seq, 1));
+        let object = store.get_listed(&c.key, c.bytes, &c.blake3).await.unwrap();
+        let header = spark_core::checkpoint::decode_header(&object).unwrap();
+        assert_eq!((header.at.seq, header.ts_ms), (c.seq, c.ts_ms));
+        assert_eq!(chain_hex(&header.at.chain), c.chain);
+    }
+    // Retired from the list, never deleted.
+    for key in &stored_checkpoints {
+        assert!(store.exists(key).await.unwrap(), "{key}");
+    }
+    // Every checkpoint put was create-only: the keys were put once each.
+    let keys = flaky.keys.lock().clone();
+    let puts = keys.iter().filter(|k| k.contains("/checkpoint/")).count();
+    let distinct: std::collections::BTreeSet<_> =
+        keys.iter().filter(|k| k.contains("/checkpoint/")).collect();
+    assert_eq!(puts, distinct.len(), "{keys:?}");
+    shipping.stop().await;
+}
+
+/// An engine on `data` (4 KiB segments, no archive gate: `async`
+/// shipping) writing a checkpoint every `interval_ops` ops.
+fn engine_checkpointing(data: &std::path::Path, interval_ops: u64) -> Arc<Engine> {
+    let mut settings = Settings {
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    };
+    settings.log.segment_size_bytes = 4096;
+    settings.log.checkpoint_interval_ops = interval_ops;
+    Arc::new(
+        Engine::open(
+            &settings,
+            Arc::new(spark_log_format::OsFs),
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    )
+}
+
+/// Waits until the latest manifest's newest checkpoint satisfies `ok`.
+async fn until_listed(store: &ArchiveStore, ok: impl Fn(&CheckpointEntry) -> bool) -> Manifest {
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        if let Some(m) = store.latest_manifest().await.unwrap() {
+            if m.checkpoints.last().is_some_and(&ok) {
+                return m;
+            }
+        }
+        assert!(Instant::now() < deadline, "no such checkpoint listed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A take-over keeps the archived checkpoints (they stand at seqs of the
+/// log both writers share) and the new writer's own are keyed by its
+/// epoch; the fenced writer lists none after the take-over point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_keeps_the_archived_checkpoints_and_ships_its_own() {
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let old_dir = tempfile::tempdir().unwrap();
+    let old = engine_checkpointing(old_dir.path(), 30);
+    let shipping = ship_every_20_ms(store.clone(), old_dir.path(), &old)
+        .await
+        .unwrap();
+    for n in 1..=100 {
+        old.submit(create(n)).await.unwrap();
+    }
+    let before = until_listed(&store, |c| c.key.ends_with("-00000000000000000001.ckpt")).await;
+    let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    let new_dir = tempfile::tempdir().unwrap();
+    let taken = take_over_on(store.clone(), new_dir.path(), max)
+        .await
+        .unwrap();
+    assert_eq!(taken.epoch, 2);
+    let takeover = store.latest_manifest().await.unwrap().unwrap();
+    assert_eq!(takeover.epoch, 2);
+    // The take-over manifest lists what the one before it listed.
+    assert!(takeover.number > before.number);
+    let last_old = store.manifest(takeover.number - 1).await.unwrap();
+    assert!(!takeover.checkpoints.is_empty());
+    assert_eq!(takeover.checkpoints, last_old.checkpoints);
+    let new = engine_checkpointing(new_dir.path(), 30);
+    let new_shipping = ship_every_20_ms(store.clone(), new_dir.path(), &new)
+        .await
+        .unwrap();
+    // The old writer goes on until fenced; none of its later ops is listed.
+    let mut n = 1000;
+    while shipping.status.fenced_at().is_none() {
+        n += 1;
+        let _ = old.submit(create(n)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(n < 20_000, "never fenced");
+    }
+    for n in 5000..5080 {
+        new.submit(create(n)).await.unwrap();
+    }
+    let after = until_listed(&store, |c| c.key.ends_with("-00000000000000000002.ckpt")).await;
+    for c in &after.checkpoints {
+        assert!(c.seq <= after.shipped_seq);
+        if c.key.ends_with("-00000000000000000001.ckpt") {
+            assert!(c.seq <= taken.shipped_seq, "{c:?}");
+        }
+        // Each listed checkpoint is valid against the new writer's log.
+        let object = store.get_listed(&c.key, c.bytes, &c.blake3).await.unwrap();
+        let header = spark_core::checkpoint::decode_header(&object).unwrap();
+        let log_dir = spark_core::layout::log_dir(new_dir.path());
+        assert_eq!(
+            spark_core::checkpoint::chain_at(
+                &log_dir,
+                header.at.segment_first_seq,
+                header.at.frame_end_offset
+            )
+            .unwrap(),
+            header.at.chain,
+            "{c:?}"
+        );
+    }
+    new_shipping.stop().await;
+    shipping.stop().await;
     new.shutdown().await;
     old.shutdown().await;
 }

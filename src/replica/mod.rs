@@ -275,6 +275,12 @@ fn set_cache_aside(data_dir: &Path, why: &str) -> Result<(), ReplicaStartError> 
         );
         std::fs::rename(&log_dir, &aside).map_err(|e| local(&log_dir, e))?;
     }
+    // Its checkpoints are of that log: set aside with it.
+    let checkpoints = spark_core::checkpoint::checkpoint_dir(data_dir);
+    if checkpoints.exists() {
+        let aside = data_dir.join(format!("checkpoint.stale-{}", now_ms()));
+        std::fs::rename(&checkpoints, &aside).map_err(|e| local(&checkpoints, e))?;
+    }
     let _ = std::fs::remove_file(data_dir.join(CACHE_FILE));
     Ok(())
 }
@@ -331,15 +337,23 @@ pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError>
         }
         Err(e) => return Err(e.into()),
     };
+    // An empty cache starts from the archive's checkpoint, if any.
+    let mut fresh = cached.is_none();
     crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
     match catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await {
         Ok(()) => {}
         Err(ArchiveStartError::Diverged(why)) => {
             set_cache_aside(&data_dir, &why)?;
+            fresh = true;
             crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
             catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await?;
         }
         Err(e) => return Err(e.into()),
+    }
+    if let Some(manifest) = latest.as_ref().filter(|_| fresh) {
+        if settings.log.checkpoint_interval_ops > 0 {
+            install_checkpoint(&store, manifest, &data_dir).await;
+        }
     }
     let number = latest.as_ref().map_or(0, |m| m.number);
     Ok(Prepared {
@@ -352,6 +366,31 @@ pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError>
         caught_up_at_ms: probe_sent_ms,
         max_record_bytes,
     })
+}
+
+/// A replica starting on an empty cache (ARCHIVE.md "Replicas"): the
+/// newest checkpoint `manifest` lists that is valid against the log just
+/// fetched ([`spark_archive::checkpoint::install_newest`]) is written into
+/// the cache's `checkpoint/`, so that the engine opens from it and folds
+/// only the ops after it. One that is missing, damaged or stale is ignored
+/// with a WARN naming the object; the engine checks the one installed
+/// again when it loads it, and replays the whole log if it fails.
+async fn install_checkpoint(store: &ArchiveStore, manifest: &Manifest, data_dir: &Path) {
+    let log_dir = spark_core::layout::log_dir(data_dir);
+    let (installed, skipped) =
+        spark_archive::checkpoint::install_newest(store, manifest, data_dir, &log_dir, |entry| {
+            entry.seq <= manifest.shipped_seq
+        })
+        .await;
+    for skipped in skipped {
+        tracing::warn!(key = %skipped.key, why = %skipped.why,
+            "replica: archived checkpoint ignored; the engine folds the log without it");
+    }
+    if let Some(installed) = installed {
+        tracing::info!(key = %installed.key, seq = installed.header.at.seq,
+            file = %installed.file.display(),
+            "replica: starting from the archived checkpoint");
+    }
 }
 
 /// A running follower: its status, and how to stop it. It runs on a

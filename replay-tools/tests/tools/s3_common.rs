@@ -394,6 +394,29 @@ pub async fn wait_shipped(engine: &Engine, shipping: &Shipping, within: Duration
     }
 }
 
+/// Waits until the latest manifest at `url` lists a checkpoint at `seq`
+/// (panics after 30 minutes: a bench's large log).
+pub async fn wait_checkpoint_listed(url: &str, endpoint: &str, seq: u64) {
+    let store = spark_archive::ArchiveStore::connect(&spark_archive::StoreConfig {
+        url: url.to_owned(),
+        endpoint: Some(endpoint.to_owned()),
+        region: "us-east-1".into(),
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    loop {
+        let manifest = store.latest_manifest().await.unwrap();
+        if manifest.is_some_and(|m| m.checkpoints.last().is_some_and(|c| c.seq >= seq)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint at seq {seq} shipped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A test's own `weed mini` and an engine shipping to a prefix of its own
 /// ([`open_archived`]), its data directory in `work/original`.
 pub struct Archived {
