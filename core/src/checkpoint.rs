@@ -211,6 +211,25 @@ fn items<T: serde::Serialize>(out: &mut Vec<u8>, values: Vec<&T>) {
 /// length, magic, format version, reserved bytes, body length and the
 /// BLAKE3 trailer. Errors in words (the caller names the file).
 pub fn decode_header(bytes: &[u8]) -> Result<Header, String> {
+    let header = header_fields(bytes)?;
+    check_trailer(bytes)?;
+    Ok(header)
+}
+
+/// The BLAKE3 trailer of a whole file (at least [`HEADER_BYTES`] +
+/// [`TRAILER_BYTES`] long) against the hash of the bytes before it.
+fn check_trailer(bytes: &[u8]) -> Result<(), String> {
+    let trailer_start = bytes.len() - TRAILER_BYTES;
+    let computed = blake3::hash(&bytes[..trailer_start]);
+    if computed.as_bytes()[..] != bytes[trailer_start..] {
+        return Err("checksum mismatch (BLAKE3 trailer)".into());
+    }
+    Ok(())
+}
+
+/// [`decode_header`] without the trailer: length, magic, format version,
+/// reserved bytes and body length.
+fn header_fields(bytes: &[u8]) -> Result<Header, String> {
     if bytes.len() < HEADER_BYTES + TRAILER_BYTES {
         return Err(format!("{} bytes: shorter than a checkpoint", bytes.len()));
     }
@@ -224,14 +243,10 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, String> {
             "format version {version}, this build reads {FORMAT_VERSION}"
         ));
     }
-    let (body_start, trailer_start) = (HEADER_BYTES, bytes.len() - TRAILER_BYTES);
-    let computed = blake3::hash(&bytes[..trailer_start]);
-    if computed.as_bytes()[..] != bytes[trailer_start..] {
-        return Err("checksum mismatch (BLAKE3 trailer)".into());
-    }
     if bytes[10..16] != [0; 6] {
         return Err("reserved header bytes are not zero".into());
     }
+    let (body_start, trailer_start) = (HEADER_BYTES, bytes.len() - TRAILER_BYTES);
     let body_bytes = u64_at(80);
     if body_bytes != (trailer_start - body_start) as u64 {
         return Err(format!(
@@ -256,15 +271,38 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, String> {
 /// stays valid). Checks the header ([`decode_header`]) and every item:
 /// moments in strictly rising id order with well-formed packed texts,
 /// request rows in strictly rising seq order with no repeated id, known op
-/// kinds, every count within the bytes, no byte left over. Errors in words.
+/// kinds, every count within the bytes, no byte left over. Errors in words;
+/// a checksum mismatch is the error whenever the trailer does not match.
+///
+/// On several threads (issue 18: the load was one thread's work, mostly
+/// the kernel zeroing the pages of a fresh mirror, while the other core
+/// waited): the trailer's hash, each half of the moments, and the request
+/// rows with the other items are decoded at once. The body is only ever
+/// read with bounds checks, so decoding it before its hash is known is
+/// safe; nothing decoded is returned unless the hash matches.
 pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), String> {
-    let header = decode_header(bytes)?;
+    let header = header_fields(bytes)?;
     let body = &bytes[HEADER_BYTES..bytes.len() - TRAILER_BYTES];
-    let mut r = Reader { buf: body, at: 0 };
-    let moments = r.count("moments", 16 + 1 + 8 + 1 + 1 + 3 + 1)?;
-    let mut list: Vec<(Id, Box<Moment>)> = Vec::with_capacity(moments);
+    let (trailer, decoded) = std::thread::scope(|scope| {
+        let trailer = scope.spawn(|| check_trailer(bytes));
+        let decoded = decode_body(body, &header, &mut mirror, scope);
+        (trailer.join(), decoded)
+    });
+    trailer.map_err(|_| "the checksum thread panicked".to_owned())??;
+    decoded?;
+    Ok((header, mirror))
+}
+
+/// Moments decoded on one thread: the moments of a stretch of the body, in
+/// order, and how many of them are live.
+type MomentRun = (Vec<(Id, Box<Moment>)>, usize);
+
+/// Decodes `count` moments from `r`, in strictly rising id order, into a
+/// vector with room for `capacity`.
+fn decode_moments(r: &mut Reader<'_>, count: usize, capacity: usize) -> Result<MomentRun, String> {
+    let mut list: Vec<(Id, Box<Moment>)> = Vec::with_capacity(capacity.max(count));
     let mut live = 0;
-    for _ in 0..moments {
+    for _ in 0..count {
         let id = Id(r.u128()?);
         let texts: Box<[u8]> = r.bytes("moment texts")?.into();
         let captured_at_ms = i64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
@@ -296,10 +334,88 @@ pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), Stri
         live += usize::from(!deleted);
         list.push((id, Box::new(moment)));
     }
+    Ok((list, live))
+}
+
+/// Steps `r` over one moment without decoding it (the same reads as
+/// [`decode_moments`], unchecked contents).
+fn skip_moment(r: &mut Reader<'_>) -> Result<(), String> {
+    r.take(16)?;
+    r.bytes("moment texts")?;
+    r.take(8)?;
+    r.leb("created_at_ms")?;
+    r.leb("version")?;
+    r.take(3)?;
+    let id_count = r.count("moment ids", 16)?;
+    r.take(16 * id_count)?;
+    Ok(())
+}
+
+/// The body of [`decode`]: the second half of the moments on a thread of
+/// `scope`, the first half and then the request rows and other items on
+/// another, the caller's, which joins both.
+fn decode_body<'scope, 'env>(
+    body: &'env [u8],
+    header: &Header,
+    mirror: &mut Mirror,
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+) -> Result<(), String> {
+    let mut r = Reader { buf: body, at: 0 };
+    let moments = r.count("moments", 16 + 1 + 8 + 1 + 1 + 3 + 1)?;
+    let first_half = moments / 2;
+    // Where the second half and the request rows start: one pass over the
+    // moments' lengths.
+    let mut second = Reader {
+        buf: body,
+        at: r.at,
+    };
+    for _ in 0..first_half {
+        skip_moment(&mut second)?;
+    }
+    let mut rest = Reader {
+        buf: body,
+        at: second.at,
+    };
+    for _ in first_half..moments {
+        skip_moment(&mut rest)?;
+    }
+    let late = scope.spawn(move || decode_moments(&mut second, moments - first_half, 0));
+    let early = scope.spawn(move || decode_moments(&mut r, first_half, moments));
+    decode_rest(&mut rest, header, mirror)?;
+    let panicked = |_| "a moment decoding thread panicked".to_owned();
+    let (mut list, early_live) = early.join().map_err(panicked)??;
+    let (late_list, late_live) = late.join().map_err(panicked)??;
+    if let (Some((last, _)), Some((first, _))) = (list.last(), late_list.first()) {
+        if last >= first {
+            return Err(format!("moment {first} out of id order"));
+        }
+    }
+    list.extend(late_list);
     mirror.moments = list.into_iter().collect();
-    mirror.live_moments = live;
+    mirror.live_moments = early_live + late_live;
+    Ok(())
+}
+
+/// The request rows and the other items, after the moments; checks that
+/// no byte is left over, and sets the mirror's seq and time.
+fn decode_rest(r: &mut Reader<'_>, header: &Header, mirror: &mut Mirror) -> Result<(), String> {
+    let body = r.buf;
     let rows = r.count("request rows", 1 + 1 + 1 + 1 + 1)?;
     mirror.requests.reserve(rows);
+    // Rows are inserted a few behind the one read, with the table slot of
+    // each asked for when it is read (a cache miss per row otherwise).
+    let mut pending: std::collections::VecDeque<(u64, &str, RequestRow)> =
+        std::collections::VecDeque::with_capacity(PREFETCH_AHEAD + 1);
+    let insert = |mirror: &mut Mirror, (hash, key, row): (u64, &str, RequestRow)| {
+        if mirror
+            .requests
+            .insert_first_hashed(hash, key.as_bytes(), &row)
+        {
+            Ok(())
+        } else {
+            Err(format!("request {key:?} appears twice"))
+        }
+    };
     let mut last_seq = 0;
     for _ in 0..rows {
         let key = r.text("request id")?;
@@ -315,14 +431,16 @@ pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), Stri
             return Err(format!("request {key:?}: seq {seq} out of order"));
         }
         last_seq = seq;
-        let before = mirror.requests.len();
-        let hashed = mirror.requests.hashed(key.to_owned());
-        mirror
-            .requests
-            .insert_first(hashed, RequestRow { seq, kind, entity });
-        if mirror.requests.len() == before {
-            return Err(format!("request {key:?} appears twice"));
+        let hash = mirror.requests.hash_str(key);
+        mirror.requests.prefetch_hash(hash);
+        pending.push_back((hash, key, RequestRow { seq, kind, entity }));
+        if pending.len() > PREFETCH_AHEAD {
+            let next = pending.pop_front().expect("more than PREFETCH_AHEAD");
+            insert(mirror, next)?;
         }
+    }
+    for next in pending {
+        insert(mirror, next)?;
     }
     for media in r.items::<Media>("media")? {
         if mirror.media.insert(media.id, media).is_some() {
@@ -364,8 +482,12 @@ pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), Stri
     }
     mirror.seq = header.at.seq;
     mirror.ts_ms = header.ts_ms;
-    Ok((header, mirror))
+    Ok(())
 }
+
+/// Request rows read ahead of their insert, so that each row's table slot
+/// is in cache by then.
+const PREFETCH_AHEAD: usize = 16;
 
 /// A bounds-checked cursor over a body.
 struct Reader<'a> {
@@ -481,7 +603,8 @@ pub fn load(path: &Path, log_dir: &Path, empty: Mirror) -> Result<(Header, Mirro
     // SAFETY: see above: nothing writes a checkpoint file in place.
     let bytes =
         unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot be mapped: {e}"))?;
-    let header = decode_header(&bytes)?;
+    // The trailer's hash is checked by `decode`, beside the body.
+    let header = header_fields(&bytes)?;
     check_against_log(path, &header, log_dir)?;
     decode(&bytes, empty)
 }

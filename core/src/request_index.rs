@@ -1,20 +1,27 @@
 //! The request index (SPEC section 3): request id -> what the first op that
 //! carried it produced. First producer wins forever (INSERT OR IGNORE).
 //!
-//! Laid out for a big mirror (issue 7):
+//! Laid out for a big mirror (issues 7 and 18):
 //! - rows live in one dense vector, in the order they were added (32 bytes
 //!   each, no empty slots);
 //! - request ids and entity names live in a byte arena of 1 MiB chunks,
 //!   length-prefixed (no allocation and no allocator rounding per id);
-//! - the hash table holds only 4-byte positions into the rows, so probing it
-//!   touches a few bytes per request id instead of a whole row.
+//! - the hash table is open addressing with linear probing over 8-byte
+//!   slots, each the top 32 bits of the request id's hash and the row's
+//!   position: one probe reads one cache line, a tag mismatch never reads
+//!   a row, and growing it never reads a request id (the slot's tag gives
+//!   its place in the larger table). A fold that knows its next ops asks
+//!   for their slots ahead ([`RequestIndex::prefetch`]), so startup replay
+//!   does not wait for a cache miss per request id.
 //!
 //! Hashes can be computed before the fold: startup replay hashes each
 //! request id on the decoding thread ([`RequestHasher`]), so the fold thread
-//! only probes. The hash is foldhash seeded at random per index, so request
-//! ids chosen by clients cannot be picked to collide.
+//! only probes. A short request id travels inline in its
+//! [`HashedRequestId`], so the fold thread frees no memory the decoding
+//! thread allocated. The hash is foldhash seeded at random per index, so
+//! request ids chosen by clients cannot be picked to collide.
 //!
-//! Limits: at most `u32::MAX` rows (about 4.3 billion request ids, some
+//! Limits: at most `u32::MAX - 1` rows (about 4.3 billion request ids, some
 //! 300 GB of mirror; far beyond any machine this runs on).
 
 use std::fmt;
@@ -27,8 +34,11 @@ use crate::op::{Entity, OpKind};
 /// The index. Clone, compare and debug-print it like a map.
 #[derive(Clone)]
 pub struct RequestIndex {
-    /// Positions in `rows`, by the hash of the request id.
-    table: hashbrown::HashTable<u32>,
+    /// The hash table: empty, or a power of two of slots, each 0 (free) or
+    /// the hash's top 32 bits (bits 32..64) and the row's position plus
+    /// one (bits 0..32). A request id's first slot is given by the top bits
+    /// of its hash; probing goes on to the next slot, wrapping around.
+    slots: Vec<u64>,
     /// The rows, in the order they were added.
     rows: Vec<Row>,
     /// The request ids and entity names the rows point at.
@@ -38,6 +48,14 @@ pub struct RequestIndex {
     /// [`HashedRequestId`] was hashed with this index's hasher.
     seed_tag: u64,
 }
+
+/// Fewest slots of a table that holds anything.
+const MIN_SLOTS: usize = 16;
+
+/// Most rows per 10 slots (a load of at most 0.7: an insert of a new
+/// request id probes about 6 slots on average, within one or two cache
+/// lines).
+const MAX_LOAD_TENTHS: usize = 7;
 
 /// One row, compact: 32 bytes.
 #[derive(Clone, Copy)]
@@ -83,7 +101,8 @@ struct TextArena {
 }
 
 impl TextArena {
-    fn push(&mut self, text: &str) -> TextRef {
+    /// Stores `text`, which must be whole UTF-8 (a `str`'s bytes).
+    fn push(&mut self, text: &[u8]) -> TextRef {
         let need = crate::len_prefixed::encoded_len(text.len());
         let fits = self
             .chunks
@@ -96,7 +115,7 @@ impl TextArena {
         let chunk_index = self.chunks.len() - 1;
         let chunk = &mut self.chunks[chunk_index];
         let offset = chunk.len();
-        crate::len_prefixed::push(chunk, text.as_bytes());
+        crate::len_prefixed::push(chunk, text);
         assert!(
             chunk_index < 1 << (TEXT_REF_BITS - CHUNK_OFFSET_BITS),
             "the request index holds at most 16 TiB of request ids"
@@ -117,11 +136,44 @@ impl TextArena {
     }
 }
 
+/// Bytes of a request id kept inside its [`HashedRequestId`]; a longer one
+/// keeps its `String`.
+const INLINE_KEY_BYTES: usize = 46;
+
+/// A request id's text: short ones inline (no allocation to free on the
+/// fold thread), longer ones as the `String` they came in.
+#[derive(Clone)]
+enum Key {
+    /// Length, then the UTF-8 bytes of a `str` (the first `len`).
+    Inline(u8, [u8; INLINE_KEY_BYTES]),
+    Heap(String),
+}
+
+impl Key {
+    fn new(text: String) -> Key {
+        if text.len() <= INLINE_KEY_BYTES {
+            let mut bytes = [0; INLINE_KEY_BYTES];
+            bytes[..text.len()].copy_from_slice(text.as_bytes());
+            // Cast: at most INLINE_KEY_BYTES (46).
+            Key::Inline(text.len() as u8, bytes)
+        } else {
+            Key::Heap(text)
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline(len, bytes) => &bytes[..usize::from(*len)],
+            Key::Heap(text) => text.as_bytes(),
+        }
+    }
+}
+
 /// A request id with its hash, made by [`RequestIndex::hashed`] (or a
 /// [`RequestHasher`] of the same index) ahead of the fold.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct HashedRequestId {
-    key: String,
+    key: Key,
     hash: u64,
     seed_tag: u64,
 }
@@ -129,7 +181,17 @@ pub struct HashedRequestId {
 impl HashedRequestId {
     /// The request id.
     pub fn as_str(&self) -> &str {
-        &self.key
+        // Only a `str`'s whole bytes are kept.
+        std::str::from_utf8(self.key.as_bytes()).expect("a request id is whole UTF-8")
+    }
+}
+
+impl fmt::Debug for HashedRequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HashedRequestId")
+            .field("key", &self.as_str())
+            .field("hash", &self.hash)
+            .finish()
     }
 }
 
@@ -146,7 +208,7 @@ impl RequestHasher {
     pub fn hashed(&self, request_id: String) -> HashedRequestId {
         HashedRequestId {
             hash: self.hasher.hash_one(request_id.as_bytes()),
-            key: request_id,
+            key: Key::new(request_id),
             seed_tag: self.seed_tag,
         }
     }
@@ -155,7 +217,7 @@ impl RequestHasher {
 impl Default for RequestIndex {
     fn default() -> Self {
         RequestIndex {
-            table: hashbrown::HashTable::new(),
+            slots: Vec::new(),
             rows: Vec::new(),
             arena: TextArena::default(),
             hasher: foldhash::fast::RandomState::default(),
@@ -164,17 +226,94 @@ impl Default for RequestIndex {
     }
 }
 
+/// The slot's tag: the hash's top 32 bits.
+fn tag_of(hash: u64) -> u32 {
+    (hash >> 32) as u32
+}
+
+/// The first slot of `tag` in a table of `slots` slots (a power of two,
+/// at most 2^32): the tag's top bits.
+fn home(tag: u32, slots: usize) -> usize {
+    let bits = slots.trailing_zeros();
+    // A shift of 32 (a table of one slot) is done in u64.
+    (u64::from(tag) >> (32 - bits)) as usize
+}
+
+/// Where a probe for a request id ended.
+enum Probe {
+    /// At the row in this position.
+    Found(usize),
+    /// At this free slot.
+    Free(usize),
+}
+
 impl RequestIndex {
-    fn hash(&self, request_id: &str) -> u64 {
-        self.hasher.hash_one(request_id.as_bytes())
+    fn hash(&self, request_id: &[u8]) -> u64 {
+        self.hasher.hash_one(request_id)
+    }
+
+    /// The hash of `request_id` under this index (for [`Self::prefetch_hash`]
+    /// and [`Self::insert_first_hashed`]).
+    pub(crate) fn hash_str(&self, request_id: &str) -> u64 {
+        self.hash(request_id.as_bytes())
+    }
+
+    /// Probes for `request_id` with hash `hash`; the table must have slots.
+    fn probe(&self, hash: u64, request_id: &[u8]) -> Probe {
+        let tag = tag_of(hash);
+        let mask = self.slots.len() - 1;
+        let mut at = home(tag, self.slots.len());
+        loop {
+            let slot = self.slots[at];
+            if slot == 0 {
+                return Probe::Free(at);
+            }
+            if (slot >> 32) as u32 == tag {
+                // Cast: the low 32 bits hold a position plus one.
+                let position = (slot as u32 - 1) as usize;
+                if self.arena.get_bytes(self.rows[position].key()) == request_id {
+                    return Probe::Found(position);
+                }
+            }
+            at = (at + 1) & mask;
+        }
     }
 
     fn position(&self, hash: u64, request_id: &str) -> Option<usize> {
-        self.table
-            .find(hash, |&at| {
-                self.arena.get_bytes(self.rows[at as usize].key()) == request_id.as_bytes()
-            })
-            .map(|&at| at as usize)
+        if self.slots.is_empty() {
+            return None;
+        }
+        match self.probe(hash, request_id.as_bytes()) {
+            Probe::Found(position) => Some(position),
+            Probe::Free(_) => None,
+        }
+    }
+
+    /// Grows the table to at least `slots` slots (a power of two), placing
+    /// every slot again by its tag: no request id is read or hashed.
+    fn grow_to(&mut self, slots: usize) {
+        let slots = slots.max(MIN_SLOTS).next_power_of_two();
+        if slots <= self.slots.len() {
+            return;
+        }
+        assert!(
+            slots <= 1 << 32,
+            "the request index holds at most u32::MAX - 1 request ids"
+        );
+        let old = std::mem::replace(&mut self.slots, vec![0; slots]);
+        let mask = slots - 1;
+        for slot in old.into_iter().filter(|&s| s != 0) {
+            let mut at = home((slot >> 32) as u32, slots);
+            while self.slots[at] != 0 {
+                at = (at + 1) & mask;
+            }
+            self.slots[at] = slot;
+        }
+    }
+
+    /// Slots needed for `rows` rows at the highest load.
+    fn slots_for(rows: usize) -> usize {
+        rows.saturating_mul(10) / MAX_LOAD_TENTHS + 1
     }
 
     fn row(&self, row: &Row) -> RequestRow {
@@ -195,7 +334,7 @@ impl RequestIndex {
 
     /// The row of `request_id`, if an op carried it.
     pub fn get(&self, request_id: &str) -> Option<RequestRow> {
-        let at = self.position(self.hash(request_id), request_id)?;
+        let at = self.position(self.hash_str(request_id), request_id)?;
         Some(self.row(&self.rows[at]))
     }
 
@@ -210,7 +349,8 @@ impl RequestIndex {
 
     /// True if an op carried `request_id`.
     pub fn contains_key(&self, request_id: &str) -> bool {
-        self.position(self.hash(request_id), request_id).is_some()
+        self.position(self.hash_str(request_id), request_id)
+            .is_some()
     }
 
     /// Number of request ids.
@@ -244,45 +384,93 @@ impl RequestIndex {
         self.hasher().hashed(request_id)
     }
 
-    /// Makes room for `additional` more request ids without rehashing.
+    /// Makes room for `additional` more request ids without growing the
+    /// table.
     pub fn reserve(&mut self, additional: usize) {
-        let (rows, arena, hasher) = (&self.rows, &self.arena, &self.hasher);
-        self.table.reserve(additional, |&at| {
-            hasher.hash_one(arena.get_bytes(rows[at as usize].key()))
-        });
+        self.grow_to(Self::slots_for(self.rows.len().saturating_add(additional)));
         self.rows.reserve(additional);
+    }
+
+    /// Asks the CPU to bring in the table slot where `request_id` is looked
+    /// up, ahead of its [`RequestIndex::insert_first`]: a hint, no state
+    /// changes. Does nothing for an id hashed for another index.
+    pub fn prefetch(&self, request_id: &HashedRequestId) {
+        if request_id.seed_tag == self.seed_tag {
+            self.prefetch_hash(request_id.hash);
+        }
+    }
+
+    /// [`RequestIndex::prefetch`] for a hash under this index.
+    pub(crate) fn prefetch_hash(&self, hash: u64) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let at = home(tag_of(hash), self.slots.len());
+        prefetch_read(&self.slots[at]);
     }
 
     /// Adds `row` under `request_id` unless the id is there already (the
     /// first producer wins). A request id hashed for another index is
     /// hashed again here.
     pub(crate) fn insert_first(&mut self, request_id: HashedRequestId, row: RequestRow) {
+        let key = request_id.key.as_bytes();
         let hash = if request_id.seed_tag == self.seed_tag {
             request_id.hash
         } else {
-            self.hash(&request_id.key)
+            self.hash(key)
         };
-        let position = u32::try_from(self.rows.len()).expect("at most u32::MAX request ids");
-        let (rows, arena, hasher) = (&self.rows, &self.arena, &self.hasher);
-        let hashbrown::hash_table::Entry::Vacant(slot) = self.table.entry(
-            hash,
-            |&at| arena.get_bytes(rows[at as usize].key()) == request_id.key.as_bytes(),
-            |&at| hasher.hash_one(arena.get_bytes(rows[at as usize].key())),
-        ) else {
-            return;
+        self.insert_first_hashed(hash, key, &row);
+    }
+
+    /// [`RequestIndex::insert_first`] of `request_id` (whole UTF-8) with its
+    /// hash under this index ([`Self::hash_str`]); true if it was added,
+    /// false if the id was there already.
+    pub(crate) fn insert_first_hashed(
+        &mut self,
+        hash: u64,
+        request_id: &[u8],
+        row: &RequestRow,
+    ) -> bool {
+        if Self::slots_for(self.rows.len() + 1) > self.slots.len() {
+            self.grow_to(Self::slots_for(self.rows.len() + 1).max(2 * self.slots.len()));
+        }
+        let Probe::Free(free) = self.probe(hash, request_id) else {
+            return false;
         };
-        slot.insert(position);
-        let key = self.arena.push(&request_id.key);
+        let position = u32::try_from(self.rows.len())
+            .ok()
+            .filter(|&p| p < u32::MAX)
+            .expect("at most u32::MAX - 1 request ids");
+        self.slots[free] = (u64::from(tag_of(hash)) << 32) | u64::from(position + 1);
+        let key = self.arena.push(request_id);
         let (entity, name_bit) = match &row.entity {
             Entity::Id(id) => (*id, 0),
-            Entity::Name(name) => (Id(u128::from(self.arena.push(name).0)), ENTITY_IS_NAME),
+            Entity::Name(name) => (
+                Id(u128::from(self.arena.push(name.as_bytes()).0)),
+                ENTITY_IS_NAME,
+            ),
         };
         self.rows.push(Row {
             seq: row.seq,
             entity,
             meta: key.0 | (u64::from(row.kind.code()) << TEXT_REF_BITS) | name_bit,
         });
+        true
     }
+}
+
+/// A prefetch of the cache line at `value` (x86-64; elsewhere nothing).
+#[inline]
+fn prefetch_read<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it never faults and reads no data
+    // into Rust's view (the pointer comes from a reference anyway).
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 impl PartialEq for RequestIndex {
@@ -366,5 +554,53 @@ mod tests {
         assert_eq!(a.clone(), a);
         b.insert_first(b.hashed("extra".into()), row(7));
         assert_ne!(a, b);
+    }
+    #[test]
+    fn growth_keeps_every_id_and_first_producer() {
+        // Grows from empty through many doublings, with and without a
+        // reserve, ids at the inline limit and past it, prefetches between
+        // inserts; every id is found with its first row, no other is.
+        let at_limit = "i".repeat(INLINE_KEY_BYTES);
+        let past_limit = "p".repeat(INLINE_KEY_BYTES + 1);
+        for reserve in [0, 50_000] {
+            let mut index = RequestIndex::default();
+            index.reserve(reserve);
+            let key = |i: u64| match i % 3 {
+                0 => format!("{at_limit}{i}").split_off(i.to_string().len()),
+                1 => format!("{past_limit}{i}"),
+                _ => format!("r{i}"),
+            };
+            let mut seq = 0;
+            for i in 0..40_000u64 {
+                seq += 1;
+                let hashed = index.hashed(key(i));
+                index.prefetch(&hashed);
+                index.insert_first(hashed, row(seq));
+                if i % 7 == 0 {
+                    // A repeat of an earlier id: ignored.
+                    seq += 1;
+                    index.insert_first(index.hashed(key(i / 2)), row(seq));
+                }
+            }
+            assert_eq!(index.len(), 40_000);
+            let mut seq = 0;
+            for i in 0..40_000u64 {
+                seq += 1;
+                assert_eq!(index.get(&key(i)), Some(row(seq)), "id {i}");
+                seq += u64::from(i % 7 == 0);
+            }
+            assert!(!index.contains_key("r40000"));
+            assert!(!index.contains_key(&at_limit[1..]));
+            let load = index.len() as f64 / index.slots.len() as f64;
+            assert!(load <= 0.7, "load {load}");
+        }
+    }
+
+    #[test]
+    fn hashed_ids_keep_their_text() {
+        let index = RequestIndex::default();
+        for text in ["", "r1", &"é".repeat(23), &"x".repeat(47), &"y".repeat(300)] {
+            assert_eq!(index.hashed(text.to_owned()).as_str(), text);
+        }
     }
 }
