@@ -188,7 +188,13 @@ impl Metrics {
     /// `route` (a [`route_of`] template), `method` (a [`method_of`] label)
     /// and `status`. The label set stays small (templates and standard
     /// methods only), and so does the cache of their histograms.
-    pub fn observe_request(&self, route: &'static str, method: &'static str, status: u16, seconds: f64) {
+    pub fn observe_request(
+        &self,
+        route: &'static str,
+        method: &'static str,
+        status: u16,
+        seconds: f64,
+    ) {
         let key = (route, method, status);
         if let Some(histogram) = self.request_cache.read().get(&key) {
             histogram.observe(seconds);
@@ -348,6 +354,26 @@ mod tests {
         assert_eq!(method_of("GET"), "GET");
         assert_eq!(method_of("FOO1"), "other");
         assert_eq!(method_of("FOO2"), "other");
+    }
+
+    #[test]
+    fn request_observations_land_in_their_own_series() {
+        let metrics = get();
+        // A status no route answers, so no other test adds to these series.
+        metrics.observe_request("/api/recall", "PUT", 599, 0.25);
+        metrics.observe_request("/api/recall", "PUT", 599, 0.5);
+        metrics.observe_request("/api/recall", "PATCH", 599, 1.0);
+        let text = metrics.render();
+        let sample = |name: &str, method: &str| -> Option<f64> {
+            let prefix =
+                format!("spark_request_seconds_{name}{{route=\"/api/recall\",method=\"{method}\",status=\"599\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        assert_eq!(sample("count", "PUT"), Some(2.0), "{text}");
+        assert_eq!(sample("sum", "PUT"), Some(0.75), "{text}");
+        assert_eq!(sample("count", "PATCH"), Some(1.0), "{text}");
     }
 
     #[test]
