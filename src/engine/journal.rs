@@ -404,7 +404,11 @@ impl Journal {
     /// `max_batch_ops` ops (a command's ops are never split, so a batch
     /// ends at most one command's ops past the cap).
     fn decide_batch(&mut self, batch: Vec<(super::Command, Reply)>) -> (u64, Vec<Write>) {
-        let mut touched: HashSet<Key> = HashSet::new();
+        // foldhash, not SipHash: still seeded at random per process, and the
+        // set lives for one batch's decisions (at most `max_batch_ops`
+        // commands), so request ids chosen to collide cannot build a chain.
+        let mut touched: HashSet<Key, foldhash::fast::RandomState> =
+            HashSet::with_capacity_and_hasher(batch.len() * 2, Default::default());
         let mut writes: Vec<Write> = Vec::new();
         let mut batch_ops = 0;
         let mirror = self.shared.mirror.read();

@@ -340,3 +340,77 @@ async fn a_reserve_above_the_free_space_refuses_writes_with_507_and_uploads_befo
     );
     server.stop().await;
 }
+
+/// Sends `body` as a chunked create in `parts` chunks, each written (and
+/// flushed) apart, so the server reads it in several pieces; returns the
+/// answer.
+async fn chunked_create(addr: std::net::SocketAddr, body: &str, parts: usize) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /api/moments HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let bytes = body.as_bytes();
+    let size = bytes.len().div_ceil(parts);
+    let pieces: Vec<&[u8]> = bytes.chunks(size).collect();
+    for (n, piece) in pieces.iter().enumerate() {
+        let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+        chunk.extend_from_slice(piece);
+        chunk.extend_from_slice(b"\r\n");
+        // The end of the body goes with the last chunk, so that nothing is
+        // left unread when the server answers a body over the limit (an
+        // unread rest would make its close a reset that may drop the answer).
+        if n + 1 == pieces.len() {
+            chunk.extend_from_slice(b"0\r\n\r\n");
+        }
+        stream.write_all(&chunk).await.unwrap();
+        stream.flush().await.unwrap();
+        if n + 1 < pieces.len() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(10), read_answer(&mut stream))
+        .await
+        .expect("answered")
+        .expect("an answer, not a bare close")
+}
+
+#[tokio::test]
+async fn a_body_in_several_chunks_is_read_whole_and_held_to_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.json_body_limit_bytes = 1024;
+    let server = TestServer::start_with(s).await;
+    let addr = server.running.addr;
+
+    // Under the limit, in one chunk and in five: stored as sent.
+    for parts in [1, 5] {
+        let id = ulid();
+        let text = format!("sign read in {parts} pieces");
+        let body =
+            format!(r#"{{"id":"{id}","client_request_id":"chunks-{parts}","text":"{text}"}}"#);
+        let (status, answer) = chunked_create(addr, &body, parts).await;
+        assert_eq!(status, 201, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["moment"]["text"], text.as_str(), "{answer}");
+    }
+
+    // Over the limit: one chunk alone too large, and chunks that pass it
+    // only together; neither writes.
+    let before = log_records(dir.path()).len();
+    let big = format!(r#"{{"id":"{}","text":"{}"}}"#, ulid(), "z".repeat(1100));
+    for parts in [1, 4] {
+        let (status, answer) = chunked_create(addr, &big, parts).await;
+        assert_eq!(status, 413, "{parts} parts: {answer}");
+        let problem: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(problem["code"], "too_large");
+    }
+    assert_eq!(
+        log_records(dir.path()).len(),
+        before,
+        "a refused body wrote"
+    );
+    server.stop().await;
+}
