@@ -46,6 +46,11 @@ async fn read_answer(stream: &mut TcpStream) -> Option<(u16, String)> {
     }
 }
 
+/// The body of a [`read_answer`] text (what follows the head).
+fn body_of(text: &str) -> &str {
+    text.split_once("\r\n\r\n").map_or("", |(_, body)| body)
+}
+
 /// Settings with a 400 ms request timeout (the longest long poll cut to 0
 /// so that the timeout may be that short).
 fn request_timeout_400_ms(dir: &std::path::Path) -> spark_engine::Settings {
@@ -151,8 +156,7 @@ async fn a_body_that_stalls_gets_408_and_writes_nothing() {
         .expect("answered within the timeout")
         .expect("an answer, not a bare close");
     assert_eq!(status, 408, "{text}");
-    let answer_body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let problem: serde_json::Value = serde_json::from_str(answer_body).unwrap();
+    let problem: serde_json::Value = serde_json::from_str(body_of(&text)).unwrap();
     assert_eq!(problem["code"], "request_timeout");
     assert_eq!(
         log_records(dir.path()).len(),
@@ -393,7 +397,7 @@ async fn a_body_in_several_chunks_is_read_whole_and_held_to_the_limit() {
             format!(r#"{{"id":"{id}","client_request_id":"chunks-{parts}","text":"{text}"}}"#);
         let (status, answer) = chunked_create(addr, &body, parts).await;
         assert_eq!(status, 201, "{answer}");
-        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let answer: serde_json::Value = serde_json::from_str(body_of(&answer)).unwrap();
         assert_eq!(answer["moment"]["text"], text.as_str(), "{answer}");
     }
 
@@ -404,7 +408,7 @@ async fn a_body_in_several_chunks_is_read_whole_and_held_to_the_limit() {
     for parts in [1, 4] {
         let (status, answer) = chunked_create(addr, &big, parts).await;
         assert_eq!(status, 413, "{parts} parts: {answer}");
-        let problem: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let problem: serde_json::Value = serde_json::from_str(body_of(&answer)).unwrap();
         assert_eq!(problem["code"], "too_large");
     }
     assert_eq!(
