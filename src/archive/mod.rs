@@ -1626,7 +1626,7 @@ impl Shipper {
         self.checkpoint_put = Some(tokio::spawn(async move {
             let (file_, log_dir_) = (file.clone(), log_dir.clone());
             let read = tokio::task::spawn_blocking(move || read_checkpoint(&file_, &log_dir_));
-            let (header, bytes) = read
+            let (header, bytes, blake3) = read
                 .await
                 .map_err(|e| format!("{}: {e}", file.display()))?
                 .map_err(|why| format!("{}: {why}", file.display()))?;
@@ -1637,7 +1637,7 @@ impl Shipper {
                 seq,
                 ts_ms: header.ts_ms,
                 bytes: bytes.len() as u64,
-                blake3: blake3::hash(&bytes).to_hex().to_string(),
+                blake3,
                 chain: chain_hex(&header.at.chain),
             };
             let len = bytes.len() as u64;
@@ -1654,18 +1654,22 @@ impl Shipper {
 /// A local checkpoint file to ship, checked first as a start would check
 /// it: its header and length, its chain value against the local log
 /// ([`spark_core::checkpoint::peek`]), and its BLAKE3 trailer (a damaged
-/// file put create-only could never be replaced). Errors in words.
+/// file put create-only could never be replaced). Returns the header, the
+/// bytes and the whole object's BLAKE3 (hex, for the manifest's entry),
+/// all on the calling (blocking) thread: a checkpoint is as large as the
+/// mirror. Errors in words.
 fn read_checkpoint(
     file: &Path,
     log_dir: &Path,
-) -> Result<(spark_core::checkpoint::Header, Vec<u8>), String> {
+) -> Result<(spark_core::checkpoint::Header, Vec<u8>, String), String> {
     let header = spark_core::checkpoint::peek(file, log_dir)?;
     let bytes = std::fs::read(file).map_err(|e| format!("cannot be read: {e}"))?;
     let decoded = spark_core::checkpoint::decode_header(&bytes)?;
     if decoded != header {
         return Err("changed while it was read".into());
     }
-    Ok((header, bytes))
+    let blake3 = blake3::hash(&bytes).to_hex().to_string();
+    Ok((header, bytes, blake3))
 }
 
 #[cfg(test)]

@@ -185,14 +185,7 @@ async fn engine_on(data: &std::path::Path) -> Arc<Engine> {
         ..Settings::default()
     };
     settings.log.segment_size_bytes = 4096;
-    Arc::new(
-        Engine::open(
-            &settings,
-            Arc::new(spark_log_format::OsFs),
-            Arc::new(SystemClock),
-        )
-        .unwrap(),
-    )
+    open_engine(&settings)
 }
 
 async fn ship_every_20_ms(
@@ -794,30 +787,41 @@ async fn lag_grows_while_a_put_hangs_and_readyz_says_behind() {
     engine.shutdown().await;
 }
 
-/// An engine with 4 KiB segments, opened for an archive in `mode` (in
-/// `sync` mode it has an archive gate).
-async fn engine_in(data: &std::path::Path, mode: crate::config::ArchiveMode) -> Arc<Engine> {
-    let mut settings = Settings {
+/// Settings for an engine on `data` with an archive in `mode` (shipping
+/// every 20 ms to a store the test hands the shipper itself).
+fn archived_settings(data: &std::path::Path, mode: crate::config::ArchiveMode) -> Settings {
+    Settings {
         data_dir: data.to_owned(),
+        archive: Some(crate::config::ArchiveSettings {
+            url: "s3://unused/p".into(),
+            endpoint: None,
+            region: "us-east-1".into(),
+            ship_interval_ms: 20,
+            mode,
+            lease_ms: 0,
+        }),
         ..Settings::default()
-    };
-    settings.log.segment_size_bytes = 4096;
-    settings.archive = Some(crate::config::ArchiveSettings {
-        url: "s3://unused/p".into(),
-        endpoint: None,
-        region: "us-east-1".into(),
-        ship_interval_ms: 20,
-        mode,
-        lease_ms: 0,
-    });
+    }
+}
+
+/// The engine of `settings`, on the real file system.
+fn open_engine(settings: &Settings) -> Arc<Engine> {
     Arc::new(
         Engine::open(
-            &settings,
+            settings,
             Arc::new(spark_log_format::OsFs),
             Arc::new(SystemClock),
         )
         .unwrap(),
     )
+}
+
+/// An engine with 4 KiB segments, opened for an archive in `mode` (in
+/// `sync` mode it has an archive gate).
+async fn engine_in(data: &std::path::Path, mode: crate::config::ArchiveMode) -> Arc<Engine> {
+    let mut settings = archived_settings(data, mode);
+    settings.log.segment_size_bytes = 4096;
+    open_engine(&settings)
 }
 
 /// Hang guard for a write that is expected to finish (never a speed check).
@@ -1043,26 +1047,10 @@ async fn sync_a_fenced_shipper_fails_waiting_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_merges_chunks_so_manifests_stay_small() {
     let dir = tempfile::tempdir().unwrap();
-    let mut settings = Settings {
-        data_dir: dir.path().to_owned(),
-        ..Settings::default()
-    };
-    settings.archive = Some(crate::config::ArchiveSettings {
-        url: "s3://unused/p".into(),
-        endpoint: None,
-        region: "us-east-1".into(),
-        ship_interval_ms: 20,
-        mode: crate::config::ArchiveMode::Sync,
-        lease_ms: 0,
-    });
-    let engine = Arc::new(
-        Engine::open(
-            &settings,
-            Arc::new(spark_log_format::OsFs),
-            Arc::new(SystemClock),
-        )
-        .unwrap(),
-    );
+    let engine = open_engine(&archived_settings(
+        dir.path(),
+        crate::config::ArchiveMode::Sync,
+    ));
     let flaky = Arc::new(Flaky::default());
     let shipping = ship_sync(&flaky, dir.path(), &engine).await;
     // One write at a time: a ship (a chunk) each, in one open segment.
@@ -1640,28 +1628,10 @@ async fn a_take_over_that_stopped_before_its_manifest_is_finished_at_the_next_le
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_ship_create_only_and_manifests_list_the_newest() {
     let dir = tempfile::tempdir().unwrap();
-    let mut settings = Settings {
-        data_dir: dir.path().to_owned(),
-        ..Settings::default()
-    };
+    let mut settings = archived_settings(dir.path(), crate::config::ArchiveMode::Sync);
     settings.log.segment_size_bytes = 4096;
     settings.log.checkpoint_interval_ops = 40;
-    settings.archive = Some(crate::config::ArchiveSettings {
-        url: "s3://unused/p".into(),
-        endpoint: None,
-        region: "us-east-1".into(),
-        ship_interval_ms: 20,
-        mode: crate::config::ArchiveMode::Sync,
-        lease_ms: 0,
-    });
-    let engine = Arc::new(
-        Engine::open(
-            &settings,
-            Arc::new(spark_log_format::OsFs),
-            Arc::new(SystemClock),
-        )
-        .unwrap(),
-    );
+    let engine = open_engine(&settings);
     let flaky = Arc::new(Flaky::default());
     let shipping = ship_sync(&flaky, dir.path(), &engine).await;
     let store = ArchiveStore::new(flaky.clone(), "shard".into());
@@ -1739,14 +1709,7 @@ fn engine_checkpointing(data: &std::path::Path, interval_ops: u64) -> Arc<Engine
     };
     settings.log.segment_size_bytes = 4096;
     settings.log.checkpoint_interval_ops = interval_ops;
-    Arc::new(
-        Engine::open(
-            &settings,
-            Arc::new(spark_log_format::OsFs),
-            Arc::new(SystemClock),
-        )
-        .unwrap(),
-    )
+    open_engine(&settings)
 }
 
 /// Waits until the latest manifest's newest checkpoint satisfies `ok`.

@@ -26,16 +26,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use spark_archive::{ArchiveStore, StoreConfig};
 use spark_engine::archive::Shipping;
-use spark_engine::clock::SystemClock;
-use spark_engine::config::{ArchiveMode, ArchiveSettings, Settings};
+use spark_engine::config::{ArchiveMode, Settings};
 use spark_engine::Engine;
 use spark_log_format::archive::{manifest_key, CheckpointEntry, Manifest};
 use spark_log_format::format::chain_hex;
-use spark_log_format::OsFs;
 
 use crate::s3_common::{
-    digest_of, engine_or_skip, json, restore, set_credentials, unique_prefix, wait_shipped,
-    weed_or_skip, write, EngineProcess,
+    digest_of, engine_or_skip, json, open_archived_from, restore, set_credentials, unique_prefix,
+    wait_shipped, weed_or_skip, write, EngineProcess,
 };
 use crate::weed::{raw_store, Weed, BUCKET};
 
@@ -51,26 +49,7 @@ async fn open_checkpointed(data: &Path, url: &str, endpoint: &str) -> (Arc<Engin
     };
     settings.log.segment_size_bytes = 16 << 10;
     settings.log.checkpoint_interval_ops = INTERVAL_OPS;
-    let archive = ArchiveSettings {
-        url: url.to_owned(),
-        endpoint: Some(endpoint.to_owned()),
-        region: "us-east-1".into(),
-        ship_interval_ms: 50,
-        mode: ArchiveMode::Async,
-        lease_ms: 0,
-    };
-    settings.archive = Some(archive.clone());
-    settings.validate().unwrap();
-    let engine = Arc::new(Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap());
-    let shipping = spark_engine::archive::start(
-        &archive,
-        data,
-        Arc::clone(&engine),
-        settings.log.max_record_bytes,
-    )
-    .await
-    .unwrap();
-    (engine, shipping)
+    open_archived_from(settings, url, endpoint, ArchiveMode::Async).await
 }
 
 fn store_of(url: &str, endpoint: &str) -> ArchiveStore {

@@ -322,6 +322,19 @@ pub async fn open_archived_in(
         ..Settings::default()
     };
     settings.log.segment_size_bytes = segment_size_bytes;
+    open_archived_from(settings, url, endpoint, mode).await
+}
+
+/// The engine of `settings` (its `data_dir` and log settings as given),
+/// shipping to `url` every 50 ms in `mode`.
+pub async fn open_archived_from(
+    mut settings: Settings,
+    url: &str,
+    endpoint: &str,
+    mode: ArchiveMode,
+) -> (Arc<Engine>, Shipping) {
+    let data = settings.data_dir.clone();
+    let data = data.as_path();
     let archive = ArchiveSettings {
         url: url.to_owned(),
         endpoint: Some(endpoint.to_owned()),
