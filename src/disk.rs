@@ -142,6 +142,14 @@ impl DiskSpace {
         Ok(())
     }
 
+    /// [`DiskSpace::admit`] of nothing on a fresh measure, for `/readyz`:
+    /// a probe reports the disk as it is now, not as it was up to
+    /// `check_interval_ms` ago (a measure costs microseconds).
+    pub fn check_now(&self) -> Result<(), EngineError> {
+        self.sample.lock().taken_at = None;
+        self.admit(0)
+    }
+
     /// A write found the disk full (`ENOSPC`): the next check measures
     /// again instead of trusting the last measure.
     pub fn note_full(&self) {

@@ -390,14 +390,14 @@ impl Engine {
     /// Why writes are refused for want of disk space right now, if they are
     /// (`507 insufficient_storage`): free space below the reserve, or the
     /// log waiting for space to recover its tail after a full disk. Measures
-    /// free space when the last measure is stale (see [`crate::disk`]).
+    /// free space now ([`crate::disk::DiskSpace::check_now`]).
     pub fn short_of_space(&self) -> Option<EngineError> {
         if let Some(reason) = self.shared.heal_pending.lock().clone() {
             return Some(EngineError::InsufficientStorage(format!(
                 "the log waits for disk space to recover its tail: {reason}"
             )));
         }
-        self.shared.disk.admit(0).err()
+        self.shared.disk.check_now().err()
     }
 
     /// The disk reserve check, for writes outside the journal (uploads).
