@@ -776,11 +776,17 @@ pub fn remove_temp_files(data_dir: &Path) {
     }
 }
 
-/// Removes all but the newest `keep` checkpoint files in `data_dir`.
-/// Returns the files removed.
-pub fn prune(data_dir: &Path, keep: usize) -> Vec<PathBuf> {
+/// Removes all but the newest `keep` *valid* checkpoint files in
+/// `data_dir` (by [`peek`] against the log in `log_dir`). A file that fails
+/// its checks neither counts towards `keep` nor is removed (startup ignores
+/// it with a warning), so a damaged, stale or foreign file named after a
+/// later seq never pushes out the good ones. Returns the files removed.
+pub fn prune(data_dir: &Path, log_dir: &Path, keep: usize) -> Vec<PathBuf> {
     let mut removed = Vec::new();
-    for (_, file) in list(data_dir).into_iter().skip(keep) {
+    let valid = list(data_dir)
+        .into_iter()
+        .filter(|(_, file)| peek(file, log_dir).is_ok());
+    for (_, file) in valid.skip(keep) {
         if std::fs::remove_file(&file).is_ok() {
             removed.push(file);
         }
@@ -874,7 +880,7 @@ pub fn build(
     let bytes = encode(&mirror, &at);
     drop(mirror);
     let file = write_file(data_dir, seq, &bytes)?;
-    prune(data_dir, keep);
+    prune(data_dir, log_dir, keep);
     Ok(Some(Built {
         file,
         at,

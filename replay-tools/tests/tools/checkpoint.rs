@@ -348,3 +348,33 @@ fn load(base: &str, cycle: u64, n: u64, stop: &AtomicBool) {
         }
     }
 }
+
+/// Retention counts only valid checkpoints: a bogus file named after a
+/// later seq neither pushes the good one out nor is removed (found by a
+/// newcomer's run: two copies under later names deleted every good file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_the_newest_valid_checkpoints_not_the_newest_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let engine = Engine::open(&settings(&data, 50), Arc::new(OsFs), Arc::new(SystemClock)).unwrap();
+    write_ops(&engine, 1, 120).await;
+    let good = wait_for_checkpoint(&data, 100);
+    engine.shutdown().await;
+    drop(engine);
+    let bogus = checkpoint::checkpoint_dir(&data).join(checkpoint::file_name(99_999_999));
+    std::fs::copy(&good, &bogus).unwrap();
+    let newest_valid = checkpoint::list(&data)
+        .into_iter()
+        .map(|(_, file)| file)
+        .find(|file| checkpoint::peek(file, &data.join("log")).is_ok())
+        .unwrap();
+    let removed = checkpoint::prune(&data, &data.join("log"), 1);
+    assert!(!removed.contains(&bogus), "{removed:?}");
+    assert!(!removed.contains(&newest_valid), "{removed:?}");
+    assert!(newest_valid.exists() && bogus.exists());
+    let valid_left = checkpoint::list(&data)
+        .into_iter()
+        .filter(|(_, file)| checkpoint::peek(file, &data.join("log")).is_ok())
+        .count();
+    assert_eq!(valid_left, 1);
+}
