@@ -380,11 +380,16 @@ async function main(): Promise<void> {
   $<HTMLInputElement>("capture-file").onchange = async (e) => {
     const input = e.target as HTMLInputElement;
     const text = $<HTMLInputElement>("capture-text");
-    for (const photo of input.files ?? []) {
-      await client.capture({ photo, text: text.value.trim() || null });
-    }
+    // Take the photos and the text, and clear both, before the first
+    // await: a person (or a test) may type the next capture's text while
+    // this one is stored, and clearing the field afterwards would erase it.
+    const photos = [...(input.files ?? [])];
+    const caption = text.value.trim() || null;
     input.value = "";
     text.value = "";
+    for (const photo of photos) {
+      await client.capture({ photo, text: caption });
+    }
   };
   $("capture-form").onsubmit = (e) => e.preventDefault();
   $("message-form").onsubmit = async (e) => {
