@@ -65,20 +65,9 @@ pub fn parse_file_name(name: &str) -> Option<u64> {
         .flatten()
 }
 
-/// Where in the log a checkpoint stands: the record at `seq` ends at byte
-/// `frame_end_offset` of the segment whose first seq is
-/// `segment_first_seq`, where the chain value is `chain`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LogPoint {
-    /// The last seq folded into the checkpoint.
-    pub seq: u64,
-    /// First seq (the file name) of the segment holding that record.
-    pub segment_first_seq: u64,
-    /// Byte offset just past that record's frame in its segment.
-    pub frame_end_offset: u64,
-    /// The chain value at that offset (FORMAT.md, "The chain").
-    pub chain: ChainValue,
-}
+/// Where in the log a checkpoint stands (defined by the log, whose
+/// recovery starts from it: [`spark_log_format::Log::open_from`]).
+pub use spark_log_format::LogPoint;
 
 /// The fixed header of a checkpoint file, as decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
