@@ -41,6 +41,11 @@ pub struct Metrics {
     request_cache: parking_lot::RwLock<HashMap<(&'static str, &'static str, u16), Histogram>>,
     /// Seconds the startup replay took.
     pub replay_seconds: Gauge<f64, AtomicU64>,
+    /// Sealed segments startup checked by their links only (a checkpoint
+    /// covers them) that the scrub has not read yet.
+    pub log_scrub_segments_pending: Gauge,
+    /// Such segments the scrub found damaged (or could not read).
+    pub log_scrub_damaged_segments: Gauge,
     /// Brain calls, by outcome (`done`, `failed`).
     pub brain_calls: Family<Labels, Counter>,
     /// Mirror sizes at the last scrape, by what is counted.
@@ -102,6 +107,18 @@ impl Metrics {
             "replay_seconds",
             "Seconds the startup replay took",
             replay_seconds.clone(),
+        );
+        let log_scrub_segments_pending = Gauge::default();
+        registry.register(
+            "log_scrub_segments_pending",
+            "Sealed segments startup checked by their links only, not yet read by the scrub",
+            log_scrub_segments_pending.clone(),
+        );
+        let log_scrub_damaged_segments = Gauge::default();
+        registry.register(
+            "log_scrub_damaged_segments",
+            "Sealed segments the scrub found damaged or could not read",
+            log_scrub_damaged_segments.clone(),
         );
         let brain_calls = Family::<Labels, Counter>::default();
         registry.register(
@@ -177,6 +194,8 @@ impl Metrics {
             request_seconds,
             request_cache: parking_lot::RwLock::new(HashMap::new()),
             replay_seconds,
+            log_scrub_segments_pending,
+            log_scrub_damaged_segments,
             brain_calls,
             mirror_entries,
             event_subscribers,

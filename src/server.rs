@@ -220,6 +220,10 @@ pub async fn start_with_brains(
     let task = tokio::spawn(serve(listener, service, limits, async move {
         let _ = stopped.await;
     }));
+    // Only now: the scrub's reads must not delay the first answer.
+    if let Err(error) = engine.start_scrub() {
+        tracing::error!(%error, "the scrub could not start: the segments startup checked by their links only stay unread until a restart");
+    }
     Ok(RunningServer {
         addr,
         engine,

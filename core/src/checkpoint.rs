@@ -65,20 +65,9 @@ pub fn parse_file_name(name: &str) -> Option<u64> {
         .flatten()
 }
 
-/// Where in the log a checkpoint stands: the record at `seq` ends at byte
-/// `frame_end_offset` of the segment whose first seq is
-/// `segment_first_seq`, where the chain value is `chain`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LogPoint {
-    /// The last seq folded into the checkpoint.
-    pub seq: u64,
-    /// First seq (the file name) of the segment holding that record.
-    pub segment_first_seq: u64,
-    /// Byte offset just past that record's frame in its segment.
-    pub frame_end_offset: u64,
-    /// The chain value at that offset (FORMAT.md, "The chain").
-    pub chain: ChainValue,
-}
+/// Where in the log a checkpoint stands (defined by the log, whose
+/// recovery starts from it: [`spark_log_format::Log::open_from`]).
+pub use spark_log_format::LogPoint;
 
 /// The fixed header of a checkpoint file, as decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,8 +84,11 @@ pub struct Header {
 /// `log_dir`: BLAKE3 over the header's `chain_start` and the segment's bytes
 /// up to `end`. Errors in words: the segment is missing, shorter than `end`
 /// ("beyond the log"), or its header does not decode.
+///
+/// The segment is mapped, not copied: at startup this runs on up to 64 MiB
+/// of the segment recovery reads next, and a copy cost a fresh process
+/// that much zeroed memory and a copy (issue 18).
 pub fn chain_at(log_dir: &Path, segment_first_seq: u64, end: u64) -> Result<ChainValue, String> {
-    use std::io::Read as _;
     let path = log_dir.join(segment_file_name(segment_first_seq));
     let file = std::fs::File::open(&path)
         .map_err(|e| format!("segment {} cannot be read: {e}", path.display()))?;
@@ -107,16 +99,20 @@ pub fn chain_at(log_dir: &Path, segment_first_seq: u64, end: u64) -> Result<Chai
             path.display()
         ));
     }
-    let mut prefix = Vec::new();
-    file.take(end)
-        .read_to_end(&mut prefix)
-        .map_err(|e| format!("segment {} cannot be read: {e}", path.display()))?;
-    if prefix.len() as u64 != end {
-        return Err(format!("offset {end} is beyond the log"));
-    }
-    let header = SegmentHeader::decode(&prefix)
+    // SAFETY: a segment's bytes are only ever appended after its last
+    // acknowledged frame (or cut after it by recovery, which holds the
+    // data directory's lock); the bytes below `end` read here are checked
+    // against a chain value, so a change under the map is at worst a
+    // mismatch (the reader maps live segments the same way).
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| format!("segment {} cannot be mapped: {e}", path.display()))?;
+    let prefix = usize::try_from(end)
+        .ok()
+        .and_then(|end| map.get(..end))
+        .ok_or_else(|| format!("offset {end} is beyond the log"))?;
+    let header = SegmentHeader::decode(prefix)
         .map_err(|e| format!("segment {} header: {e:?}", path.display()))?;
-    Ok(chain_value(&header.chain_start, &prefix))
+    Ok(chain_value(&header.chain_start, prefix))
 }
 
 // ---- Encoding -------------------------------------------------------------

@@ -183,6 +183,7 @@ impl LogReader {
                 role: last_role(is_last, live),
                 max_record_bytes,
                 verify_seal: false,
+                chain_at: None,
             };
             let segment = match decode_segment(&file.name, bytes, expect, opts, |record| {
                 visit(record);
@@ -271,6 +272,7 @@ impl LogReader {
                 role: last_role(is_last, self.live),
                 max_record_bytes: options.max_record_bytes,
                 verify_seal: options.verify_chain,
+                chain_at: None,
             };
             let info = &segment.info;
             let mut bytes: &[u8] = (*segment.bytes).as_ref();

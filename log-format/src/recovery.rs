@@ -5,17 +5,22 @@
 //! last segment (truncated, a copy kept) and a roll interrupted before its
 //! header was durable (the file removed). Everything else that does not
 //! verify is refused.
+//!
+//! From a checkpoint's [`LogPoint`], the sealed segments before the one
+//! holding it get only their links checked (header, seal, seqs, chain
+//! values); their records are left to [`scrub_segment`], which the caller
+//! runs later (FORMAT.md, "Recovery" step 2a).
 
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{LogError, OpenError};
-use crate::format::{chain_hex, RecordRef, Seq};
+use crate::format::{chain_hex, segment_file_name, ChainValue, RecordRef, Seq};
 use crate::fs::Fs;
 use crate::segment::{
-    decode_segment, map_segment, parent_dir, segment_files, DecodeOptions, Decoded, Expect, Role,
-    Segment, SegmentEnd, SegmentFile, Torn,
+    check_sealed_link, decode_segment, map_segment, parent_dir, segment_files, DecodeOptions,
+    Decoded, Expect, Role, Segment, SegmentEnd, SegmentFile, Torn,
 };
 use crate::writer::{ActiveSegment, Head, LogConfig};
 
@@ -24,14 +29,107 @@ use crate::writer::{ActiveSegment, Head, LogConfig};
 pub struct RecoveryReport {
     /// Segment files kept (a removed interrupted roll is not counted).
     pub segments: usize,
-    /// Whole records found (seals excluded); the visitor saw exactly these.
+    /// Whole records found in the segments decoded record by record (seals
+    /// excluded; not those of `deferred`); the visitor saw those after the
+    /// checkpoint's seq, if one was given, else all of them.
     pub records: u64,
     /// Valid bytes over all kept segments (headers, records, seals).
     pub bytes: u64,
+    /// From a checkpoint: the sealed segments before the one holding its
+    /// point, whose links alone were checked (FORMAT.md, "Recovery" step
+    /// 2a), in seq order. Their records are for [`scrub_segment`].
+    pub deferred: Vec<DeferredSegment>,
     /// The torn tail cut off the last segment, if any.
     pub truncated: Option<TornTail>,
     /// File name of an interrupted roll's segment that was removed, if any.
     pub removed_segment: Option<String>,
+}
+
+/// A point of the log a checkpoint stands at: the record at `seq` ends at
+/// byte `frame_end_offset` of the segment whose first seq is
+/// `segment_first_seq`, where the chain value is `chain` (FORMAT.md, "The
+/// chain"; CHECKPOINT.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogPoint {
+    /// The last seq folded into the checkpoint.
+    pub seq: Seq,
+    /// First seq (the file name) of the segment holding that record.
+    pub segment_first_seq: Seq,
+    /// Byte offset just past that record's frame in its segment.
+    pub frame_end_offset: u64,
+    /// The chain value at that offset.
+    pub chain: ChainValue,
+}
+
+/// A sealed segment whose records startup left unchecked (a checkpoint
+/// covers it): what its links promised, for [`scrub_segment`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeferredSegment {
+    /// Segment file name.
+    pub name: String,
+    /// Its first seq (name and header).
+    pub first_seq: Seq,
+    /// Its header's chain value (the previous seal's).
+    pub chain_start: ChainValue,
+    /// The seq its seal names: its last record's.
+    pub last_seq: Seq,
+    /// The chain value its seal holds, which the next segment's header
+    /// repeats.
+    pub seal_chain: ChainValue,
+    /// Bytes up to the end of its seal.
+    pub bytes: u64,
+}
+
+/// Checks every byte of `segment`, a sealed segment startup deferred
+/// ([`RecoveryReport::deferred`]) in the log directory `dir`, with the
+/// decoder recovery uses for every other segment (CRC and seq of every
+/// record, commit marks, the seal's chain value over the bytes, only zeros
+/// after it), and that it still ends where startup found its seal.
+///
+/// Errors: `Corrupt` naming the segment, the offset and the last good seq
+/// (the damage startup did not see); `Io` when the file cannot be mapped
+/// (a missing file included).
+pub fn scrub_segment(
+    dir: &Path,
+    fs: &dyn Fs,
+    segment: &DeferredSegment,
+    max_record_bytes: u32,
+) -> Result<(), LogError> {
+    let file = SegmentFile {
+        name: segment.name.clone(),
+        first_seq: segment.first_seq,
+        path: dir.join(&segment.name),
+    };
+    let (map, _) = map_segment(fs, &file)?;
+    let expect = Expect {
+        first_seq: segment.first_seq,
+        chain_start: segment.chain_start,
+    };
+    let opts = DecodeOptions {
+        role: Role::Sealed,
+        max_record_bytes,
+        verify_seal: true,
+        chain_at: None,
+    };
+    let decoded = decode_segment(&segment.name, (*map).as_ref(), expect, opts, |_| {
+        ControlFlow::Continue(())
+    })?;
+    match decoded {
+        Decoded::Segment(found)
+            if found.last_seq == segment.last_seq
+                && found.tail.head_chain() == segment.seal_chain =>
+        {
+            Ok(())
+        }
+        // A sealed-role decode never reports an interrupted roll; a seal
+        // other than the one startup linked means the file changed.
+        _ => Err(LogError::Corrupt {
+            segment: segment.name.clone(),
+            offset: segment.bytes,
+            seq: segment.last_seq,
+            reason: "the segment no longer ends with the seal startup checked".into(),
+        }),
+    }
 }
 
 /// A torn tail: bytes at the end of the last segment that are not whole
@@ -200,14 +298,30 @@ fn list_or_create(dir: &Path, fs: &Arc<dyn Fs>) -> Result<Vec<std::path::PathBuf
     }
 }
 
-/// Runs recovery on `dir` (see FORMAT.md, "Recovery").
+/// Runs recovery on `dir` (see FORMAT.md, "Recovery"), from the
+/// checkpoint point `from` when given (step 2a: the visitor then sees only
+/// the records after `from.seq`).
 pub(crate) fn recover<E>(
     dir: &Path,
     config: &LogConfig,
     fs: &Arc<dyn Fs>,
+    from: Option<&LogPoint>,
     mut visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
 ) -> Result<Recovered, OpenError<E>> {
     let files = segment_files(list_or_create(dir, fs)?)?;
+    if let Some(point) = from {
+        if !files.iter().any(|f| f.first_seq == point.segment_first_seq) {
+            return Err(point_mismatch(point, "no segment of the log has that name").into());
+        }
+    }
+    let skip_through = from.map_or(0, |point| point.seq);
+    let mut visit = |record: RecordRef<'_>| {
+        if record.seq <= skip_through {
+            Ok(())
+        } else {
+            visit(record)
+        }
+    };
     let mut report = RecoveryReport::default();
     let mut head = Head::empty();
     let mut active = None;
@@ -218,11 +332,49 @@ pub(crate) fn recover<E>(
         } else {
             Role::Sealed
         };
-        let Some((segment, cut, file_len)) =
-            decode_and_keep_cut(dir, config, fs, file, expect, role, &mut visit, &mut report)?
+        let covered = from.is_some_and(|point| file.first_seq < point.segment_first_seq);
+        if covered {
+            if let Some(link) = check_link(fs, file, expect, config.max_record_bytes)? {
+                report.segments += 1;
+                report.bytes += link.bytes;
+                head = Head {
+                    seq: link.last_seq,
+                    segment: file.name.clone(),
+                    chain: link.seal_chain,
+                };
+                expect = Expect {
+                    first_seq: link.last_seq + 1,
+                    chain_start: link.seal_chain,
+                };
+                report.deferred.push(link);
+                continue;
+            }
+        }
+        let chain_at = from
+            .filter(|point| point.segment_first_seq == file.first_seq)
+            .map(|point| point.frame_end_offset);
+        let Some((segment, cut, file_len)) = decode_and_keep_cut(
+            dir,
+            config,
+            fs,
+            file,
+            (expect, chain_at),
+            role,
+            &mut visit,
+            &mut report,
+        )?
         else {
             continue;
         };
+        if let (Some(point), Some(chain)) = (from, segment.chain_at) {
+            if chain != point.chain {
+                return Err(point_mismatch(
+                    point,
+                    &format!("the log's chain value there is {}", chain_hex(&chain)),
+                )
+                .into());
+            }
+        }
         report.segments += 1;
         report.records += segment.records;
         report.bytes += segment.end;
@@ -278,12 +430,50 @@ pub(crate) fn recover<E>(
     })
 }
 
+/// The refusal of a checkpoint point that does not match the log: the
+/// caller checked it against the log before (the checkpoint's own chain
+/// check), so the log changed since, or was damaged where it stands.
+fn point_mismatch(point: &LogPoint, why: &str) -> LogError {
+    LogError::Corrupt {
+        segment: segment_file_name(point.segment_first_seq),
+        offset: point.frame_end_offset,
+        seq: point.seq,
+        reason: format!(
+            "the checkpoint's point (seq {}, chain value {}) does not match the log: {why}",
+            point.seq,
+            chain_hex(&point.chain)
+        ),
+    }
+}
+
+/// The cheap check of a sealed segment a checkpoint covers
+/// ([`check_sealed_link`]); `None` when it does not end with a seal where
+/// one should be (the caller decodes it in full, naming the damage).
+fn check_link(
+    fs: &Arc<dyn Fs>,
+    file: &SegmentFile,
+    expect: Expect,
+    max_record_bytes: u32,
+) -> Result<Option<DeferredSegment>, LogError> {
+    let (map, _) = map_segment(fs.as_ref(), file)?;
+    let link = check_sealed_link(&file.name, (*map).as_ref(), expect, max_record_bytes)?;
+    Ok(link.map(|link| DeferredSegment {
+        name: file.name.clone(),
+        first_seq: expect.first_seq,
+        chain_start: expect.chain_start,
+        last_seq: link.last_seq,
+        seal_chain: link.chain,
+        bytes: link.end,
+    }))
+}
+
 /// A decoded segment, with its tail to cut (if any: the tail and the bytes
 /// to keep a copy of, `None` when they are all zero), and its file length.
 type KeptSegment = (Segment, Option<(Torn, Option<Vec<u8>>)>, u64);
 
 /// Decodes one segment file that must continue `expect`, feeding its
-/// records to `visit`. An interrupted roll's file is removed here (a copy
+/// records to `visit` (and taking the chain value at `chain_at`, if
+/// given). An interrupted roll's file is removed here (a copy
 /// kept) and `None` returned. For a segment, the bytes of its tail to cut
 /// are copied out of the map (the cut comes after the map is dropped).
 #[allow(clippy::too_many_arguments)]
@@ -292,7 +482,7 @@ fn decode_and_keep_cut<E>(
     config: &LogConfig,
     fs: &Arc<dyn Fs>,
     file: &SegmentFile,
-    expect: Expect,
+    (expect, chain_at): (Expect, Option<u64>),
     role: Role,
     visit: &mut impl FnMut(RecordRef<'_>) -> Result<(), E>,
     report: &mut RecoveryReport,
@@ -303,6 +493,7 @@ fn decode_and_keep_cut<E>(
         role,
         max_record_bytes: config.max_record_bytes,
         verify_seal: true,
+        chain_at,
     };
     let mut refused: Option<E> = None;
     let decoded = decode_segment(&file.name, bytes, expect, opts, |record| {

@@ -18,7 +18,8 @@ use crate::format::{
     CommitMark, Damage, HeaderError, RecordDecode, RecordRef, SegmentHeader, Seq,
     COMMIT_KIND_VERSION, COMMIT_RECORD_BYTES, FORMAT_VERSION, HEADER_CHAIN_START_OFFSET,
     HEADER_FIRST_SEQ_OFFSET, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, RECORD_MIN_LEN,
-    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN, SEGMENT_SUFFIX,
+    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN,
+    SEAL_RECORD_BYTES, SEGMENT_SUFFIX,
 };
 use crate::fs::Fs;
 
@@ -126,6 +127,10 @@ pub(crate) struct DecodeOptions {
     /// Hash a sealed segment and check its seal. (An unsealed segment is
     /// always hashed: its chain value is the head.)
     pub verify_seal: bool,
+    /// Also take the chain value at this offset on the way (returned in
+    /// [`Segment::chain_at`]): the point a checkpoint names, checked by
+    /// recovery without a second pass over the segment.
+    pub chain_at: Option<u64>,
 }
 
 /// How a decoded segment ends, with its chain value.
@@ -229,6 +234,10 @@ pub(crate) struct Segment {
     /// The visitor stopped the walk; `records`, `last_seq`, `end` and the
     /// chain describe the stopping point, nothing after it was checked.
     pub stopped: bool,
+    /// The chain value at [`DecodeOptions::chain_at`], when asked for and
+    /// the offset lies within the bytes hashed (the header's end up to
+    /// `end`, or the seal's offset).
+    pub chain_at: Option<ChainValue>,
 }
 
 /// What [`decode_segment`] found.
@@ -267,7 +276,8 @@ pub(crate) fn decode_segment<'a>(
     };
     let walk = walk_records(name, bytes, format_version, expect, opts, visit)?;
     if let Some((seal_offset, chain)) = walk.seal {
-        let tail = check_sealed_end(name, bytes, &header, &walk, seal_offset, chain, opts)?;
+        let (tail, chain_at) =
+            check_sealed_end(name, bytes, &header, &walk, seal_offset, chain, opts)?;
         return Ok(Decoded::Segment(Segment {
             header,
             format_version,
@@ -278,6 +288,7 @@ pub(crate) fn decode_segment<'a>(
             tail,
             torn: None,
             stopped: false,
+            chain_at,
         }));
     }
     let torn = if walk.stopped {
@@ -287,7 +298,7 @@ pub(crate) fn decode_segment<'a>(
     };
     let end = walk.ack_end;
     let mut hasher = chain_hasher(&header.chain_start);
-    hasher.update(bytes.get(..end).unwrap_or(bytes));
+    let chain_at = hash_prefix(&mut hasher, bytes, end, opts.chain_at);
     let head_chain = if walk.ack_records == 0 {
         header.chain_start
     } else {
@@ -306,7 +317,100 @@ pub(crate) fn decode_segment<'a>(
         },
         torn,
         stopped: walk.stopped,
+        chain_at,
     }))
+}
+
+/// What the cheap check of a sealed segment found ([`check_sealed_link`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SealedLink {
+    /// Seq of its last record: the seal's seq.
+    pub last_seq: Seq,
+    /// The chain value its seal holds (not recomputed).
+    pub chain: ChainValue,
+    /// Offset just past the seal.
+    pub end: u64,
+}
+
+/// The cheap check of a sealed segment that a checkpoint covers (FORMAT.md,
+/// "Recovery" step 2a): its header continues `expect` (name, `first_seq`,
+/// `chain_start`: the same checks and errors as [`decode_segment`]), and
+/// its last non-zero bytes are a checksum-valid seal (only zeros after it)
+/// whose seq is not before the header's `first_seq - 1`. Neither the
+/// records nor the chain are read. `Ok(None)` when no such seal ends the
+/// file: the caller decodes the segment in full, which names the damage
+/// (so this check never refuses a segment the full decoder accepts).
+pub(crate) fn check_sealed_link(
+    name: &str,
+    bytes: &[u8],
+    expect: Expect,
+    max_record_bytes: u32,
+) -> Result<Option<SealedLink>, LogError> {
+    let opts = DecodeOptions {
+        role: Role::Sealed,
+        max_record_bytes,
+        verify_seal: false,
+        chain_at: None,
+    };
+    let (header, _) = match check_header(name, bytes, expect, opts)? {
+        Ok(found) => found,
+        Err(_) => return Ok(None),
+    };
+    let Some(last_nonzero) = bytes.iter().rposition(|&b| b != 0) else {
+        return Ok(None);
+    };
+    // The seal's chain value may end in zero bytes, which look like the
+    // zero fill after it: try each end the seal can have.
+    let ends = last_nonzero + 1..=(last_nonzero + 1 + SEAL_PAYLOAD_LEN).min(bytes.len());
+    for end in ends {
+        let Some(start) = end
+            .checked_sub(SEAL_RECORD_BYTES)
+            .filter(|&start| start >= HEADER_LEN)
+        else {
+            continue;
+        };
+        if let RecordDecode::Record { record, size } = decode_record(bytes, start, max_record_bytes)
+        {
+            let is_seal = size == SEAL_RECORD_BYTES
+                && record.kind == KIND_SEAL
+                && record.kind_version == SEAL_KIND_VERSION
+                && record.seq >= header.first_seq.saturating_sub(1);
+            if let (true, Some(chain)) = (is_seal, record.payload.first_chunk::<SEAL_PAYLOAD_LEN>())
+            {
+                return Ok(Some(SealedLink {
+                    last_seq: record.seq,
+                    chain: *chain,
+                    // usize is at most 64 bits on every target Rust supports.
+                    end: end as u64,
+                }));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Feeds `bytes[..end]` to `hasher` (a chain hasher at offset 0), and
+/// returns the chain value at offset `at` on the way when `at` lies in
+/// `HEADER_LEN..=end`: one pass for both.
+fn hash_prefix(
+    hasher: &mut blake3::Hasher,
+    bytes: &[u8],
+    end: usize,
+    at: Option<u64>,
+) -> Option<ChainValue> {
+    let prefix = bytes.get(..end).unwrap_or(bytes);
+    let at = at
+        .and_then(|at| usize::try_from(at).ok())
+        .filter(|at| (HEADER_LEN..=prefix.len()).contains(at));
+    let Some(at) = at else {
+        hasher.update(prefix);
+        return None;
+    };
+    let (before, after) = prefix.split_at(at);
+    hasher.update(before);
+    let chain: ChainValue = hasher.finalize().into();
+    hasher.update(after);
+    Some(chain)
 }
 
 /// The header checks: a valid header (else, in the last segment without a
@@ -592,7 +696,7 @@ fn record_end(record: &RecordRef<'_>, bytes: &[u8], opts: DecodeOptions) -> usiz
 
 /// The checks after a seal: only zero bytes follow it, and (with
 /// `verify_seal`) its chain value is the one computed over the bytes before
-/// it.
+/// it; then also the chain value at `opts.chain_at`, if asked for.
 fn check_sealed_end(
     name: &str,
     bytes: &[u8],
@@ -601,7 +705,7 @@ fn check_sealed_end(
     seal_offset: usize,
     chain: ChainValue,
     opts: DecodeOptions,
-) -> Result<SegmentEnd, LogError> {
+) -> Result<(SegmentEnd, Option<ChainValue>), LogError> {
     let after = bytes.get(walk.offset..).unwrap_or(&[]);
     if let Some(i) = after.iter().position(|&b| b != 0) {
         return Err(LogError::corrupt(
@@ -611,9 +715,10 @@ fn check_sealed_end(
             "non-zero bytes after the seal",
         ));
     }
+    let mut chain_at = None;
     if opts.verify_seal {
         let mut hasher = chain_hasher(&header.chain_start);
-        hasher.update(bytes.get(..seal_offset).unwrap_or(bytes));
+        chain_at = hash_prefix(&mut hasher, bytes, seal_offset, opts.chain_at);
         let computed: ChainValue = hasher.finalize().into();
         if computed != chain {
             return Err(LogError::corrupt(
@@ -628,7 +733,7 @@ fn check_sealed_end(
             ));
         }
     }
-    Ok(SegmentEnd::Sealed { chain })
+    Ok((SegmentEnd::Sealed { chain }, chain_at))
 }
 
 /// Judges what follows the last acknowledged frame of a segment that ends

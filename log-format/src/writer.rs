@@ -31,7 +31,7 @@ use crate::format::{
     RECORD_MIN_LEN, SEAL_RECORD_BYTES,
 };
 use crate::fs::{Fs, LogFile};
-use crate::recovery::{recover, RecoveryReport};
+use crate::recovery::{recover, LogPoint, RecoveryReport};
 
 /// The current Unix time in ms (the default [`LogConfig::now_ms`]); 0 if the
 /// system clock is before 1970.
@@ -267,7 +267,32 @@ impl Log {
         fs: Arc<dyn Fs>,
         visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
     ) -> Result<(Log, RecoveryReport), OpenError<E>> {
-        let recovered = recover(dir, &config, &fs, visit)?;
+        Log::open_from(dir, config, fs, None, visit)
+    }
+
+    /// [`Log::open`] from a checkpoint standing at `from` (FORMAT.md,
+    /// "Recovery" step 2a), a point the caller has checked against the log
+    /// (the checkpoint's chain check): the sealed segments before the one
+    /// holding it get only their links checked (header, seal, seqs, chain
+    /// values), and are listed in [`RecoveryReport::deferred`] for
+    /// [`scrub_segment`](crate::scrub_segment); everything from that
+    /// segment on is checked as by `open`. `visit` sees only the records
+    /// after `from.seq`.
+    ///
+    /// Errors: those of `open`, the ones of a deferred segment's links
+    /// included (a missing or reordered segment is a seq gap or a broken
+    /// chain, `Corrupt`), and `Corrupt` when the chain value at the point is
+    /// not `from.chain` or its segment is missing (the log changed after
+    /// the caller's check). A point past the end of the recovered log is no
+    /// error: [`Log::head`] then ends before `from.seq`.
+    pub fn open_from<E>(
+        dir: &Path,
+        config: LogConfig,
+        fs: Arc<dyn Fs>,
+        from: Option<&LogPoint>,
+        visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
+    ) -> Result<(Log, RecoveryReport), OpenError<E>> {
+        let recovered = recover(dir, &config, &fs, from, visit)?;
         let log = Log {
             dir: dir.to_owned(),
             config,
@@ -599,7 +624,7 @@ impl Log {
         }
         // The file handle is dropped before recovery maps and may cut files.
         self.active = None;
-        let recovered = recover(&self.dir, &self.config, &self.fs, |_| {
+        let recovered = recover(&self.dir, &self.config, &self.fs, None, |_| {
             Ok::<(), std::convert::Infallible>(())
         })
         .map_err(LogError::from)?;

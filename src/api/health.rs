@@ -36,6 +36,12 @@ pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, Ap
 /// and the answer is `503 unavailable` while it cannot follow the archive
 /// (the store unreachable, a damaged object, named) or lags more than
 /// `replica.ready_lag_max_ms` (SPEC section 11).
+/// After a start from a checkpoint that covered sealed segments, the body
+/// has a `scrub` member ([`crate::engine::ScrubStatus::to_json`]): damage
+/// the scrub finds there (`"status": "damaged"`, each segment named with
+/// offset and seq) leaves the answer `200`, since the running state and
+/// every write are unaffected; it is for the operator to restore the
+/// segment before a start without the checkpoint (README "Guarantees").
 pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET && req.method != Method::HEAD {
         return Err(ApiError::method_not_allowed("GET, HEAD"));
@@ -69,6 +75,9 @@ pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
         }
     }
     let mut body = json!({"status": "ready"});
+    if let Some(scrub) = state.engine.scrub_status().to_json() {
+        body["scrub"] = scrub;
+    }
     if let Some(replica) = &state.replica {
         body["replica"] = replica.to_json();
     }

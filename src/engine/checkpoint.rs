@@ -85,12 +85,7 @@ fn run(
     woken: mpsc::Receiver<()>,
     stop: Arc<AtomicBool>,
 ) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: setpriority on this thread's own id; no memory is passed.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, WORKER_NICE);
-    }
+    super::lower_thread_priority(WORKER_NICE);
     let mut last_seq = config.last_seq;
     let stopped = || stop.load(Ordering::SeqCst);
     loop {

@@ -20,6 +20,7 @@
 
 mod checkpoint;
 mod journal;
+mod scrub;
 
 use std::fs::File;
 use std::path::Path;
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
-use spark_log_format::{Fs, Head, Log, LogError, OpenError, RecoveryReport};
+use spark_log_format::{Fs, Head, Log, LogError, LogPoint, OpenError, RecoveryReport};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::archive::gate::ArchiveGate;
@@ -39,6 +40,7 @@ use crate::op::Op;
 pub use spark_core::replay::{replay_record, ReplayError};
 
 pub use crate::ids::{job_turn_request_id, mark_id, recall_turn_request_id};
+pub use scrub::ScrubStatus;
 pub use spark_core::command::{
     Command, CreateMoment, DeleteMoment, DropPhrase, EditMoment, EndTurn, FieldChange, KeepPhrase,
     PostMessage, PutMedia, StartJob, StartRecall, StartTurn,
@@ -140,12 +142,17 @@ pub struct Engine {
     /// The exclusive lock on `<data>/LOCK`: held until shutdown (or drop).
     lock: Mutex<Option<File>>,
     recovery: RecoveryReport,
+    /// The background check of the segments recovery deferred.
+    scrub: scrub::Scrub,
 }
 
 impl Engine {
     /// Opens the data directory: takes its lock, replays the log into the
     /// mirror (recovery truncates a torn tail and refuses corruption, naming
-    /// segment, offset and seq), and starts the writer thread.
+    /// segment, offset and seq), and starts the writer thread. From a valid
+    /// checkpoint, the sealed segments before the one holding its point are
+    /// checked by their links only ([`RecoveryReport::deferred`]) until
+    /// [`Engine::start_scrub`] reads them.
     pub fn open(
         settings: &Settings,
         fs: Arc<dyn Fs>,
@@ -153,7 +160,13 @@ impl Engine {
     ) -> Result<Engine, EngineOpenError> {
         let lock = lock_data_dir(&settings.data_dir)?;
         let replay_started = std::time::Instant::now();
-        let (log, recovery, mirror, checkpoint_seq) = replay_log(settings, fs)?;
+        let (log, recovery, mirror, checkpoint_seq) = replay_log(settings, Arc::clone(&fs))?;
+        let scrub = scrub::Scrub::new(
+            settings.log_dir(),
+            fs,
+            recovery.deferred.clone(),
+            settings.log.max_record_bytes,
+        );
         crate::metrics::get()
             .replay_seconds
             .set(replay_started.elapsed().as_secs_f64());
@@ -217,7 +230,23 @@ impl Engine {
             writer: Mutex::new(Some(writer)),
             lock: Mutex::new(Some(lock)),
             recovery,
+            scrub,
         })
+    }
+
+    /// Starts the scrub (once): a thread at the lowest CPU priority that
+    /// reads the sealed segments recovery checked by their links only
+    /// ([`RecoveryReport::deferred`]) with the full decoder, and reports
+    /// damage (an ERROR line, `spark_log_scrub_damaged_segments`,
+    /// [`Engine::scrub_status`]). The server calls it once it listens.
+    /// Errors: the thread could not be spawned.
+    pub fn start_scrub(&self) -> std::io::Result<()> {
+        self.scrub.start()
+    }
+
+    /// What the scrub found so far (for `/readyz`).
+    pub fn scrub_status(&self) -> &Arc<ScrubStatus> {
+        self.scrub.status()
     }
 
     /// Sends a command to the sequencer and waits until its op is durable
@@ -423,6 +452,9 @@ impl Engine {
         if let Some(mut worker) = worker {
             let _ = tokio::task::spawn_blocking(move || worker.stop()).await;
         }
+        if let Some(scrub) = self.scrub.halt() {
+            let _ = tokio::task::spawn_blocking(move || scrub.join()).await;
+        }
         self.lock.lock().take();
     }
 }
@@ -518,10 +550,10 @@ enum FoldStop {
     Checkpoint(std::path::PathBuf, String),
 }
 
-/// Where the fold thread starts: the checkpoint file to load (checked by
+/// Where the replay starts: the checkpoint file to load (checked by
 /// [`spark_core::checkpoint::peek`]; loading checks its checksum and body)
-/// and its seq, or nothing (an empty mirror).
-type ReplayStart = Option<(std::path::PathBuf, u64)>;
+/// and its point in the log, or nothing (an empty mirror, the whole log).
+type ReplayStart = Option<(std::path::PathBuf, LogPoint)>;
 
 /// Starts the replay's fold thread: it folds the batches it receives, in
 /// order, and sends each emptied buffer back to be filled again.
@@ -539,9 +571,9 @@ fn spawn_replay_fold(
     std::thread::Builder::new()
         .name("spark-replay-fold".into())
         .spawn(move || {
-            if let Some((file, seq)) = start {
+            if let Some((file, point)) = start {
                 match spark_core::checkpoint::load(&file, &log_dir, mirror) {
-                    Ok((_, loaded)) if loaded.seq == seq => mirror = loaded,
+                    Ok((_, loaded)) if loaded.seq == point.seq => mirror = loaded,
                     Ok(_) => {
                         return Err(FoldStop::Checkpoint(file, "changed while loading".into()))
                     }
@@ -627,11 +659,11 @@ fn replay_log(
         for ignored in ignored {
             tracing::warn!(file = %ignored.file.display(), why = %ignored.why, "checkpoint ignored; replaying the log instead");
         }
-        candidate.map(|(file, header)| (file, header.at.seq))
+        candidate.map(|(file, header)| (file, header.at))
     } else {
         None
     };
-    let Some((file, checkpoint_seq)) = start else {
+    let Some((file, point)) = start else {
         let (log, recovery, mirror) =
             replay_log_from(settings, Arc::clone(&fs), None)?.map_err(|(_, why)| {
                 EngineOpenError::DataDir {
@@ -641,11 +673,8 @@ fn replay_log(
             })?;
         return Ok((log, recovery, mirror, 0));
     };
-    match replay_log_from(
-        settings,
-        Arc::clone(&fs),
-        Some((file.clone(), checkpoint_seq)),
-    )? {
+    let checkpoint_seq = point.seq;
+    match replay_log_from(settings, Arc::clone(&fs), Some((file.clone(), point)))? {
         Ok((log, recovery, mirror)) if log.head().seq >= checkpoint_seq => {
             tracing::info!(file = %file.display(), seq = checkpoint_seq, "started from checkpoint");
             return Ok((log, recovery, mirror, checkpoint_seq));
@@ -670,14 +699,16 @@ fn replay_log(
 type Replayed = Result<(Log, RecoveryReport, Mirror), (std::path::PathBuf, String)>;
 
 /// Replays the log into a mirror, from the checkpoint `start` when given:
-/// every record is still read and checked by recovery; the ones at or
-/// before the checkpoint's seq are not decoded.
+/// recovery then checks the sealed segments before the one holding the
+/// checkpoint's point by their links only (FORMAT.md, "Recovery" step 2a;
+/// the scrub reads them later), and hands over only the records after it.
 fn replay_log_from(
     settings: &Settings,
     fs: Arc<dyn Fs>,
     start: ReplayStart,
 ) -> Result<Replayed, EngineOpenError> {
-    let skip_through = start.as_ref().map_or(0, |(_, seq)| *seq);
+    let point = start.as_ref().map(|(_, point)| *point);
+    let from_checkpoint = point.is_some();
     let (batches, received) =
         std::sync::mpsc::sync_channel::<ReplayBatch>(REPLAY_BATCHES_IN_FLIGHT);
     // Emptied batch buffers go back to be filled again: a fresh 0.5 MB
@@ -694,31 +725,36 @@ fn replay_log_from(
     let mut sample = RequestIdSample::default();
     let mut at = (0, 0);
     let mut batch = Vec::with_capacity(REPLAY_BATCH_OPS);
-    let opened = Log::open(&settings.log_dir(), settings.log_config(), fs, |record| {
-        if record.seq <= skip_through {
-            return Ok(());
-        }
-        at = (record.seq, record.offset);
-        let op = Op::decode(&record).map_err(|e| ReplayStop::Decode(e.into()))?;
-        let op = preparer.prepare(op);
-        sample.count(&record, &op);
-        batch.push((op, record.offset));
-        if batch.len() == REPLAY_BATCH_OPS {
-            let empty = recycled
-                .try_recv()
-                .unwrap_or_else(|_| Vec::with_capacity(REPLAY_BATCH_OPS));
-            let full = std::mem::replace(&mut batch, empty);
-            // From a checkpoint, the index grows by the tail's ids only.
-            let reserve = match skip_through {
-                0 => sample.take_estimate(log_bytes),
-                _ => 0,
-            };
-            batches
-                .send((full, reserve))
-                .map_err(|_| ReplayStop::FoldStopped)?;
-        }
-        Ok(())
-    });
+    let log_config = settings.log_config();
+    let opened = Log::open_from(
+        &settings.log_dir(),
+        log_config,
+        fs,
+        point.as_ref(),
+        |record| {
+            at = (record.seq, record.offset);
+            let op = Op::decode(&record).map_err(|e| ReplayStop::Decode(e.into()))?;
+            let op = preparer.prepare(op);
+            sample.count(&record, &op);
+            batch.push((op, record.offset));
+            if batch.len() == REPLAY_BATCH_OPS {
+                let empty = recycled
+                    .try_recv()
+                    .unwrap_or_else(|_| Vec::with_capacity(REPLAY_BATCH_OPS));
+                let full = std::mem::replace(&mut batch, empty);
+                // From a checkpoint, the index grows by the tail's ids only.
+                let reserve = if from_checkpoint {
+                    0
+                } else {
+                    sample.take_estimate(log_bytes)
+                };
+                batches
+                    .send((full, reserve))
+                    .map_err(|_| ReplayStop::FoldStopped)?;
+            }
+            Ok(())
+        },
+    );
     if !batch.is_empty() {
         // Also after an error: these records come before it, and folding
         // them first keeps "the first refusal in seq order" (inline
@@ -768,6 +804,20 @@ fn segment_of(log_dir: &Path, seq: u64) -> String {
         .max()
         .map(|(_, name)| name)
         .unwrap_or_else(|| "(unknown)".into())
+}
+
+/// Lowers the calling thread's CPU priority to `nice` (Linux: nice is per
+/// thread), for background workers that must yield to the write path and
+/// the HTTP workers. Elsewhere, does nothing.
+fn lower_thread_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on this thread's own id; no memory is passed.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 /// Creates `dir` and its missing parents, and makes each new directory

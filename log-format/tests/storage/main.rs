@@ -13,6 +13,7 @@ mod bit_flips;
 mod commit_marks;
 mod corruption;
 mod damage_report;
+mod from_checkpoint;
 mod group_commit;
 mod heal;
 mod live_reader;

@@ -1,0 +1,334 @@
+//! Startup from a checkpoint (issue 18 item 3): the sealed segments before
+//! the one holding the checkpoint's point are checked by their links only
+//! (header, seal, seqs, chain values: FORMAT.md, "Recovery" step 2a), and
+//! read in full by the scrub once the server listens. Damage there does not
+//! stop the start but is reported, naming segment and offset; a checkpoint
+//! that does not match the log is ignored and the whole log checked; a
+//! missing or reordered segment is refused; kill -9 and restart from
+//! checkpoints give the digest of a full replay.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::ServerProcess;
+use serde_json::{json, Value};
+use spark_engine::clock::SystemClock;
+use spark_engine::config::{log_dir, Settings};
+use spark_engine::engine::EngineOpenError;
+use spark_engine::{synth, Engine};
+use spark_log_format::{Log, LogConfig, OsFs, RecordIn, DEFAULT_MAX_RECORD_BYTES};
+
+/// Creates before the checkpoint, and after it.
+const CREATES: u64 = 2_000;
+const CREATES_AFTER: u64 = 300;
+
+/// Small segments, so that the checkpoint covers several sealed ones.
+fn log_config() -> LogConfig {
+    LogConfig {
+        segment_size_bytes: 32 * 1024,
+        ..LogConfig::default()
+    }
+}
+
+/// Settings with checkpoints on (`checkpoint_interval_ops` above 0, the
+/// default) or off (0: the whole log is replayed and checked).
+fn settings(data: &Path, checkpoints: bool) -> Settings {
+    let mut settings = Settings {
+        data_dir: data.to_owned(),
+        ..Settings::default()
+    };
+    if !checkpoints {
+        settings.log.checkpoint_interval_ops = 0;
+    }
+    settings
+}
+
+/// Appends synthetic creates `from..to` to the log of `data`, 20 to a
+/// batch (so that the small segments roll every few batches).
+fn append_creates(data: &Path, from: u64, to: u64) {
+    let (mut log, _) = Log::open(&log_dir(data), log_config(), Arc::new(OsFs), |_| {
+        Ok::<(), ()>(())
+    })
+    .unwrap_or_else(|_| panic!("the log opens"));
+    let ops: Vec<(u16, u16, Vec<u8>)> = (from..to)
+        .map(|k| synth::moment_create(k).encode().unwrap())
+        .collect();
+    for (n, chunk) in ops.chunks(20).enumerate() {
+        let batch: Vec<RecordIn<'_>> = chunk
+            .iter()
+            .map(|(kind, kind_version, payload)| RecordIn {
+                ts_ms: synth::BASE_MS + from + n as u64,
+                kind: *kind,
+                kind_version: *kind_version,
+                payload,
+            })
+            .collect();
+        log.append_batch(&batch).unwrap();
+    }
+}
+
+/// A data directory: [`CREATES`] creates, a checkpoint at the last of
+/// them, then [`CREATES_AFTER`] more creates.
+fn data_with_checkpoint() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    append_creates(dir.path(), 0, CREATES);
+    let built = spark_core::checkpoint::build(
+        dir.path(),
+        &log_dir(dir.path()),
+        DEFAULT_MAX_RECORD_BYTES,
+        3,
+        &|| false,
+    )
+    .unwrap()
+    .expect("a checkpoint is written");
+    assert_eq!(built.at.seq, CREATES);
+    append_creates(dir.path(), CREATES, CREATES + CREATES_AFTER);
+    dir
+}
+
+/// The segment files of `data`, in seq order.
+fn segments(data: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(log_dir(data))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn name(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// Opens the engine on `data`, or says why not. A `Locked` answer is
+/// tried again for a while: a server child of another test in this binary
+/// may hold a copy of the `LOCK` descriptor between its fork and exec
+/// (see `main.rs`).
+fn open(data: &Path, checkpoints: bool) -> Result<Engine, String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Engine::open(
+            &settings(data, checkpoints),
+            Arc::new(OsFs),
+            Arc::new(SystemClock),
+        ) {
+            Err(EngineOpenError::Locked(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            opened => return opened.map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// The mirror digest and head seq of the engine on `data`, closed again.
+fn digest(data: &Path, checkpoints: bool) -> (String, u64) {
+    let engine = open(data, checkpoints).unwrap();
+    let found = (engine.read(|m| m.digest()), engine.head().seq);
+    drop(engine);
+    found
+}
+
+/// Flips one byte of a record in the second segment (sealed, covered by
+/// the checkpoint); returns the segment's name.
+fn damage_second_segment(data: &Path) -> String {
+    let files = segments(data);
+    assert!(files.len() > 4, "the checkpoint covers several segments");
+    let mut bytes = std::fs::read(&files[1]).unwrap();
+    bytes[1000] ^= 0x40;
+    std::fs::write(&files[1], bytes).unwrap();
+    name(&files[1])
+}
+
+/// Waits (at most a minute: a busy machine) until the scrub read every
+/// deferred segment.
+fn wait_for_scrub(engine: &Engine) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !engine.scrub_status().finished() {
+        assert!(Instant::now() < deadline, "the scrub did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_checkpoint_over_a_damaged_sealed_segment_starts_and_the_scrub_names_the_damage() {
+    let dir = data_with_checkpoint();
+    let (before, head) = digest(dir.path(), false);
+    let damaged = damage_second_segment(dir.path());
+
+    let engine = open(dir.path(), true).expect("starts from the checkpoint");
+    let deferred = &engine.recovery().deferred;
+    assert!(deferred.len() >= 3, "{deferred:?}");
+    assert_eq!(deferred[1].name, damaged);
+    assert_eq!(engine.read(|m| m.digest()), before, "the same answers");
+    assert_eq!(engine.head().seq, head);
+    assert_eq!(
+        engine.scrub_status().to_json().unwrap()["status"],
+        "pending"
+    );
+    engine.start_scrub().unwrap();
+    wait_for_scrub(&engine);
+    let damage = engine.scrub_status().damage();
+    assert_eq!(damage.len(), 1, "{damage:?}");
+    assert!(
+        damage[0].contains(&damaged) && damage[0].contains("at offset"),
+        "names segment and offset: {}",
+        damage[0]
+    );
+    let status = engine.scrub_status().to_json().unwrap();
+    assert_eq!(status["status"], "damaged", "{status}");
+    drop(engine);
+
+    // Without the checkpoint every byte is checked at startup: refused.
+    let refused = open(dir.path(), false).err().expect("refused");
+    assert!(refused.contains(&damaged), "{refused}");
+}
+
+#[test]
+fn a_clean_log_scrubs_clean_from_a_checkpoint() {
+    let dir = data_with_checkpoint();
+    let (full, _) = digest(dir.path(), false);
+    let engine = open(dir.path(), true).unwrap();
+    assert!(!engine.recovery().deferred.is_empty());
+    assert_eq!(engine.read(|m| m.digest()), full);
+    engine.start_scrub().unwrap();
+    wait_for_scrub(&engine);
+    assert_eq!(
+        engine.scrub_status().to_json().unwrap(),
+        json!({"status": "clean", "segments": engine.recovery().deferred.len(),
+               "checked": engine.recovery().deferred.len(), "damage": []})
+    );
+}
+
+#[test]
+fn a_checkpoint_whose_chain_value_does_not_match_is_ignored_and_the_whole_log_checked() {
+    let dir = data_with_checkpoint();
+    let (full, _) = digest(dir.path(), false);
+    let checkpoint = spark_core::checkpoint::list(dir.path())[0].1.clone();
+    let mut bytes = std::fs::read(&checkpoint).unwrap();
+    // The header's chain value (CHECKPOINT.md, "Layout": bytes 48..80).
+    bytes[60] ^= 1;
+    std::fs::write(&checkpoint, bytes).unwrap();
+
+    let engine = open(dir.path(), true).expect("starts from the log alone");
+    assert!(
+        engine.recovery().deferred.is_empty(),
+        "every segment checked"
+    );
+    assert_eq!(engine.read(|m| m.digest()), full);
+    assert!(engine.scrub_status().to_json().is_none());
+    drop(engine);
+
+    // So damage in a sealed segment is refused at startup again.
+    let damaged = damage_second_segment(dir.path());
+    let refused = open(dir.path(), true).err().expect("refused");
+    assert!(refused.contains(&damaged), "{refused}");
+}
+
+#[test]
+fn a_missing_sealed_segment_before_the_checkpoint_is_refused() {
+    let dir = data_with_checkpoint();
+    let files = segments(dir.path());
+    std::fs::remove_file(&files[2]).unwrap();
+    let refused = open(dir.path(), true).err().expect("refused");
+    assert!(refused.contains(&name(&files[3])), "{refused}");
+}
+
+#[test]
+fn reordered_sealed_segments_before_the_checkpoint_are_refused() {
+    let dir = data_with_checkpoint();
+    let files = segments(dir.path());
+    let aside = files[1].with_extension("aside");
+    std::fs::rename(&files[1], &aside).unwrap();
+    std::fs::rename(&files[2], &files[1]).unwrap();
+    std::fs::rename(&aside, &files[2]).unwrap();
+    let refused = open(dir.path(), true).err().expect("refused");
+    assert!(refused.contains(&name(&files[1])), "{refused}");
+}
+
+/// Kill -9 while a client writes, with checkpoints every 40 ops and 8 KiB
+/// segments, so that each restart starts from a checkpoint over sealed
+/// segments: the final start (from a checkpoint, the scrub clean) gives
+/// the digest of a replay of the whole log, and of `spark-replay rebuild`.
+#[test]
+fn kill_9_and_restart_from_checkpoints_give_the_digest_of_a_full_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let env = [
+        ("SPARK_LOG_CHECKPOINT_INTERVAL_OPS", "40"),
+        ("SPARK_LOG_SEGMENT_SIZE_BYTES", "8192"),
+    ];
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let mut n = 0u64;
+    for cycle in 0..4u64 {
+        let server = ServerProcess::start_with_env(&data, &env);
+        let until = Instant::now() + Duration::from_millis(400 + 150 * cycle);
+        while Instant::now() < until {
+            n += 1;
+            let _ = client
+                .post(server.url("/api/moments"))
+                .json(&json!({"client_request_id": format!("r{n}"), "text": format!("moment {n}")}))
+                .send();
+        }
+        // Time for the checkpoint worker (it polls every 100 ms).
+        std::thread::sleep(Duration::from_millis(300));
+        server.kill();
+    }
+    let server = ServerProcess::start_with_env(&data, &env);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let scrub = loop {
+        let ready: Value = client
+            .get(server.url("/readyz"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let scrub = ready["scrub"].clone();
+        if scrub["status"] != "pending" && scrub["status"] != "running" {
+            break scrub;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the scrub did not finish: {ready}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(scrub["status"], "clean", "{scrub}");
+    assert!(scrub["segments"].as_u64().unwrap() > 0, "{scrub}");
+    assert!(server.terminate().success());
+
+    let (from_checkpoint, head) = digest(&data, true);
+    let (full, full_head) = digest(&data, false);
+    assert_eq!((&from_checkpoint, head), (&full, full_head));
+    let replay = PathBuf::from(env!("CARGO_BIN_EXE_spark-engine")).with_file_name("spark-replay");
+    let missing = (!replay.is_file()).then(|| {
+        format!(
+            "{} is not built (`cargo test --workspace` builds it)",
+            replay.display()
+        )
+    });
+    if common::run_or_skip(
+        "checkpoint_start::kill_9 (its spark-replay part)",
+        missing,
+        "SPARK_REQUIRE_REPLAY",
+    ) {
+        let out = std::process::Command::new(&replay)
+            .args(["rebuild", "--data"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(&full), "rebuild's digest: {stdout}");
+    }
+}
