@@ -680,6 +680,17 @@ export interface components {
                 /** @description The last failure (naming the object and the kind), `null` once a ship succeeds. */
                 error: string | null;
             };
+            /** @description Present only after a start from a checkpoint that covered sealed segments: those segments were checked at startup by their links only (header, seal, seqs, chain values), and a background scrub reads them in full. `damaged` leaves the answer `200` (what is served and every write are unaffected): restore the named segments before a start without the checkpoint (README "Guarantees"). */
+            scrub?: {
+                /** @enum {string} */
+                status: "pending" | "running" | "clean" | "damaged";
+                /** @description Sealed segments startup checked by their links only. */
+                segments: number;
+                /** @description Of those, the segments the scrub has read. */
+                checked: number;
+                /** @description One line per damaged or unreadable segment, naming the segment, the offset and the last good seq. */
+                damage: string[];
+            };
             /** @description Present only on a read replica: what it follows. `/readyz` answers `503 unavailable` (with this member) while the replica cannot follow the archive (`error` names why: the store unreachable, a damaged object) or lags more than `replica.ready_lag_max_ms`. */
             replica?: {
                 url: string;
