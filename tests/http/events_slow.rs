@@ -176,8 +176,14 @@ fn assert_contiguous(events: &[u64], from: u64) {
 async fn a_slow_reader_holds_a_bounded_buffer_gets_overflow_and_resumes_without_gap() {
     let dir = tempfile::tempdir().unwrap();
     let mut settings = settings(dir.path());
-    // A live buffer of a few batches: the slow reader falls behind it.
-    settings.log.change_buffer_batches = 16;
+    // A live buffer the slow reader falls behind, but only after its
+    // follower filled the byte budget: 512 batches hold at least 512
+    // events (over the ~330 the 32 KiB budget takes, even at one op a
+    // batch), and 100,000 ops from 64 writers make at least 1,563 batches
+    // (at most 64 ops each). With 16 batches the follower of a starved
+    // test process lagged past the buffer before its budget filled (seen
+    // on a loaded machine: queued 0 B at the end).
+    settings.log.change_buffer_batches = 512;
     let server = TestServer::start_with(settings).await;
     let addr = server.running.addr;
     let engine = Arc::clone(server.running.engine());
