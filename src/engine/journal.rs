@@ -5,15 +5,16 @@
 //!
 //! The cycle is a pipeline of depth two: while the committer appends batch
 //! N (one write call and one fdatasync: group commit), applies it with the
-//! one fold, publishes the new head and answers, the decider decides and
-//! encodes the commands arriving meanwhile, as they arrive, into batch N+1
-//! (up to `group_commit_max_ops` ops; the rest wait for the next batch).
-//! Once N is folded the committer says so (and wakes the decider with a
-//! `Job::Committed` on the command queue), and the decider hands N+1
-//! over at once: at most one batch is with the committer, and N+1's
-//! answers go after N's. A batch of one write with nothing else queued and
-//! nothing in flight has nothing to overlap with: the decider commits it
-//! itself (the same code, under the same lock), sparing a lone writer the
+//! one fold, publishes the new head and answers, the decider takes the
+//! commands queued by then (woken by the first), decides and encodes them
+//! into batch N+1, and waits for the committer. Once N is folded the
+//! committer says so; the decider adds the commands queued meanwhile to
+//! N+1 (up to `group_commit_max_ops` ops; the rest wait for the next
+//! batch) and hands it over: at most one batch is with the committer, and
+//! N+1's answers go after N's. The decider wakes twice per batch, not once
+//! per command. A batch of one write with nothing else queued and nothing
+//! in flight has nothing to overlap with: the decider commits it itself
+//! (the same code, under the same lock), sparing a lone writer the
 //! committer's wake-up.
 //!
 //! A decision reads only the state under its command's keys
@@ -137,16 +138,13 @@ struct Pending {
 /// Starts the write path's two threads: the decider (`spark-journal`,
 /// whose handle this returns; it stops the committer and waits for it
 /// before it ends) and the committer (`spark-commit`), which owns `log`.
-/// `queue` is the command queue: a weak sender, over which the committer
-/// wakes the decider, and the receiver.
 pub(super) fn spawn(
     log: Log,
     shared: Arc<Shared>,
-    queue: (mpsc::WeakSender<Job>, mpsc::Receiver<Job>),
+    queue: mpsc::Receiver<Job>,
     clock: Arc<dyn Clock>,
     max_batch_ops: usize,
 ) -> std::io::Result<JoinHandle<()>> {
-    let (wake, queue) = queue;
     // Capacity 1: the decider hands a batch over only once the one before
     // it is folded, so the send never waits.
     let (batches, received) = std_mpsc::sync_channel::<Batch>(1);
@@ -160,7 +158,7 @@ pub(super) fn spawn(
         let committer = Arc::clone(&committer);
         std::thread::Builder::new()
             .name("spark-commit".into())
-            .spawn(move || commit_all(&committer, received, folded, wake))?
+            .spawn(move || commit_all(&committer, received, folded))?
     };
     std::thread::Builder::new()
         .name("spark-journal".into())
@@ -227,20 +225,24 @@ struct Journal {
 impl Journal {
     fn run(mut self, mut queue: mpsc::Receiver<Job>) {
         let mut stopping = false;
-        let mut arrived = Vec::new();
         loop {
             self.settle(false);
-            if self.in_flight.is_none() {
-                if let Some(pending) = self.pending.take() {
-                    self.hand_over(pending, queue.is_empty());
-                    continue;
-                }
+            if self.in_flight.is_none() && (self.pending.is_some() || !self.deferred.is_empty()) {
+                // The committer is free: the deferred commands, then what
+                // queued meanwhile, join the pending batch before it goes.
                 if !self.deferred.is_empty() {
                     let deferred: Vec<_> = self.deferred.drain(..).collect();
                     self.deferred_keys.clear();
                     self.decide(deferred);
-                    continue;
                 }
+                let queued = self.gather(&mut queue, None, &mut stopping);
+                if !queued.is_empty() {
+                    self.decide(queued);
+                }
+                if let Some(pending) = self.pending.take() {
+                    self.hand_over(pending, queue.is_empty());
+                }
+                continue;
             }
             if stopping {
                 if self.in_flight.is_none() && self.pending.is_none() && self.deferred.is_empty() {
@@ -249,22 +251,17 @@ impl Journal {
                 self.settle(true);
                 continue;
             }
-            // A command, or the committer's word that it is free.
-            match queue.blocking_recv() {
-                Some(Job::Command { command, reply }) => arrived.push((command, reply)),
-                Some(Job::Committed) => {}
-                Some(Job::Stop) | None => stopping = true,
+            if self.in_flight.is_some() && (self.pending.is_some() || !self.deferred.is_empty()) {
+                // Something waits for the committer: wait for it, rather
+                // than wake for every command that arrives meanwhile (they
+                // join at the hand-over).
+                self.settle(true);
+                continue;
             }
-            while !stopping && arrived.len() < self.max_batch_ops {
-                match queue.try_recv() {
-                    Ok(Job::Command { command, reply }) => arrived.push((command, reply)),
-                    Ok(Job::Committed) => {}
-                    Ok(Job::Stop) => stopping = true,
-                    Err(_) => break,
-                }
-            }
+            let first = queue.blocking_recv();
+            let arrived = self.gather(&mut queue, Some(first), &mut stopping);
             if !arrived.is_empty() {
-                self.decide(std::mem::take(&mut arrived));
+                self.decide(arrived);
             }
         }
         self.batches = None;
@@ -277,6 +274,37 @@ impl Journal {
                 )));
             }
         }
+    }
+
+    /// The commands queued right now (after `first`, a job already
+    /// received, if given; `None` in it means the queue closed), up to
+    /// `max_batch_ops` of them; sets `stopping` at a stop.
+    fn gather(
+        &self,
+        queue: &mut mpsc::Receiver<Job>,
+        first: Option<Option<Job>>,
+        stopping: &mut bool,
+    ) -> Vec<(super::Command, Reply)> {
+        let mut arrived = Vec::new();
+        // After a stop, what is still queued is refused, not decided.
+        if *stopping {
+            return arrived;
+        }
+        let mut next = match first {
+            Some(job) => Some(job),
+            None => queue.try_recv().ok().map(Some),
+        };
+        while let Some(job) = next {
+            match job {
+                Some(Job::Command { command, reply }) => arrived.push((command, reply)),
+                Some(Job::Stop) | None => *stopping = true,
+            }
+            if *stopping || arrived.len() >= self.max_batch_ops {
+                break;
+            }
+            next = queue.try_recv().ok().map(Some);
+        }
+        arrived
     }
 
     /// Hands a decided batch to the free committer. A batch of one write
@@ -443,15 +471,13 @@ impl Journal {
 }
 
 /// The committer thread: commits every batch received until the decider
-/// drops its sender; tells the decider when each is folded (or refused),
-/// over `folded` and with a [`Job::Committed`] on the command queue (which
-/// wakes it), then publishes and answers the batch. Returns the log's last
+/// drops its sender; tells the decider over `folded` when each is folded
+/// (or refused), then publishes and answers it. Returns the log's last
 /// seq.
 fn commit_all(
     committer: &Mutex<Committer>,
     received: std_mpsc::Receiver<Batch>,
     folded: std_mpsc::Sender<()>,
-    wake: mpsc::WeakSender<Job>,
 ) -> u64 {
     for batch in received {
         // Held through the answers: the decider's own commit of a lone
@@ -459,13 +485,8 @@ fn commit_all(
         let mut committer = committer.lock();
         let committed = committer.commit(batch);
         // The decider may hand the next batch over now: this one is in
-        // the mirror. Its answers go before that batch's. A full or closed
-        // queue needs no wake-up: the decider is busy with it or stopping,
-        // and looks at `folded` either way.
+        // the mirror. Its answers go before that batch's.
         let _ = folded.send(());
-        if let Some(queue) = wake.upgrade() {
-            let _ = queue.try_send(Job::Committed);
-        }
         if let Some((last_seq, folded)) = committed {
             publish(&committer.shared, last_seq, folded);
         }

@@ -129,9 +129,6 @@ enum Job {
     },
     /// Finish what came before, then stop the writer thread.
     Stop,
-    /// From the journal's committer: a batch is folded, so the decider
-    /// may hand the next one over (a wake-up only; carries nothing).
-    Committed,
 }
 
 /// The running engine: a handle to the writer thread and the published
@@ -189,7 +186,7 @@ impl Engine {
         let writer = journal::spawn(
             log,
             Arc::clone(&shared),
-            (queue.downgrade(), receiver),
+            receiver,
             clock,
             settings.log.group_commit_max_ops,
         )
