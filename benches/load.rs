@@ -62,12 +62,14 @@
 //! Settings (environment): `SPARK_LOAD_SECONDS` (measured seconds per row,
 //! default 5), `SPARK_LOAD_WARMUP_SECONDS` (default 1), `SPARK_LOAD_CONNECTIONS`
 //! (default `1,16,64`), `SPARK_LOAD_ROUNDS` (default 3), `SPARK_LOAD_SYSTEMS`
-//! (default `engine,ceiling,sqlite-group,sqlite-txn,postgres`),
+//! (default `engine,ceiling,sqlite-group,sqlite-txn,postgres`; also
+//! `engine-b`, the engine binary `SPARK_LOAD_BIN_B`, for an A/B of two
+//! builds interleaved in one run),
 //! `SPARK_LOAD_SKIP_SQLITE=1` (drops both SQLite systems),
 //! `SPARK_LOAD_RETRY_SHARE` (0.0..1.0, default 0), `SPARK_LOAD_DIR` (where
 //! the temporary data directories go; default the system temp dir;
 //! PostgreSQL's goes there too, so the `postgres` user must reach it),
-//! `SPARK_LOAD_BIN`, `SPARK_POSTGRES_BIN` (the directory of `initdb` and
+//! `SPARK_LOAD_BIN`, `SPARK_LOAD_BIN_B`, `SPARK_POSTGRES_BIN` (the directory of `initdb` and
 //! `postgres`; default the newest `/usr/lib/postgresql/*/bin`, else `PATH`),
 //! `SPARK_REQUIRE_POSTGRES=1`, the checkpoint ones above.
 //!
@@ -129,8 +131,9 @@ const TARGET_VS_SQLITE_GROUP_64: f64 = 1.5;
 const TARGET_CHECKPOINT_P99: f64 = 1.10;
 
 /// The systems of the side-by-side, in the first round's order.
-const SYSTEMS: [&str; 5] = [
+const SYSTEMS: [&str; 6] = [
     "engine",
+    "engine-b",
     "ceiling",
     "sqlite-group",
     "sqlite-txn",
@@ -146,6 +149,8 @@ struct Options {
     retry_share: f64,
     dir: Option<PathBuf>,
     bin: PathBuf,
+    /// The binary of the `engine-b` rows (`SPARK_LOAD_BIN_B`; default `bin`).
+    bin_b: PathBuf,
     require_postgres: bool,
     checkpoint: bool,
     checkpoint_prefill: u64,
@@ -191,7 +196,11 @@ impl Options {
             (0.0..1.0).contains(&retry_share),
             "SPARK_LOAD_RETRY_SHARE must be in 0.0..1.0"
         );
-        let wanted = std::env::var("SPARK_LOAD_SYSTEMS").unwrap_or_else(|_| SYSTEMS.join(","));
+        // `engine-b` only when asked for (an A/B of two builds).
+        let wanted = std::env::var("SPARK_LOAD_SYSTEMS").unwrap_or_else(|_| {
+            let default: Vec<&str> = SYSTEMS.into_iter().filter(|s| *s != "engine-b").collect();
+            default.join(",")
+        });
         let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
         for w in &wanted {
             assert!(
@@ -214,6 +223,9 @@ impl Options {
             retry_share,
             dir: std::env::var_os("SPARK_LOAD_DIR").map(PathBuf::from),
             bin: std::env::var_os("SPARK_LOAD_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_spark-engine"))),
+            bin_b: std::env::var_os("SPARK_LOAD_BIN_B")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_spark-engine"))),
             require_postgres: env_flag("SPARK_REQUIRE_POSTGRES", false),
@@ -1001,6 +1013,7 @@ fn system_row(
     settle();
     let server = match system {
         "engine" => Server::engine(&opts.bin, &data, None, &[])?,
+        "engine-b" => Server::engine(&opts.bin_b, &data, None, &[])?,
         "postgres" => Server::peer(system, &data, pg)?,
         _ => Server::peer(system, &data, None)?,
     };
@@ -1274,6 +1287,23 @@ fn side_by_side(opts: &Options) -> u64 {
         _ => println!(
             "| engine p50 @1 vs ceiling p50 @1 + in-place fdatasync p50 | not measured | | |"
         ),
+    }
+    // An A/B of two builds: B against A at each connection count.
+    for &n in &opts.connections {
+        if let (Some(b), Some(a)) = (
+            summaries.get(&(n, "engine-b")),
+            summaries.get(&(n, "engine")),
+        ) {
+            println!(
+                "| engine-b / engine creates/s @{n} | {:.2}x{}; p50 {} vs {}, p99 {} vs {} | (A/B) |  |",
+                b.rate / a.rate,
+                rounds_ratio(n, "engine-b", "engine"),
+                us(b.p50),
+                us(a.p50),
+                us(b.p99),
+                us(a.p99)
+            );
+        }
     }
     ratio_line("engine / sqlite-txn creates/s @64", 64, "sqlite-txn", None);
     ratio_line("engine / postgres creates/s @64", 64, "postgres", None);

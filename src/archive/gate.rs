@@ -49,8 +49,8 @@ pub struct ArchiveGate {
 struct GateState {
     /// The last seq a stored manifest names, as far as the gate was told.
     archived_seq: u64,
-    /// Held answers by the seq they wait for, in non-decreasing seq order
-    /// (only the one writer thread holds, in commit order).
+    /// Held answers by the seq they wait for, in increasing seq order (one
+    /// entry per seq; [`ArchiveGate::hold`] inserts in place).
     waiting: VecDeque<(u64, Vec<Held>)>,
     /// Answers held right now (the sum over `waiting`).
     waiting_answers: usize,
@@ -85,9 +85,17 @@ impl ArchiveGate {
             return;
         }
         state.waiting_answers += answers.len();
-        match state.waiting.back_mut() {
-            Some((last, held)) if *last == seq => held.extend(answers),
-            _ => state.waiting.push_back((seq, answers)),
+        // Holds come from more than one thread (the journal's decider with
+        // the committed seq it read a known answer at, its committer with
+        // each batch's seq, handlers through `Engine::acknowledge`), so a
+        // seq may be lower than the last one held: it goes in its place,
+        // not behind a later seq it need not wait for.
+        let at = state
+            .waiting
+            .partition_point(|(held_seq, _)| *held_seq < seq);
+        match state.waiting.get_mut(at) {
+            Some((held_seq, held)) if *held_seq == seq => held.extend(answers),
+            _ => state.waiting.insert(at, (seq, answers)),
         }
         super::metrics::get()
             .waiting_writes
@@ -236,6 +244,27 @@ mod tests {
         let (e, mut e_answer) = held();
         gate.hold(9, vec![e]);
         assert_eq!(answer_of(&mut e_answer), fenced);
+        assert_eq!(gate.waiting_answers(), 0);
+    }
+
+    #[test]
+    fn a_lower_seq_held_after_a_higher_one_waits_only_for_its_own() {
+        let gate = ArchiveGate::new();
+        let (batch, mut batch_answer) = held();
+        let (retry, mut retry_answer) = held();
+        let (same, mut same_answer) = held();
+        // The committer holds a batch at 7, then the decider a known
+        // answer read at the committed seq 4.
+        gate.hold(7, vec![batch]);
+        gate.hold(4, vec![retry]);
+        gate.hold(7, vec![same]);
+        gate.archived(5);
+        assert!(answer_of(&mut retry_answer).is_some());
+        assert_eq!(answer_of(&mut batch_answer), None);
+        assert_eq!(gate.waiting_answers(), 2);
+        gate.archived(7);
+        assert!(answer_of(&mut batch_answer).is_some());
+        assert!(answer_of(&mut same_answer).is_some());
         assert_eq!(gate.waiting_answers(), 0);
     }
 }
