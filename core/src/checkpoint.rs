@@ -826,8 +826,12 @@ pub fn build(
         None => (Mirror::new(), None),
     };
     let start_seq = mirror.seq;
-    let reader = LogReader::open_live(log_dir, Arc::new(OsFs), max_record_bytes)
-        .map_err(|e| e.to_string())?;
+    // Only the records after the loaded checkpoint are folded: the log is
+    // read from the segment holding the first of them (the segments before
+    // are the checkpoint's, checked by startup's links and the scrub).
+    let reader =
+        LogReader::open_live_from(log_dir, Arc::new(OsFs), max_record_bytes, start_seq + 1)
+            .map_err(|e| e.to_string())?;
     let mut point = None;
     let mut fold_error = None;
     let mut visited = 0u64;

@@ -56,6 +56,6 @@ pub use format::{
 };
 pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
 pub use memfs::{CutMode, MemFs, PAGE_BYTES};
-pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo};
+pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo, LIVE_OPEN_ATTEMPTS};
 pub use recovery::{scrub_segment, DeferredSegment, LogPoint, RecoveryReport, TornTail};
 pub use writer::{record_fits, system_now_ms, GroupCommitAppender, Head, Log, LogConfig};

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::LogError;
-use crate::format::{RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES};
+use crate::format::{RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES};
 use crate::fs::{Fs, OsFs};
 use crate::recovery::TornTail;
 use crate::segment::{
@@ -71,6 +71,11 @@ pub struct ScanReport {
     pub torn_tail: Option<TornTail>,
 }
 
+/// How many times [`LogReader::open_live_from`] opens a live log whose
+/// listing shows damage before it reports it: a listing that raced with
+/// two segment rolls misses a segment, and a second listing does not.
+pub const LIVE_OPEN_ATTEMPTS: u32 = 3;
+
 /// One mapped segment.
 struct Mapped {
     info: SegmentInfo,
@@ -95,6 +100,10 @@ pub struct LogReader {
     /// Opened with [`LogReader::open_live`]: the last segment is read only
     /// as far as it continues.
     live: bool,
+    /// What the first mapped segment must continue: the log's start, or,
+    /// opened from a seq ([`LogReader::open_live_from`]), that segment's
+    /// own header.
+    start: Expect,
 }
 
 impl std::fmt::Debug for LogReader {
@@ -156,7 +165,39 @@ impl LogReader {
         fs: Arc<dyn Fs>,
         max_record_bytes: u32,
     ) -> Result<LogReader, LogError> {
-        LogReader::open_visiting(dir, fs, max_record_bytes, true, |_| {})
+        LogReader::open_live_from(dir, fs, max_record_bytes, 0)
+    }
+
+    /// [`open_live`](Self::open_live), but only from the segment that holds
+    /// `from_seq` (the one with the largest first seq not above it; all of
+    /// them for 0 or 1): the segments before it are neither mapped nor
+    /// checked, and that segment's header gives the seq and chain value
+    /// the view starts from. For readers that need only the records from
+    /// `from_seq` on (the event stream's catch-up after `Last-Event-ID`,
+    /// the checkpoint writer after the newest checkpoint): they cost what
+    /// they read, not the whole log, and damage in the segments before is
+    /// left to whoever reads those (startup, the scrub, `spark-replay
+    /// verify`).
+    ///
+    /// A listing of the directory can miss a segment created while it is
+    /// read, when the writer rolls twice meanwhile; that shows as a seq gap
+    /// between two segments, so the view is opened again (up to
+    /// [`LIVE_OPEN_ATTEMPTS`] times) before a gap is reported as damage.
+    ///
+    /// Errors: as [`open_live`](Self::open_live), for the segments read.
+    pub fn open_live_from(
+        dir: &Path,
+        fs: Arc<dyn Fs>,
+        max_record_bytes: u32,
+        from_seq: Seq,
+    ) -> Result<LogReader, LogError> {
+        let mut attempt = 1;
+        loop {
+            match LogReader::open_from(dir, fs.clone(), max_record_bytes, true, from_seq, |_| {}) {
+                Err(LogError::Corrupt { .. }) if attempt < LIVE_OPEN_ATTEMPTS => attempt += 1,
+                opened => return opened,
+            }
+        }
     }
 
     /// [`open_with_limit`](Self::open_with_limit), calling `visit` with every
@@ -168,17 +209,49 @@ impl LogReader {
         fs: Arc<dyn Fs>,
         max_record_bytes: u32,
         live: bool,
+        visit: impl FnMut(RecordRef<'_>),
+    ) -> Result<LogReader, LogError> {
+        LogReader::open_from(dir, fs, max_record_bytes, live, 0, visit)
+    }
+
+    /// [`open_visiting`](Self::open_visiting) from the segment holding
+    /// `from_seq` (see [`open_live_from`](Self::open_live_from)).
+    fn open_from(
+        dir: &Path,
+        fs: Arc<dyn Fs>,
+        max_record_bytes: u32,
+        live: bool,
+        from_seq: Seq,
         mut visit: impl FnMut(RecordRef<'_>),
     ) -> Result<LogReader, LogError> {
         let listing = fs.list(dir).map_err(|e| LogError::io("list", dir, e))?;
-        let files = segment_files(listing)?;
+        let mut files = segment_files(listing)?;
+        // The segment holding `from_seq` is the last one starting at or
+        // before it; the ones before it are not read.
+        let first = files
+            .iter()
+            .rposition(|f| f.first_seq <= from_seq)
+            .unwrap_or(0);
+        files.drain(..first);
         let mut segments = Vec::with_capacity(files.len());
         let mut torn_tail = None;
         let mut expect = Expect::FIRST;
+        let mut start = None;
         for (index, file) in files.iter().enumerate() {
             let is_last = index + 1 == files.len();
             let (map, file_len) = map_segment(fs.as_ref(), file)?;
             let bytes: &[u8] = (*map).as_ref();
+            if index == 0 && first > 0 {
+                // Mid-log: the header says where this segment continues
+                // from (a header that does not decode is reported by the
+                // decode below, against the file name's seq).
+                expect = Expect {
+                    first_seq: file.first_seq,
+                    chain_start: SegmentHeader::decode(bytes)
+                        .map_or([0; 32], |header| header.chain_start),
+                };
+            }
+            start.get_or_insert(expect);
             let opts = DecodeOptions {
                 role: last_role(is_last, live),
                 max_record_bytes,
@@ -232,6 +305,7 @@ impl LogReader {
             infos,
             torn_tail,
             live,
+            start: start.unwrap_or(Expect::FIRST),
         })
     }
 
@@ -265,7 +339,7 @@ impl LogReader {
             head: Head::empty(),
             torn_tail: self.torn_tail.clone(),
         };
-        let mut expect = Expect::FIRST;
+        let mut expect = self.start;
         for (index, segment) in self.segments.iter().enumerate() {
             let is_last = index + 1 == self.segments.len();
             let opts = DecodeOptions {

@@ -287,9 +287,17 @@ fn catch_up_from_log(
     tx: &Subscriber,
     runtime: &tokio::runtime::Handle,
 ) -> Result<u64, String> {
-    // The journal may be appending while this reads: a live log.
-    let reader = LogReader::open_live(log_dir, Arc::new(spark_log_format::OsFs), max_record_bytes)
-        .map_err(|e| e.to_string())?;
+    // The journal may be appending while this reads: a live log, read from
+    // the segment holding the first seq to send (the segments before it
+    // cost nothing, and damage the scrub found in them does not stop the
+    // stream: what the server serves does not depend on them).
+    let reader = LogReader::open_live_from(
+        log_dir,
+        Arc::new(spark_log_format::OsFs),
+        max_record_bytes,
+        after + 1,
+    )
+    .map_err(|e| e.to_string())?;
     let mut last = after;
     let mut failure = None;
     let options = ScanOptions {

@@ -184,3 +184,127 @@ fn a_point_whose_chain_value_is_not_the_logs_is_refused() {
         "{refused}"
     );
 }
+
+/// A live view from a seq (`LogReader::open_live_from`: the event stream's
+/// catch-up, the checkpoint writer) reads only from the segment holding
+/// that seq: damage in a segment before it does not stop it, and the
+/// records it gives are exactly those of that segment on, chain checked
+/// from that segment's header.
+#[test]
+fn a_live_view_from_a_seq_reads_only_from_its_segment_on() {
+    let (dir, points) = build(40);
+    let files = segment_paths(dir.path());
+    assert!(files.len() >= 4, "{files:?}");
+    flip(&files[1], 64 + 30, 0x10);
+    let whole = LogReader::open_live(dir.path(), std::sync::Arc::new(OsFs), 4 << 20)
+        .expect_err("the whole view reads the damaged segment");
+    assert_eq!(
+        corrupt_fields(&whole).0,
+        files[1].file_name().unwrap().to_string_lossy()
+    );
+    let third_first = SegmentHeader::decode(&std::fs::read(&files[2]).unwrap())
+        .unwrap()
+        .first_seq;
+    // Every seq from the segment after the damaged one on.
+    for point in points.iter().filter(|p| p.seq >= third_first) {
+        let view =
+            LogReader::open_live_from(dir.path(), std::sync::Arc::new(OsFs), 4 << 20, point.seq)
+                .unwrap_or_else(|e| panic!("from seq {}: {e}", point.seq));
+        let mut seen = Vec::new();
+        let report = view
+            .scan(ScanOptions::default(), |_, r| {
+                seen.push(r.seq);
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+        assert_eq!(
+            seen,
+            (point.segment_first_seq..=40).collect::<Vec<_>>(),
+            "from seq {}",
+            point.seq
+        );
+        assert_eq!(report.head.seq, 40);
+    }
+}
+
+/// A directory listing that misses the next-to-last segment file the
+/// first `misses` times, as a listing racing with two segment rolls can
+/// (the newcomer's checkpoint writer saw a false "seq gap" under 4 KiB
+/// segments); everything else is `OsFs`.
+struct RacingListing {
+    misses: std::sync::atomic::AtomicU32,
+}
+
+impl spark_log_format::Fs for RacingListing {
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        OsFs.create_dir_all(path)
+    }
+    fn list(&self, dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+        let mut listing = OsFs.list(dir)?;
+        let left = self.misses.load(std::sync::atomic::Ordering::SeqCst);
+        if left > 0 {
+            self.misses
+                .store(left - 1, std::sync::atomic::Ordering::SeqCst);
+            let mut segments: Vec<_> = listing
+                .iter()
+                .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+                .cloned()
+                .collect();
+            segments.sort();
+            let missed = segments[segments.len() - 2].clone();
+            listing.retain(|p| *p != missed);
+        }
+        Ok(listing)
+    }
+    fn open_rw(&self, path: &Path) -> std::io::Result<Box<dyn spark_log_format::LogFile>> {
+        OsFs.open_rw(path)
+    }
+    fn create_new(&self, path: &Path) -> std::io::Result<Box<dyn spark_log_format::LogFile>> {
+        OsFs.create_new(path)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        OsFs.remove_file(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        OsFs.rename(from, to)
+    }
+    fn modified(&self, path: &Path) -> std::io::Result<std::time::SystemTime> {
+        OsFs.modified(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        OsFs.sync_dir(dir)
+    }
+    fn map(&self, path: &Path) -> std::io::Result<Box<dyn AsRef<[u8]> + Send + Sync>> {
+        OsFs.map(path)
+    }
+}
+
+/// A live view opens the directory again when its listing shows a seq gap
+/// (a segment created while it was listed), and reports the gap only when
+/// every listing shows it.
+#[test]
+fn a_live_view_lists_again_when_a_listing_missed_a_new_segment() {
+    let (dir, _) = build(40);
+    let racing = |misses| {
+        std::sync::Arc::new(RacingListing {
+            misses: std::sync::atomic::AtomicU32::new(misses),
+        })
+    };
+    let view = LogReader::open_live_from(dir.path(), racing(1), 4 << 20, 1)
+        .expect("the second listing has every segment");
+    let mut seen = 0u64;
+    view.scan(ScanOptions::default(), |_, _| {
+        seen += 1;
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(seen, 40);
+    let gap = LogReader::open_live_from(
+        dir.path(),
+        racing(spark_log_format::LIVE_OPEN_ATTEMPTS),
+        4 << 20,
+        1,
+    )
+    .expect_err("a gap in every listing is reported");
+    assert!(gap.to_string().contains("seq gap"), "{gap}");
+}
