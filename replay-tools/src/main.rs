@@ -181,6 +181,14 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // Output piped into a reader that stops early (`verify | head`) ends
+    // this process quietly, as it does any other command-line tool: Rust
+    // ignores SIGPIPE by default, and a print to a closed pipe then panics.
+    // SAFETY: called before any other thread exists; it only restores the
+    // signal's default disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Verify {

@@ -414,6 +414,42 @@ fn generate_writes_a_verifiable_log_and_never_extends_one() {
     assert_eq!(json(&out)["seq"], 2500);
 }
 
+/// Output into a pipe whose reader is gone (`spark-replay verify | head`)
+/// ends the tool quietly, as any command-line tool, never with a panic
+/// (a newcomer's run: "failed printing to stdout: Broken pipe", exit 101).
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (code, _, err) = run(&["generate", "--ops", "200"], &data);
+    assert_eq!(code, 0, "{err}");
+    for args in [&["verify"][..], &["stats"], &["dump"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spark-replay"))
+            .args(args)
+            .arg("--data")
+            .arg(&data)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before a byte is read: every write fails.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(SIGPIPE),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+    }
+}
+
+/// SIGPIPE's number on Linux.
+const SIGPIPE: i32 = 13;
+
 /// A log of several sealed segments: `populate` with small segments, then
 /// 60 more creates. The engine is shut down.
 async fn populate_segments(data: &Path) -> Vec<spark_log_format::SegmentInfo> {
