@@ -1,39 +1,14 @@
-//! The journal: the write path's two threads. The decider
-//! (`spark-journal`) takes commands off the queue and decides them against
-//! the published mirror; the committer (`spark-commit`) owns the [`Log`],
-//! the only code that appends to it or applies ops to the mirror.
+//! The journal: the one writer thread. It owns the [`Log`] and is the only
+//! code that appends to it or applies ops to the published mirror.
 //!
-//! The cycle is a pipeline of depth two: while the committer appends batch
-//! N (one write call and one fdatasync: group commit), applies it with the
-//! one fold, publishes the new head and answers, the decider takes the
-//! commands queued by then (woken by the first), decides and encodes them
-//! into batch N+1, and waits for the committer. Once N is folded the
-//! committer says so; the decider adds the commands queued meanwhile to
-//! N+1 (up to `group_commit_max_ops` ops; the rest wait for the next
-//! batch) and hands it over: at most one batch is with the committer, and
-//! N+1's answers go after N's. The decider wakes twice per batch, not once
-//! per command. A batch of one write with nothing else queued and nothing
-//! in flight has nothing to overlap with: the decider commits it itself
-//! (the same code, under the same lock), sparing a lone writer the
-//! committer's wake-up.
-//!
-//! A decision reads only the state under its command's keys
-//! ([`Command::keys`](spark_core::command::Command::keys)), so deciding N+1
-//! against a mirror without N's ops is exact for every command that shares
-//! no key with N: those that do (a retry of a create whose batch is being
-//! synced, an edit of a moment it creates) are deferred to the next batch,
-//! in arrival order, as are commands sharing a key with one of the batch
-//! being filled or with a deferred one. A deferred command is decided once
-//! the batch it waited for is in the mirror, so it sees that batch's
-//! effects; nothing is answered before the fdatasync covering it returned.
-//! `ts_ms` never runs backwards: each batch's time is at least the last
-//! batch handed over.
-//!
-//! An append error poisons the write path: nothing of that batch is
-//! acknowledged, the batch decided behind it is refused by the committer,
-//! and every later command is answered `Unavailable` by the decider until a
-//! restart recovers from what is on disk. The failed fsync is never retried
-//! (DESIGN.md, "The write path", step 5).
+//! Each turn of the loop takes the commands queued right now (at least one),
+//! decides them until the batch holds `group_commit_max_ops` ops (the rest
+//! wait for the next batch), appends the ops with one
+//! write call and one fdatasync (group commit), applies them with the one
+//! fold, publishes the new head, and answers. An append error poisons the
+//! write path: nothing of that batch is acknowledged, and every later command
+//! is answered `Unavailable` until a restart recovers from what is on disk.
+//! The failed fsync is never retried (DESIGN.md, "The write path", step 5).
 //!
 //! Disk space (issue 19): a batch is refused with `InsufficientStorage`
 //! (507) when the free space after it would be below the reserve
@@ -42,16 +17,11 @@
 //! `InsufficientStorage`, never acknowledged; the log's tail is then
 //! recovered in process ([`Log::heal`]: the same recovery as at startup,
 //! after zeroing what the failed write left) and writes resume with no
-//! restart, the mirror untouched (it only ever holds acknowledged ops). The
-//! batch decided behind a refused one never depended on it (no shared key),
-//! so it goes on.
+//! restart, the mirror untouched (it only ever holds acknowledged ops).
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-
-use parking_lot::Mutex;
 
 use spark_log_format::{Log, LogError, RecordIn};
 use tokio::sync::{mpsc, oneshot};
@@ -68,12 +38,6 @@ type Reply = oneshot::Sender<Result<Outcome, EngineError>>;
 
 /// A decided command: its ops, how to answer, and where.
 type Write = (Vec<OpBody>, Plan, Reply);
-
-/// The keys of one batch's commands. foldhash, not SipHash: still seeded at
-/// random per process, and a set lives for at most two batches' decisions
-/// (at most `max_batch_ops` commands each), so request ids chosen to
-/// collide cannot build a chain.
-type KeySet = HashSet<Key, foldhash::fast::RandomState>;
 
 /// Ops by kind, counted into the metrics once per kind after the mirror's
 /// write lock is released (a labelled counter costs a few allocations and a
@@ -112,32 +76,7 @@ struct Folded {
     started_turns: Vec<Id>,
 }
 
-/// A decided and encoded batch on its way from the decider to the
-/// committer: every op is stamped `ts_ms`.
-struct Batch {
-    ts_ms: u64,
-    encoded: Vec<Encoded>,
-    writes: Vec<Write>,
-}
-
-/// The batch the decider is filling while the committer is busy.
-struct Pending {
-    /// The batch's time: every op of it is stamped with it.
-    ts_ms: u64,
-    /// Ops decided into it (`max_batch_ops` caps it).
-    ops: usize,
-    encoded: Vec<Encoded>,
-    writes: Vec<Write>,
-    /// The keys of its writes' commands.
-    written: KeySet,
-    /// The keys of its commands answered at once (no later command with
-    /// one of them joins the batch).
-    answered: KeySet,
-}
-
-/// Starts the write path's two threads: the decider (`spark-journal`,
-/// whose handle this returns; it stops the committer and waits for it
-/// before it ends) and the committer (`spark-commit`), which owns `log`.
+/// Starts the writer thread (named `spark-journal`).
 pub(super) fn spawn(
     log: Log,
     shared: Arc<Shared>,
@@ -145,49 +84,23 @@ pub(super) fn spawn(
     clock: Arc<dyn Clock>,
     max_batch_ops: usize,
 ) -> std::io::Result<JoinHandle<()>> {
-    // Capacity 1: the decider hands a batch over only once the one before
-    // it is folded, so the send never waits.
-    let (batches, received) = std_mpsc::sync_channel::<Batch>(1);
-    let (folded, committed) = std_mpsc::channel::<()>();
-    let max_record_bytes = log.config().max_record_bytes;
-    let committer = Arc::new(Mutex::new(Committer {
-        log,
-        shared: Arc::clone(&shared),
-    }));
-    let committer_thread = {
-        let committer = Arc::clone(&committer);
-        std::thread::Builder::new()
-            .name("spark-commit".into())
-            .spawn(move || commit_all(&committer, received, folded))?
-    };
     std::thread::Builder::new()
         .name("spark-journal".into())
         .spawn(move || {
             Journal {
+                log,
                 shared,
                 clock,
                 max_batch_ops,
-                max_record_bytes,
                 deferred: VecDeque::new(),
-                deferred_keys: KeySet::default(),
-                pending: None,
-                in_flight: None,
-                last_ts_ms: 0,
-                batches: Some(batches),
-                committed,
-                committer,
             }
-            .run(queue);
-            match committer_thread.join() {
-                Ok(seq) => tracing::info!(seq, "journal stopped"),
-                Err(_) => tracing::error!("the journal's committer thread panicked"),
-            }
+            .run(queue)
         })
 }
 
-/// The decider: decides and encodes commands as they arrive, and hands
-/// each batch to the committer as soon as it is free.
 struct Journal {
+    /// The appender; nothing else writes the log.
+    log: Log,
     /// The published mirror, head and poison flag.
     shared: Arc<Shared>,
     /// Stamps ops (`ts_ms`) and mints ids.
@@ -195,76 +108,36 @@ struct Journal {
     /// Most ops per group-commit batch (`log.group_commit_max_ops`): a
     /// batch takes no more commands once it holds this many ops.
     max_batch_ops: usize,
-    /// The log's record limit (`log.max_record_bytes`), checked at encode.
-    max_record_bytes: u32,
-    /// Commands that shared a key with the batch in flight, the pending
-    /// batch or an earlier deferred command, or came when the pending
-    /// batch was full; decided again, in arrival order, once the batch in
-    /// flight is done.
+    /// Commands that shared a key with an op of the previous batch; they go
+    /// first in the next one, in arrival order.
     deferred: VecDeque<(super::Command, Reply)>,
-    /// The keys of the deferred commands: a later command sharing one is
-    /// deferred too, so that it does not overtake.
-    deferred_keys: KeySet,
-    /// The batch being decided while the committer is busy.
-    pending: Option<Pending>,
-    /// The keys of the writes of the batch with the committer, until the
-    /// decider knows it is folded (or refused).
-    in_flight: Option<KeySet>,
-    /// `ts_ms` of the last batch handed over: no later batch is older.
-    last_ts_ms: u64,
-    /// Where batches go; `None` once the committer is gone.
-    batches: Option<std_mpsc::SyncSender<Batch>>,
-    /// One message per batch the committer is done with: folded into the
-    /// mirror, or refused.
-    committed: std_mpsc::Receiver<()>,
-    /// The committer's state, for a lone write committed on this thread
-    /// (see [`Journal::hand_over`]).
-    committer: Arc<Mutex<Committer>>,
 }
 
 impl Journal {
     fn run(mut self, mut queue: mpsc::Receiver<Job>) {
         let mut stopping = false;
         loop {
-            self.settle(false);
-            if self.in_flight.is_none() && (self.pending.is_some() || !self.deferred.is_empty()) {
-                // The committer is free: the deferred commands, then what
-                // queued meanwhile, join the pending batch before it goes.
-                if !self.deferred.is_empty() {
-                    let deferred: Vec<_> = self.deferred.drain(..).collect();
-                    self.deferred_keys.clear();
-                    self.decide(deferred);
-                }
-                let queued = self.gather(&mut queue, None, &mut stopping);
-                if !queued.is_empty() {
-                    self.decide(queued);
-                }
-                if let Some(pending) = self.pending.take() {
-                    self.hand_over(pending, queue.is_empty());
-                }
-                continue;
-            }
-            if stopping {
-                if self.in_flight.is_none() && self.pending.is_none() && self.deferred.is_empty() {
+            let mut batch: Vec<(super::Command, Reply)> = self.deferred.drain(..).collect();
+            if batch.is_empty() {
+                if stopping {
                     break;
                 }
-                self.settle(true);
-                continue;
+                match queue.blocking_recv() {
+                    Some(Job::Command { command, reply }) => batch.push((command, reply)),
+                    Some(Job::Stop) | None => stopping = true,
+                }
             }
-            if self.in_flight.is_some() && (self.pending.is_some() || !self.deferred.is_empty()) {
-                // Something waits for the committer: wait for it, rather
-                // than wake for every command that arrives meanwhile (they
-                // join at the hand-over).
-                self.settle(true);
-                continue;
+            while !stopping && batch.len() < self.max_batch_ops {
+                match queue.try_recv() {
+                    Ok(Job::Command { command, reply }) => batch.push((command, reply)),
+                    Ok(Job::Stop) => stopping = true,
+                    Err(_) => break,
+                }
             }
-            let first = queue.blocking_recv();
-            let arrived = self.gather(&mut queue, Some(first), &mut stopping);
-            if !arrived.is_empty() {
-                self.decide(arrived);
+            if !batch.is_empty() {
+                self.commit_batch(batch);
             }
         }
-        self.batches = None;
         // Anything queued after the stop is refused, never dropped silently.
         queue.close();
         while let Ok(job) = queue.try_recv() {
@@ -274,249 +147,23 @@ impl Journal {
                 )));
             }
         }
+        tracing::info!(seq = self.log.last_seq(), "journal stopped");
     }
 
-    /// The commands queued right now (after `first`, a job already
-    /// received, if given; `None` in it means the queue closed), up to
-    /// `max_batch_ops` of them; sets `stopping` at a stop.
-    fn gather(
-        &self,
-        queue: &mut mpsc::Receiver<Job>,
-        first: Option<Option<Job>>,
-        stopping: &mut bool,
-    ) -> Vec<(super::Command, Reply)> {
-        let mut arrived = Vec::new();
-        // After a stop, what is still queued is refused, not decided.
-        if *stopping {
-            return arrived;
-        }
-        let mut next = match first {
-            Some(job) => Some(job),
-            None => queue.try_recv().ok().map(Some),
-        };
-        while let Some(job) = next {
-            match job {
-                Some(Job::Command { command, reply }) => arrived.push((command, reply)),
-                Some(Job::Stop) | None => *stopping = true,
-            }
-            if *stopping || arrived.len() >= self.max_batch_ops {
-                break;
-            }
-            next = queue.try_recv().ok().map(Some);
-        }
-        arrived
-    }
-
-    /// Hands a decided batch to the free committer. A batch of one write
-    /// with nothing else queued has nothing to overlap with: this thread
-    /// commits it itself, which spares the committer's wake-up (a lone
-    /// writer's latency).
-    fn hand_over(&mut self, pending: Pending, queue_empty: bool) {
-        let Pending {
-            ts_ms,
-            encoded,
-            writes,
-            written,
-            ..
-        } = pending;
-        self.last_ts_ms = ts_ms;
-        let batch = Batch {
-            ts_ms,
-            encoded,
-            writes,
-        };
-        if batch.writes.len() == 1 && queue_empty {
-            let mut committer = self.committer.lock();
-            if let Some((last_seq, folded)) = committer.commit(batch) {
-                publish(&self.shared, last_seq, folded);
-            }
-            return;
-        }
-        let Some(batches) = &self.batches else {
-            refuse_writes(batch.writes, "the journal's committer stopped");
-            return;
-        };
-        if let Err(std_mpsc::SendError(lost)) = batches.send(batch) {
-            self.batches = None;
-            refuse_writes(lost.writes, "the journal's committer stopped");
-            return;
-        }
-        self.in_flight = Some(written);
-    }
-
-    /// Forgets the batch in flight once the committer is done with it:
-    /// waits for that when `wait`, else only looks.
-    fn settle(&mut self, wait: bool) {
-        if self.in_flight.is_none() {
-            return;
-        }
-        // A committer that is gone (it panicked) is done too.
-        let done = match wait {
-            true => {
-                let _ = self.committed.recv();
-                true
-            }
-            false => !matches!(
-                self.committed.try_recv(),
-                Err(std_mpsc::TryRecvError::Empty)
-            ),
-        };
-        if done {
-            self.in_flight = None;
-        }
-    }
-
-    /// Decides `commands` into the pending batch against the committed
-    /// mirror, at the pending batch's time: answers what needs no write at
-    /// once and encodes the writes. A command is deferred when it shares a
-    /// key with the batch in flight, a command of the pending batch or a
-    /// deferred command, or when the pending batch already holds
-    /// `max_batch_ops` ops (a command's ops are never split, so a batch
-    /// ends at most one command's ops past the cap). On a poisoned write
-    /// path everything waiting is refused.
-    fn decide(&mut self, commands: Vec<(super::Command, Reply)>) {
-        let poisoned = self.shared.poison.lock().clone();
-        if let Some(reason) = poisoned {
-            self.refuse_all(commands, &reason);
-            return;
-        }
-        let mirror = self.shared.mirror.read();
-        // A known answer (a retry) is acknowledged once what it was read
-        // from is: in `sync` mode, archived.
-        let mut known = Vec::new();
-        // Time never runs backwards in the log, whatever the wall clock
-        // does; the batch in flight is not in the mirror yet.
-        let (clock, last_ts_ms) = (&self.clock, self.last_ts_ms);
-        let pending = self.pending.get_or_insert_with(|| Pending {
-            ts_ms: clock.now_ms().max(mirror.ts_ms).max(last_ts_ms),
-            ops: 0,
-            encoded: Vec::with_capacity(commands.len()),
-            writes: Vec::with_capacity(commands.len()),
-            written: KeySet::with_capacity_and_hasher(commands.len() * 2, Default::default()),
-            answered: KeySet::default(),
-        });
-        let ts_ms = pending.ts_ms;
-        let mut mint = || Id::from_parts(ts_ms, rand::random::<u128>());
-        let in_flight = self.in_flight.as_ref();
-        let mut unencodable = None;
-        for (command, reply) in commands {
-            let keys = command.keys();
-            let taken = |k: &Key| {
-                pending.written.contains(k)
-                    || pending.answered.contains(k)
-                    || self.deferred_keys.contains(k)
-                    || in_flight.is_some_and(|keys| keys.contains(k))
-            };
-            if unencodable.is_some() || pending.ops >= self.max_batch_ops || keys.iter().any(taken)
-            {
-                self.deferred_keys.extend(keys);
-                self.deferred.push_back((command, reply));
-                continue;
-            }
-            let (mut ops, plan) = match decide(&mirror, command, ts_ms, &mut mint) {
-                Decision::Answer(answer) => {
-                    pending.answered.extend(keys);
-                    known.push((answer, reply));
-                    continue;
-                }
-                Decision::Write(ops, plan) => (ops, plan),
-            };
-            match encode_fitting(&mut ops, self.max_record_bytes) {
-                Ok(Ok(mut encoded)) => {
-                    pending.ops += ops.len();
-                    pending.encoded.append(&mut encoded);
-                    pending.writes.push((ops, plan, reply));
-                    pending.written.extend(keys);
-                }
-                // Too large for one record: this command is refused alone;
-                // the write path goes on (the log refuses such a record
-                // without writing, so it must not poison anything).
-                Ok(Err(refusal)) => {
-                    let _ = reply.send(Err(refusal));
-                }
-                // An op that does not encode is a bug; stop rather than
-                // acknowledge something the log does not hold.
-                Err(e) => {
-                    let _ = reply.send(Err(EngineError::Unavailable(format!(
-                        "op does not encode: {e}"
-                    ))));
-                    unencodable = Some(format!("op does not encode: {e}"));
-                }
-            }
-        }
-        let committed_seq = mirror.seq;
-        drop(mirror);
-        answer(&self.shared, committed_seq, known);
-        if let Some(reason) = unencodable {
-            poison_and_refuse(&self.shared, reason.clone(), Vec::new());
-            self.refuse_all(Vec::new(), &reason);
-            return;
-        }
-        if self.pending.as_ref().is_some_and(|p| p.writes.is_empty()) {
-            self.pending = None;
-        }
-    }
-
-    /// Refuses `commands`, the pending batch and the deferred commands
-    /// with `Unavailable`: the write path is poisoned.
-    fn refuse_all(&mut self, commands: Vec<(super::Command, Reply)>, reason: &str) {
-        if let Some(pending) = self.pending.take() {
-            refuse_writes(pending.writes, reason);
-        }
-        self.deferred_keys.clear();
-        for (_, reply) in commands.into_iter().chain(self.deferred.drain(..)) {
-            let _ = reply.send(Err(EngineError::Unavailable(reason.to_owned())));
-        }
-    }
-}
-
-/// The committer thread: commits every batch received until the decider
-/// drops its sender; tells the decider over `folded` when each is folded
-/// (or refused), then publishes and answers it. Returns the log's last
-/// seq.
-fn commit_all(
-    committer: &Mutex<Committer>,
-    received: std_mpsc::Receiver<Batch>,
-    folded: std_mpsc::Sender<()>,
-) -> u64 {
-    for batch in received {
-        // Held through the answers: the decider's own commit of a lone
-        // write waits for this batch's to be published first.
-        let mut committer = committer.lock();
-        let committed = committer.commit(batch);
-        // The decider may hand the next batch over now: this one is in
-        // the mirror. Its answers go before that batch's.
-        let _ = folded.send(());
-        if let Some((last_seq, folded)) = committed {
-            publish(&committer.shared, last_seq, folded);
-        }
-    }
-    committer.lock().log.last_seq()
-}
-
-/// The committer: appends, folds, publishes and answers each batch the
-/// decider hands over, in order.
-struct Committer {
-    /// The appender; nothing else writes the log.
-    log: Log,
-    /// The published mirror, head and poison flag.
-    shared: Arc<Shared>,
-}
-
-impl Committer {
-    /// Appends and folds one batch; `None` when it was refused (every
-    /// write answered).
-    fn commit(&mut self, batch: Batch) -> Option<(u64, Folded)> {
-        let Batch {
-            ts_ms,
-            encoded,
-            mut writes,
-        } = batch;
-        // The batch before this one failed after it was decided.
+    fn commit_batch(&mut self, batch: Vec<(super::Command, Reply)>) {
         if let Some(reason) = self.shared.poison.lock().clone() {
-            refuse_writes(writes, &reason);
-            return None;
+            for (_, reply) in batch {
+                let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+            }
+            return;
         }
+        let (ts_ms, writes) = self.decide_batch(batch);
+        if writes.is_empty() {
+            return;
+        }
+        let Some((encoded, mut writes)) = self.encode_batch(writes) else {
+            return;
+        };
         if let Err(refusal) = self.space_for(&encoded) {
             let metrics = crate::metrics::get();
             if matches!(refusal, EngineError::InsufficientStorage(_)) {
@@ -528,11 +175,15 @@ impl Committer {
             for (_, _, reply) in writes {
                 let _ = reply.send(Err(refusal.clone()));
             }
-            return None;
+            return;
         }
-        let (first_seq, last_seq) = self.append(ts_ms, encoded, &mut writes)?;
-        let folded = self.fold_batch(first_seq, last_seq, ts_ms, writes)?;
-        Some((last_seq, folded))
+        let Some((first_seq, last_seq)) = self.append(ts_ms, encoded, &mut writes) else {
+            return;
+        };
+        let Some(folded) = self.fold_batch(first_seq, last_seq, ts_ms, writes) else {
+            return;
+        };
+        self.publish(last_seq, folded);
     }
 
     /// Appends the encoded ops as one batch (one write, one fdatasync) and
@@ -593,7 +244,7 @@ impl Committer {
             }
             Err(e) => {
                 tracing::error!(error = %e, "append failed; the write path is stopped until restart");
-                poison_and_refuse(&self.shared, e.to_string(), std::mem::take(writes));
+                self.poison_and_refuse(e.to_string(), std::mem::take(writes));
                 return None;
             }
         };
@@ -669,6 +320,125 @@ impl Committer {
         })
     }
 
+    /// Publishes a folded batch: the committed seq, the change notices, the
+    /// started turns, then the answers.
+    fn publish(&mut self, last_seq: u64, folded: Folded) {
+        let Folded {
+            answers,
+            notices,
+            started_turns,
+        } = folded;
+        self.shared.committed.send_replace(last_seq);
+        // No subscriber is fine; a slow one lags, the writer never waits.
+        let _ = self.shared.changes.send(Arc::new(notices));
+        if !started_turns.is_empty() {
+            if let Some(sink) = self.shared.turn_sink.lock().as_ref() {
+                for id in started_turns {
+                    let _ = sink.send(id);
+                }
+            }
+        }
+        self.answer(last_seq, answers);
+    }
+
+    /// Sends answers that depend on the committed state up to `seq`: at
+    /// once, or in `sync` mode (an archive gate) the successes once `seq`
+    /// is archived; refusals acknowledge nothing and go at once.
+    fn answer(&self, seq: u64, answers: Vec<(Result<Outcome, EngineError>, Reply)>) {
+        let Some(gate) = &self.shared.gate else {
+            for (answer, reply) in answers {
+                let _ = reply.send(answer);
+            }
+            return;
+        };
+        let mut held = Vec::with_capacity(answers.len());
+        for (answer, reply) in answers {
+            if answer.is_ok() {
+                held.push((answer, reply));
+            } else {
+                let _ = reply.send(answer);
+            }
+        }
+        gate.hold(seq, held);
+    }
+
+    /// Encodes the writes' ops, each checked against the log's record
+    /// limit (see [`encode_fitting`]): refuses a command whose op cannot be
+    /// a record, and poisons the write path on an op that does not encode.
+    /// `None` when nothing is left to append.
+    fn encode_batch(&mut self, writes: Vec<Write>) -> Option<(Vec<Encoded>, Vec<Write>)> {
+        let max_record_bytes = self.log.config().max_record_bytes;
+        let mut encoded = Vec::with_capacity(writes.len());
+        let mut fitting = Vec::with_capacity(writes.len());
+        for (mut ops, plan, reply) in writes {
+            match encode_fitting(&mut ops, max_record_bytes) {
+                Ok(Ok(mut ops_encoded)) => {
+                    encoded.append(&mut ops_encoded);
+                    fitting.push((ops, plan, reply));
+                }
+                // Too large for one record: this command is refused alone;
+                // the write path goes on (the log refuses such a record
+                // without writing, so it must not poison anything).
+                Ok(Err(refusal)) => {
+                    let _ = reply.send(Err(refusal));
+                }
+                Err(e) => {
+                    // An op that does not encode is a bug; stop rather than
+                    // acknowledge something the log does not hold.
+                    fitting.push((ops, plan, reply));
+                    self.poison_and_refuse(format!("op does not encode: {e}"), fitting);
+                    return None;
+                }
+            }
+        }
+        if fitting.is_empty() {
+            return None;
+        }
+        Some((encoded, fitting))
+    }
+
+    /// Decides a batch's commands against the committed mirror at one time
+    /// `ts_ms`: answers what needs no write, and returns the writes. A
+    /// command is deferred to the next batch when it shares a key with a
+    /// command decided before it, or when the batch already holds
+    /// `max_batch_ops` ops (a command's ops are never split, so a batch
+    /// ends at most one command's ops past the cap).
+    fn decide_batch(&mut self, batch: Vec<(super::Command, Reply)>) -> (u64, Vec<Write>) {
+        // foldhash, not SipHash: still seeded at random per process, and the
+        // set lives for one batch's decisions (at most `max_batch_ops`
+        // commands), so request ids chosen to collide cannot build a chain.
+        let mut touched: HashSet<Key, foldhash::fast::RandomState> =
+            HashSet::with_capacity_and_hasher(batch.len() * 2, Default::default());
+        let mut writes: Vec<Write> = Vec::new();
+        let mut batch_ops = 0;
+        let mirror = self.shared.mirror.read();
+        // A known answer (a retry) is acknowledged once what it was read
+        // from is: in `sync` mode, archived.
+        let mut known = Vec::new();
+        // Time never runs backwards in the log, whatever the wall clock does.
+        let ts_ms = self.clock.now_ms().max(mirror.ts_ms);
+        let mut mint = || Id::from_parts(ts_ms, rand::random::<u128>());
+        for (command, reply) in batch {
+            let keys = command.keys();
+            if batch_ops >= self.max_batch_ops || keys.iter().any(|k| touched.contains(k)) {
+                self.deferred.push_back((command, reply));
+                continue;
+            }
+            touched.extend(keys);
+            match decide(&mirror, command, ts_ms, &mut mint) {
+                Decision::Answer(answer) => known.push((answer, reply)),
+                Decision::Write(ops, plan) => {
+                    batch_ops += ops.len();
+                    writes.push((ops, plan, reply));
+                }
+            }
+        }
+        let committed_seq = mirror.seq;
+        drop(mirror);
+        self.answer(committed_seq, known);
+        (ts_ms, writes)
+    }
+
     /// Room for a batch: the reserve admits its bytes, and a log tail left
     /// by a write that failed for want of space is recovered first.
     /// Errors: `InsufficientStorage` (507) below the reserve or while the
@@ -726,67 +496,22 @@ impl Committer {
             Err(e) => {
                 let reason = e.to_string();
                 *self.shared.heal_pending.lock() = None;
-                poison_and_refuse(&self.shared, reason.clone(), Vec::new());
+                self.poison_and_refuse(reason.clone(), Vec::new());
                 Err(EngineError::Unavailable(reason))
             }
         }
     }
-}
 
-/// Publishes a folded batch: the committed seq, the change notices, the
-/// started turns, then the answers.
-fn publish(shared: &Shared, last_seq: u64, folded: Folded) {
-    let Folded {
-        answers,
-        notices,
-        started_turns,
-    } = folded;
-    shared.committed.send_replace(last_seq);
-    // No subscriber is fine; a slow one lags, the writer never waits.
-    let _ = shared.changes.send(Arc::new(notices));
-    if !started_turns.is_empty() {
-        if let Some(sink) = shared.turn_sink.lock().as_ref() {
-            for id in started_turns {
-                let _ = sink.send(id);
-            }
+    fn poison_and_refuse(&mut self, reason: String, writes: Vec<Write>) {
+        *self.shared.poison.lock() = Some(reason.clone());
+        for (_, _, reply) in writes {
+            let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
+        }
+        let deferred: Vec<_> = self.deferred.drain(..).collect();
+        for (_, reply) in deferred {
+            let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
         }
     }
-    answer(shared, last_seq, answers);
-}
-
-/// Sends answers that depend on the committed state up to `seq`: at once,
-/// or in `sync` mode (an archive gate) the successes once `seq` is
-/// archived; refusals acknowledge nothing and go at once.
-fn answer(shared: &Shared, seq: u64, answers: Vec<(Result<Outcome, EngineError>, Reply)>) {
-    let Some(gate) = &shared.gate else {
-        for (answer, reply) in answers {
-            let _ = reply.send(answer);
-        }
-        return;
-    };
-    let mut held = Vec::with_capacity(answers.len());
-    for (answer, reply) in answers {
-        if answer.is_ok() {
-            held.push((answer, reply));
-        } else {
-            let _ = reply.send(answer);
-        }
-    }
-    gate.hold(seq, held);
-}
-
-/// Answers every write `Unavailable` with `reason`.
-fn refuse_writes(writes: Vec<Write>, reason: &str) {
-    for (_, _, reply) in writes {
-        let _ = reply.send(Err(EngineError::Unavailable(reason.to_owned())));
-    }
-}
-
-/// Stops the write path for good with `reason` and refuses `writes`; the
-/// decider refuses everything after (commands it deferred included).
-fn poison_and_refuse(shared: &Shared, reason: String, writes: Vec<Write>) {
-    *shared.poison.lock() = Some(reason.clone());
-    refuse_writes(writes, &reason);
 }
 
 /// One encoded op: `(kind code, kind version, payload)`.

@@ -2,24 +2,21 @@
 //! `spark_core::rules`), the journal and the published mirror.
 //!
 //! ```text
-//!  handlers --Command--> [queue] --> decider thread: decides and encodes
-//!                                      the commands of batch N+1 while
-//!                           committer thread: appends batch N (one write,
-//!                                      one fdatasync), the fold applies it
-//!                                      to the published mirror, replies go
-//!                                      out
+//!  handlers --Command--> [queue] --> writer thread: sequencer decides ops,
+//!                                      journal appends a batch (one write,
+//!                                      one fdatasync), fold applies it to
+//!                                      the published mirror, replies go out
 //!  readers <------------ published mirror (RwLock): durable state only
 //! ```
 //!
-//! One decider thread owns every decision and one committer thread the log
-//! (DESIGN.md, "The write path"; `journal.rs` has the cycle). A lone
-//! command is not held back; commands arriving while a batch syncs are
-//! decided against the committed mirror meanwhile and written together
-//! next, with one write call and one fdatasync, applied with the one fold,
-//! and only then answered. A command that touches a key (request id or
-//! entity id) of a batch not yet committed is deferred to a later batch: a
-//! duplicate of an in-flight op waits for that op's commit and then gets
-//! the same answer as any later retry.
+//! One writer thread owns every decision (DESIGN.md, "The write path"). It
+//! takes whatever commands are queued as one batch (a lone command is not
+//! held back), decides each against the committed mirror, writes the
+//! resulting ops with one write call and one fdatasync, applies them with the
+//! one fold, and only then answers. A command that touches a key (request id
+//! or entity id) already touched by an op of the batch in progress is
+//! deferred to the next batch: a duplicate of an in-flight op waits for that
+//! op's commit and then gets the same answer as any later retry.
 
 mod checkpoint;
 mod journal;

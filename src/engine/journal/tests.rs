@@ -1,7 +1,9 @@
-//! The pipelined cycle: commands decided while the batch before them is
-//! being synced. A slowed fdatasync (`FaultyFs::set_delay`) keeps a batch
-//! with the committer long enough for the next commands to queue behind
-//! it; whichever way the threads interleave, the assertions hold.
+//! Commands that arrive while the batch before them is being synced. A
+//! slowed fdatasync (`FaultyFs::set_delay`) keeps a batch in its sync long
+//! enough for the next commands to queue behind it; whichever way the
+//! threads interleave, the assertions hold. (Written for a pipelined
+//! commit, tried and dropped in issue 18; they hold for any journal that
+//! keeps the write path's rules.)
 
 use std::sync::Arc;
 use std::time::Duration;
