@@ -85,11 +85,11 @@ impl ArchiveGate {
             return;
         }
         state.waiting_answers += answers.len();
-        // Holds come from more than one thread (the journal's decider with
-        // the committed seq it read a known answer at, its committer with
-        // each batch's seq, handlers through `Engine::acknowledge`), so a
-        // seq may be lower than the last one held: it goes in its place,
-        // not behind a later seq it need not wait for.
+        // Holds come from more than one thread (the journal with each
+        // batch's seq and the committed seq it read a known answer at,
+        // handlers through `Engine::acknowledge` with the seq they read),
+        // so a seq may be lower than the last one held: it goes in its
+        // place, not behind a later seq it need not wait for.
         let at = state
             .waiting
             .partition_point(|(held_seq, _)| *held_seq < seq);
@@ -253,8 +253,8 @@ mod tests {
         let (batch, mut batch_answer) = held();
         let (retry, mut retry_answer) = held();
         let (same, mut same_answer) = held();
-        // The committer holds a batch at 7, then the decider a known
-        // answer read at the committed seq 4.
+        // The journal holds a batch at 7, then a handler an answer it
+        // read at the committed seq 4 (`Engine::acknowledge`).
         gate.hold(7, vec![batch]);
         gate.hold(4, vec![retry]);
         gate.hold(7, vec![same]);

@@ -84,6 +84,17 @@ async fn until_syncs(fs: &FaultyFs, count: u64) {
     }
 }
 
+/// An engine on `data` whose every fdatasync is held back by
+/// [`SYNC_DELAY`]: its file system, the engine, where answers land, and the
+/// fdatasync calls made before any command (at open).
+fn open_slowed(data: &std::path::Path) -> (FaultyFs, Arc<Engine>, Answers, u64) {
+    let fs = FaultyFs::new(Arc::new(OsFs));
+    let engine = open(data, &fs);
+    let syncs = fs.count(FaultOp::SyncData);
+    fs.set_delay(FaultOp::SyncData, Some(SYNC_DELAY));
+    (fs, engine, Answers::default(), syncs)
+}
+
 fn answer_of(answers: &Answers, name: &str) -> Result<Outcome, EngineError> {
     answers
         .lock()
@@ -96,12 +107,8 @@ fn answer_of(answers: &Answers, name: &str) -> Result<Outcome, EngineError> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_arriving_while_its_create_syncs_answers_the_stored_moment_once() {
     let dir = tempfile::tempdir().unwrap();
-    let fs = FaultyFs::new(Arc::new(OsFs));
-    let engine = open(dir.path(), &fs);
-    let answers: Answers = Arc::default();
+    let (fs, engine, answers, syncs) = open_slowed(dir.path());
     let (a, b) = (new_id(), new_id());
-    let syncs = fs.count(FaultOp::SyncData);
-    fs.set_delay(FaultOp::SyncData, Some(SYNC_DELAY));
     let first = submit(&engine, &answers, "create", create(a, "r-a"));
     until_syncs(&fs, syncs + 1).await;
     // The create's batch is in its fdatasync: its retry and an unrelated
@@ -148,12 +155,8 @@ async fn a_retry_arriving_while_its_create_syncs_answers_the_stored_moment_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_queued_behind_its_create_waits_for_it_and_answers_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let fs = FaultyFs::new(Arc::new(OsFs));
-    let engine = open(dir.path(), &fs);
-    let answers: Answers = Arc::default();
+    let (fs, engine, answers, syncs) = open_slowed(dir.path());
     let (a, b) = (new_id(), new_id());
-    let syncs = fs.count(FaultOp::SyncData);
-    fs.set_delay(FaultOp::SyncData, Some(SYNC_DELAY));
     let first = submit(&engine, &answers, "create a", create(a, "r-a"));
     until_syncs(&fs, syncs + 1).await;
     let edited = submit(&engine, &answers, "edit a", edit(a, "edited"));
@@ -197,12 +200,8 @@ async fn an_edit_queued_behind_its_create_waits_for_it_and_answers_after_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_fdatasync_refuses_its_batch_the_one_behind_it_and_all_after() {
     let dir = tempfile::tempdir().unwrap();
-    let fs = FaultyFs::new(Arc::new(OsFs));
-    let engine = open(dir.path(), &fs);
-    let answers: Answers = Arc::default();
+    let (fs, engine, answers, syncs) = open_slowed(dir.path());
     let (a, b, c) = (new_id(), new_id(), new_id());
-    let syncs = fs.count(FaultOp::SyncData);
-    fs.set_delay(FaultOp::SyncData, Some(SYNC_DELAY));
     fs.fail(FaultOp::SyncData, syncs + 1, Fault::Os(5));
     let first = submit(&engine, &answers, "n", create(a, "r-a"));
     until_syncs(&fs, syncs + 1).await;
