@@ -41,22 +41,70 @@ fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
+/// How many ports one server takes: http `base..base+8` (S3 at `+4`,
+/// Prometheus metrics at `+7`) and grpc `base+8..base+13`.
+const PORTS: u16 = 13;
+
+/// The lowest port the kernel hands out for outgoing connections and
+/// `bind(0)` (`/proc/sys/net/ipv4/ip_local_port_range`, 32768 on Linux by
+/// default). Every port a server takes lies below it, so no client socket
+/// of the tests can hold one of them (what made a start fail with "bind:
+/// address already in use" when the grpc ports were `+10000`, in
+/// 30000..39000).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// A base port no other server of this process has and whose ports are
+/// free now; the next pick on every call, so servers started at once by
+/// parallel tests never share one.
+fn pick_base_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let low = 10_000u16;
+    let slots = (ephemeral_low().max(low + 16 * PORTS) - low) / 16;
+    let mut slot = NEXT
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_add(rand_u16())
+        % slots;
+    for _ in 0..slots {
+        let base = low + slot * 16;
+        if (0..PORTS).all(|i| port_free(base + i)) {
+            NEXT.fetch_add(1, Ordering::Relaxed);
+            return base;
+        }
+        slot = (slot + 1) % slots;
+    }
+    panic!(
+        "no {PORTS} free ports below {} for weed mini",
+        ephemeral_low()
+    )
+}
+
 impl Weed {
-    /// Ports `base..base+7` for http (S3 at `+4`, Prometheus metrics at
-    /// `+7`) and `+10000` for grpc.
+    /// Starts a server on ports of its own (see [`PORTS`]); when another
+    /// process took one of them between the pick and the bind, starts
+    /// again on others (at most 5 picks).
     pub fn start(binary: PathBuf) -> Weed {
-        let base_port = loop {
-            let base = 20_000 + (rand_u16() % 900) * 10;
-            if (0..8).all(|i| port_free(base + i) && port_free(base + 10_000 + i)) {
-                break base;
-            }
-        };
         let mut weed = Weed {
             binary,
             dir: tempfile::tempdir().unwrap(),
-            base_port,
+            base_port: pick_base_port(),
             child: None,
         };
+        for _ in 0..4 {
+            match weed.try_resume() {
+                Ok(()) => return weed,
+                Err(log) if log.contains("address already in use") => {
+                    weed.stop();
+                    weed.base_port = pick_base_port();
+                }
+                Err(log) => panic!("weed mini did not serve S3 within 120 s: {log}"),
+            }
+        }
         weed.resume();
         weed
     }
@@ -83,6 +131,14 @@ impl Weed {
     /// answers a signed put (at most 120 s, then panics with its log: a
     /// busy machine running several tests' servers starts it slowly).
     pub fn resume(&mut self) {
+        if let Err(log) = self.try_resume() {
+            panic!("weed mini did not serve S3 within 120 s: {log}");
+        }
+    }
+
+    /// [`Weed::resume`], or the server's log when it exited or did not
+    /// serve within 120 s.
+    fn try_resume(&mut self) -> Result<(), String> {
         let p = |i: u16| (self.base_port + i).to_string();
         let log = std::fs::File::create(self.dir.path().join("weed.log")).unwrap();
         let child = Command::new(&self.binary)
@@ -103,6 +159,11 @@ impl Weed {
             .arg(format!("-admin.port={}", p(5)))
             .arg(format!("-webdav.port={}", p(6)))
             .arg(format!("-metricsPort={}", p(7)))
+            .arg(format!("-master.port.grpc={}", p(8)))
+            .arg(format!("-volume.port.grpc={}", p(9)))
+            .arg(format!("-filer.port.grpc={}", p(10)))
+            .arg(format!("-s3.port.grpc={}", p(11)))
+            .arg(format!("-admin.port.grpc={}", p(12)))
             .arg(format!("-bucket={BUCKET}"))
             .env("AWS_ACCESS_KEY_ID", KEY_ID)
             .env("AWS_SECRET_ACCESS_KEY", SECRET)
@@ -120,6 +181,7 @@ impl Weed {
             .enable_all()
             .build()
             .unwrap();
+        let log = || std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default();
         loop {
             let ok = rt.block_on(async {
                 store
@@ -131,13 +193,12 @@ impl Weed {
                     .is_ok()
             });
             if ok {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "weed mini did not serve S3 within 120 s: {}",
-                std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default()
-            );
+            let exited = matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(Some(_))));
+            if exited || Instant::now() >= deadline {
+                return Err(log());
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
     }
