@@ -21,7 +21,7 @@ pub const MIN_SEQ_PARAM: &str = "min_seq";
 
 /// Whether `method` writes (every route's writes are `POST`, `PUT`,
 /// `PATCH` or `DELETE`).
-fn is_write(method: &Method) -> bool {
+pub fn is_write(method: &Method) -> bool {
     matches!(
         *method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE

@@ -4,7 +4,9 @@
 //! resource module, which dispatches on the method; every handler returns a
 //! response or an [`ApiError`], and [`recover`] turns what no route matched
 //! into a problem+json `404`. Bodies are read through [`Request::json`],
-//! which enforces the size limit before parsing.
+//! which enforces the size limit before parsing and takes only a body
+//! declared JSON (`415 unsupported_media_type` otherwise). Writes from
+//! another site are refused before any handler runs ([`authorize`]).
 
 mod answer;
 pub mod consistency;
@@ -139,12 +141,15 @@ impl Request {
     /// Reads and parses a JSON object body of at most `limit_bytes`. An
     /// empty body is `Ok(None)`; malformed JSON, anything but an object,
     /// unknown members and wrong types are `400 invalid_request` naming the
-    /// problem.
+    /// problem. The body must be declared JSON ([`Request::json_declared`]):
+    /// otherwise `415 unsupported_media_type`, after the body was read (so
+    /// the connection stays usable) and before it is parsed.
     pub async fn json<T: DeserializeOwned>(
         &mut self,
         limit_bytes: u64,
     ) -> Result<Option<T>, ApiError> {
         let bytes = self.bytes(limit_bytes).await?;
+        self.json_declared(bytes.len())?;
         let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
         // The common case, an object that fits, in one parse straight into
         // `T`. Anything that does not parse that way takes the two-step path
@@ -173,6 +178,45 @@ impl Request {
         match (serde_json::from_value::<T>(value), direct) {
             (Err(e), _) | (Ok(_), Some(e)) => Err(refused(e)),
             (Ok(parsed), None) => Ok(Some(parsed)),
+        }
+    }
+
+    /// Whether a body of `body_len` bytes that the route reads as JSON is
+    /// declared so: a `Content-Type` that [`is_json_media_type`] accepts;
+    /// or, for an empty body, no `Content-Type` at all (a body-less `POST`
+    /// where the body is optional). Anything else is `415
+    /// unsupported_media_type`: a non-empty body without a JSON type, and
+    /// any other declared type even with an empty body (a `text/plain` or
+    /// form body is what a page of another site can send without a CORS
+    /// preflight; a client of this API has no reason to send one).
+    pub fn json_declared(&self, body_len: usize) -> Result<(), ApiError> {
+        let declared = self
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().map(str::trim))
+            .filter(|v| !matches!(v, Ok("")));
+        let refused = |what: String| {
+            ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                wire::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "this route reads its body as JSON: send Content-Type: application/json \
+                     ({what})"
+                ),
+            )
+        };
+        match declared {
+            Some(Ok(content_type)) if is_json_media_type(content_type) => Ok(()),
+            Some(Ok(content_type)) => {
+                Err(refused(format!("the request declares {content_type:?}")))
+            }
+            Some(Err(_)) => Err(refused(
+                "the request's Content-Type is not visible ASCII".to_owned(),
+            )),
+            None if body_len == 0 => Ok(()),
+            None => Err(refused(format!(
+                "the request has a body of {body_len} bytes and no Content-Type"
+            ))),
         }
     }
 
@@ -216,6 +260,24 @@ impl Request {
         }
         Ok(request_id)
     }
+}
+
+/// Whether `content_type` (a `Content-Type` value) is JSON:
+/// `application/json` or `application/<subtype>+json` (RFC 6839), with any
+/// parameters (`; charset=utf-8`), without regard to case.
+pub fn is_json_media_type(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    let suffix = subtype
+        .len()
+        .checked_sub("+json".len())
+        .filter(|&at| at > 0)
+        .and_then(|at| subtype.get(at..));
+    kind.eq_ignore_ascii_case("application")
+        && (subtype.eq_ignore_ascii_case("json")
+            || suffix.is_some_and(|s| s.eq_ignore_ascii_case("+json")))
 }
 
 /// The header that says a list route's `limit` was clamped, with the page
@@ -342,14 +404,23 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// token is hashed with SHA-256 and compared with every stored hash in
 /// constant time. A write authenticated by the cookie alone must be the
 /// page's own ([`session::same_origin_write`], else `403 forbidden`).
+///
+/// In every mode, a write without a bearer token whose `Origin` is another
+/// site is `403 forbidden` ([`session::refuse_cross_site`]), before the
+/// cookie or the missing token is looked at. A valid bearer token is not
+/// held to it: a browser never adds one by itself, so a request that
+/// carries one was meant by whoever holds the token (and a page of another
+/// site cannot send `Authorization` without a CORS preflight, which the
+/// engine never grants).
 pub fn authorize(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
     let tokens = &state.settings.access.tokens;
     if tokens.is_empty() {
-        return Ok(());
+        return session::refuse_cross_site(&req.method, &req.headers);
     }
     let unauthorized =
         |why: &str| ApiError::new(StatusCode::UNAUTHORIZED, wire::UNAUTHORIZED, why.to_owned());
     let Some(presented) = bearer(&req.headers) else {
+        session::refuse_cross_site(&req.method, &req.headers)?;
         if let Some(secret) = session::cookie_secret(&req.headers) {
             let found = state
                 .sessions
@@ -636,4 +707,40 @@ async fn recover(rejection: warp::Rejection) -> Result<Response, Infallible> {
         ApiError::invalid_request(format!("the request was refused: {rejection:?}"))
     };
     Ok(error.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// JSON is `application/json` or `application/*+json`, parameters
+    /// and case aside; nothing else a browser sends without a preflight is.
+    #[test]
+    fn json_media_types() {
+        for json in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON;charset=UTF-8",
+            " application/json ",
+            "application/merge-patch+json",
+            "application/vnd.spark.moment+json; v=1",
+        ] {
+            assert!(is_json_media_type(json), "{json}");
+        }
+        for other in [
+            "text/plain",
+            "text/plain;charset=UTF-8",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "text/json",
+            "application/+json",
+            "application/jsonx",
+            "application/json-seq",
+            "application",
+            "json",
+            "",
+        ] {
+            assert!(!is_json_media_type(other), "{other}");
+        }
+    }
 }

@@ -15,6 +15,10 @@
 //!   its token is no longer configured.
 //! - The cookie authenticates every route a token does ([`super::authorize`]);
 //!   a write with it must come from the page itself ([`same_origin_write`]).
+//! - Whatever the configuration, a write that carries no bearer token is
+//!   refused when its `Origin` is another site's ([`refuse_cross_site`]):
+//!   with no token configured, nothing else stands between a web page the
+//!   user visits and the engine on their machine.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -152,38 +156,96 @@ pub fn cookie_secret(headers: &HeaderMap) -> Option<&str> {
         .map(|(_, value)| value.trim())
 }
 
+/// Where a request says it comes from: its `Origin` header, compared with
+/// its `Host` header (the rule of every origin check, [`refuse_cross_site`]
+/// and [`same_origin_write`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestOrigin {
+    /// No `Origin` header: not a browser's cross-site request (curl, the
+    /// Rust client, a form in an old browser aside).
+    Absent,
+    /// An `Origin` that names this engine: `http://` or `https://` (a TLS
+    /// proxy may stand in front) and then the `Host` header, compared
+    /// without regard to case.
+    Same,
+    /// An `Origin` of another site, with the header's text: another
+    /// scheme, host or port, or `null` (an opaque origin: a sandboxed
+    /// frame, a `data:` page, a redirect across sites).
+    Other(String),
+    /// An `Origin` header that is not visible ASCII (never this engine's).
+    Invalid,
+}
+
+impl RequestOrigin {
+    /// The origin of the request with these headers.
+    pub fn of(headers: &HeaderMap) -> RequestOrigin {
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        match headers.get(header::ORIGIN).map(|v| v.to_str()) {
+            None => RequestOrigin::Absent,
+            Some(Err(_)) => RequestOrigin::Invalid,
+            Some(Ok(origin)) => {
+                let same = host.is_some_and(|host| {
+                    origin
+                        .strip_prefix("http://")
+                        .or_else(|| origin.strip_prefix("https://"))
+                        .is_some_and(|rest| rest.eq_ignore_ascii_case(host))
+                });
+                if same {
+                    RequestOrigin::Same
+                } else {
+                    RequestOrigin::Other(origin.to_owned())
+                }
+            }
+        }
+    }
+}
+
+fn forbidden(why: String) -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, wire::FORBIDDEN, why)
+}
+
+/// Refuses a write (`POST`, `PUT`, `PATCH`, `DELETE`) from another site:
+/// an `Origin` that is not this engine's ([`RequestOrigin`]; `null` is
+/// another site) is `403 forbidden`, before anything is read or written.
+/// A browser sends `Origin` on every such request, and a page of another
+/// site can send a simple `POST` without asking (no CORS preflight), so
+/// this is what keeps any page the user visits from writing to an engine
+/// on their machine. A request without `Origin` (curl, the Rust client,
+/// the conformance suite) and reads pass. [`super::authorize`] applies it
+/// to every request that carries no bearer token, whether or not tokens
+/// are configured.
+pub fn refuse_cross_site(method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
+    if !super::consistency::is_write(method) {
+        return Ok(());
+    }
+    match RequestOrigin::of(headers) {
+        RequestOrigin::Absent | RequestOrigin::Same => Ok(()),
+        RequestOrigin::Other(origin) => Err(forbidden(format!(
+            "a write from another site is refused: Origin {origin:?} is not this engine \
+             (send writes from the engine's own page, or without Origin)"
+        ))),
+        RequestOrigin::Invalid => Err(forbidden("the Origin header is not visible ASCII".into())),
+    }
+}
+
 /// Whether a write that the session cookie authenticates comes from the
 /// engine's own page (SPEC section 12): an `Origin` that names this host
-/// (`http` or `https`, as a TLS proxy may stand in front); with no
-/// `Origin`, the [`HEADER_CLIENT`] header, which a cross-site form cannot
-/// send. A cross-site `Origin` is refused whatever else is sent. Reads
-/// (`GET`, `HEAD`) need neither.
+/// ([`RequestOrigin::Same`]); with no `Origin`, the [`HEADER_CLIENT`]
+/// header, which a cross-site form cannot send. A cross-site `Origin` is
+/// refused whatever else is sent. Reads (`GET`, `HEAD`) need neither.
 pub fn same_origin_write(method: &Method, headers: &HeaderMap) -> Result<(), ApiError> {
     if method == Method::GET || method == Method::HEAD {
         return Ok(());
     }
-    let forbidden = |why: String| ApiError::new(StatusCode::FORBIDDEN, wire::FORBIDDEN, why);
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
-    match headers.get(header::ORIGIN).map(|v| v.to_str()) {
-        Some(Ok(origin)) => {
-            let same = host.is_some_and(|host| {
-                origin
-                    .strip_prefix("http://")
-                    .or_else(|| origin.strip_prefix("https://"))
-                    .is_some_and(|rest| rest.eq_ignore_ascii_case(host))
-            });
-            if same {
-                Ok(())
-            } else {
-                Err(forbidden(format!(
-                    "a write with the session cookie must come from this engine's page; \
-                     Origin {origin:?} is another site (send Authorization: Bearer instead)"
-                )))
-            }
-        }
-        Some(Err(_)) => Err(forbidden("the Origin header is not visible ASCII".into())),
-        None if headers.contains_key(HEADER_CLIENT) => Ok(()),
-        None => Err(forbidden(format!(
+    match RequestOrigin::of(headers) {
+        RequestOrigin::Same => Ok(()),
+        RequestOrigin::Other(origin) => Err(forbidden(format!(
+            "a write with the session cookie must come from this engine's page; \
+             Origin {origin:?} is another site (send Authorization: Bearer instead)"
+        ))),
+        RequestOrigin::Invalid => Err(forbidden("the Origin header is not visible ASCII".into())),
+        RequestOrigin::Absent if headers.contains_key(HEADER_CLIENT) => Ok(()),
+        RequestOrigin::Absent => Err(forbidden(format!(
             "a write with the session cookie needs a same-origin Origin or the {HEADER_CLIENT} \
              header (send Authorization: Bearer instead)"
         ))),
@@ -307,6 +369,69 @@ pub async fn item(state: Arc<AppState>, mut req: Request) -> Result<Response, Ap
 mod tests {
     use super::*;
     use crate::clock::OffsetClock;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
+    /// The origin is this engine's when it is `http://` or `https://` and
+    /// the `Host`; another port, another host, `null` and a missing `Host`
+    /// are another site; with no `Origin` there is nothing to tell.
+    #[test]
+    fn an_origin_is_this_engine_s_only_when_it_names_the_host() {
+        let host = ("host", "127.0.0.1:8080");
+        for (origin, want) in [
+            ("http://127.0.0.1:8080", RequestOrigin::Same),
+            ("https://127.0.0.1:8080", RequestOrigin::Same),
+            (
+                "http://127.0.0.1:8081",
+                RequestOrigin::Other("http://127.0.0.1:8081".into()),
+            ),
+            (
+                "http://127.0.0.1",
+                RequestOrigin::Other("http://127.0.0.1".into()),
+            ),
+            (
+                "http://evil.example",
+                RequestOrigin::Other("http://evil.example".into()),
+            ),
+            ("null", RequestOrigin::Other("null".into())),
+        ] {
+            assert_eq!(
+                RequestOrigin::of(&headers(&[host, ("origin", origin)])),
+                want,
+                "{origin}"
+            );
+        }
+        assert_eq!(
+            RequestOrigin::of(&headers(&[("origin", "http://127.0.0.1:8080")])),
+            RequestOrigin::Other("http://127.0.0.1:8080".into())
+        );
+        assert_eq!(RequestOrigin::of(&headers(&[host])), RequestOrigin::Absent);
+        let mut invalid = headers(&[host]);
+        invalid.insert(
+            header::ORIGIN,
+            HeaderValue::from_bytes(b"http://\xe9").unwrap(),
+        );
+        assert_eq!(RequestOrigin::of(&invalid), RequestOrigin::Invalid);
+        // Only writes are refused; reads pass whatever their origin.
+        let evil = headers(&[host, ("origin", "http://evil.example")]);
+        for method in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+            let error = refuse_cross_site(&method, &evil).unwrap_err();
+            assert_eq!(
+                (error.status, error.code),
+                (StatusCode::FORBIDDEN, "forbidden")
+            );
+        }
+        for method in [Method::GET, Method::HEAD] {
+            assert!(refuse_cross_site(&method, &evil).is_ok());
+        }
+        assert!(refuse_cross_site(&Method::POST, &headers(&[host])).is_ok());
+    }
 
     /// A session ends at its expiry, and when its token leaves the
     /// configuration; the secret is kept only as its hash.

@@ -1,6 +1,8 @@
 // With a token configured: the page asks for it once and signs in (an
 // HttpOnly session cookie, nothing in script-readable storage), the event
-// stream works with the cookie, and a cross-origin POST is refused.
+// stream works with the cookie, and a cross-origin POST is refused. With
+// none (the default): a page of another origin writes nothing either,
+// while the engine's own page does.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import http from "node:http";
@@ -98,6 +100,45 @@ test("with a token: sign in once, the event stream works, a cross-origin POST is
     await page.fill("#signin-token", TOKEN);
     await page.click("#signin-form button");
     await until(async () => countKinds(await opKinds(engine.base, bearer))["moment.create"] === 3, "the waiting capture, sent after signing in again", 30_000);
+  } finally {
+    await context.close();
+    await evil.close();
+    await engine.stop();
+  }
+});
+
+test("without a token: a page of another origin writes nothing, the engine's own page does", { skip, timeout: 120_000 }, async () => {
+  const engine = await startEngine();
+  const evil = await otherOrigin(engine.base);
+  const { context } = await launch();
+  try {
+    // The engine's page writes (its requests carry its own Origin).
+    const page = await context.newPage();
+    await page.goto(engine.base);
+    await page.waitForSelector("body[data-ready=true]");
+    await capture(page, photoPng(640, 480, 53), "Ohne Token");
+    await until(async () => (await page.locator('#feed [data-moment-id][data-reading="done"]').count()) === 1, "the moment and its reading");
+
+    // The break-it request as a page of another origin sends it: a no-cors
+    // fetch with a text/plain body, which needs no CORS preflight.
+    const evilPage = await context.newPage();
+    await evilPage.goto(evil.base);
+    const refused = evilPage.waitForResponse((r) => r.url() === `${engine.base}/api/moments`);
+    const type = await evilPage.evaluate(async (base) => {
+      const r = await fetch(`${base}/api/moments`, { method: "POST", mode: "no-cors", body: '{"text":"written by evil.example"}' });
+      return r.type;
+    }, engine.base);
+    assert.equal(type, "opaque");
+    const answer = await refused;
+    assert.equal(answer.status(), 403);
+    // And a text/plain form POST.
+    const [posted] = await Promise.all([evilPage.waitForResponse((r) => r.url().startsWith(`${engine.base}/api/phrases`)), evilPage.evaluate(() => document.getElementById("f").submit())]);
+    assert.equal(posted.status(), 403);
+    assert.equal((await posted.json()).code, "forbidden");
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal(countKinds(await opKinds(engine.base))["moment.create"], 1, "only the page's moment");
+    assert.deepEqual((await api(engine.base, "/api/phrases")).marks, []);
+    await evilPage.close();
   } finally {
     await context.close();
     await evil.close();

@@ -35,10 +35,16 @@ pub const CLOCK_SKEW: &str = "clock_skew";
 pub const PRECONDITION_FAILED: &str = "precondition_failed";
 /// `401`: no valid bearer token or session (SPEC section 9).
 pub const UNAUTHORIZED: &str = "unauthorized";
-/// `403`: a write authenticated by the session cookie that is not the
-/// page's own: a cross-site `Origin`, or neither `Origin` nor the client
-/// header (SPEC section 12; nothing written).
+/// `403`: a write from another site: an `Origin` that is not this
+/// engine's own (`null` included), with no token configured or without a
+/// bearer token; or a write authenticated by the session cookie with
+/// neither `Origin` nor the client header (SPEC section 12). Nothing
+/// written.
 pub const FORBIDDEN: &str = "forbidden";
+/// `415`: a body the route reads as JSON that is not declared
+/// `Content-Type: application/json` (or `application/*+json`); nothing
+/// written.
+pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported_media_type";
 /// `408`: the request did not arrive within the request time limit.
 pub const REQUEST_TIMEOUT: &str = "request_timeout";
 /// `409` on `GET /api/events`: the cursor (`after` or `Last-Event-ID`) is
@@ -78,6 +84,7 @@ pub fn title(code: &str) -> Option<&'static str> {
         PRECONDITION_FAILED => "Precondition failed",
         UNAUTHORIZED => "Unauthorized",
         FORBIDDEN => "Forbidden",
+        UNSUPPORTED_MEDIA_TYPE => "Unsupported media type",
         REQUEST_TIMEOUT => "Request timeout",
         TIMEOUT => "Timeout",
         UNAVAILABLE => "Unavailable",

@@ -254,13 +254,22 @@ export class SparkClient extends EventTarget {
     return next;
   }
 
-  /** One request to the engine, with the client header (and the bearer token when given). */
+  /**
+   * One request to the engine, with the client header (and the bearer token when given).
+   * An object body is sent as JSON, and so is a string unless `headers` name another
+   * `Content-Type`: the engine reads a body as JSON only when it is declared so (else
+   * `415 unsupported_media_type`), and a browser would send a bare string as `text/plain`.
+   * Bytes (media) are sent with the `Content-Type` that `headers` give.
+   */
   async request(method: string, path: string, body?: BodyInit | object, headers: Record<string, string> = {}): Promise<Response> {
     const h: Record<string, string> = { [CLIENT_HEADER]: "web", ...headers };
     if (this.options.token) h["Authorization"] = `Bearer ${this.options.token}`;
     let payload: BodyInit | undefined;
-    if (body instanceof ArrayBuffer || body instanceof Blob || body instanceof Uint8Array || typeof body === "string") {
+    if (body instanceof ArrayBuffer || body instanceof Blob || body instanceof Uint8Array) {
       payload = body as BodyInit;
+    } else if (typeof body === "string") {
+      payload = body;
+      if (!Object.keys(h).some((name) => name.toLowerCase() === "content-type")) h["Content-Type"] = "application/json";
     } else if (body !== undefined) {
       payload = JSON.stringify(body);
       h["Content-Type"] = "application/json";

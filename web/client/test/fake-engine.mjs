@@ -45,6 +45,12 @@ export class FakeEngine {
 
   async handle({ method, path, headers, body }) {
     let m;
+    // Like the engine: a body read as JSON must be declared JSON.
+    const type = (headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
+    const declaredJson = type === "application/json" || /^application\/.+\+json$/.test(type);
+    if (method !== "GET" && !path.startsWith("/api/media/") && (body !== undefined || type !== "") && !declaredJson) {
+      return problem(415, "unsupported_media_type", "this route reads its body as JSON: send Content-Type: application/json");
+    }
     if (method === "POST" && path === "/api/moments") {
       const b = JSON.parse(body);
       const known = this.requests.get(b.client_request_id) ?? (b.id && this.moments.get(b.id));

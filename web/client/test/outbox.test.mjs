@@ -120,3 +120,28 @@ test("ready: once storage is open and the outbox loaded, as an event after open(
   assert.equal(heard, 1);
   client.close();
 });
+
+test("every JSON body is declared application/json, a string one too; media keep their own type", async () => {
+  const { client, engine } = await setup();
+  const entry = await client.capture({ photo: photo() });
+  await client.drainOnce();
+  await client.sendMessage(entry.moment_id, "what does it mean?");
+  await client.drainOnce();
+  const types = engine.log.map((r) => `${r.method} ${r.path.replace(/[0-9A-Z]{26}/g, "{id}")} ${r.headers["content-type"]}`);
+  assert.deepEqual(types, [
+    "POST /api/moments application/json",
+    "PUT /api/media/{id} image/jpeg",
+    "POST /api/moments/{id}/turns application/json",
+    "PUT /api/media/{id} image/png",
+    "POST /api/messages application/json",
+  ]);
+  // A JSON text the caller made is JSON too (a browser would call it text/plain);
+  // a type the caller names is kept, and the engine refuses what is not JSON.
+  const made = await client.request("POST", "/api/moments", JSON.stringify({ id: entry.moment_id, client_request_id: entry.id }));
+  assert.equal(made.status, 200);
+  assert.equal(engine.log.at(-1).headers["content-type"], "application/json");
+  const plain = await client.request("POST", "/api/moments", "{}", { "Content-Type": "text/plain" });
+  assert.equal(plain.status, 415);
+  assert.equal((await plain.json()).code, "unsupported_media_type");
+  client.close();
+});

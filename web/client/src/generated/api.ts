@@ -702,7 +702,7 @@ export interface components {
             };
         };
         /** @enum {string} */
-        ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "clock_skew" | "precondition_failed" | "unauthorized" | "forbidden" | "unavailable" | "insufficient_storage" | "fenced" | "cursor_ahead" | "read_only";
+        ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "unsupported_media_type" | "clock_skew" | "precondition_failed" | "unauthorized" | "forbidden" | "unavailable" | "insufficient_storage" | "fenced" | "cursor_ahead" | "read_only";
         /** @description RFC 9457 problem details with a stable `code`. Some codes add members: `clock_skew` adds `server_time_ms`, `id_time_ms` and `skew_ms`; `request_id_too_long` adds `limit_bytes`; `precondition_failed` adds the current `version`; `digest_mismatch` adds `declared_sha256` and `actual_sha256`. `conflict` adds `conflict`, the kind of conflict, and the members that name what conflicted (see `conflict`). */
         Problem: {
             /** @description `urn:spark:problem:<code>`. */
@@ -896,6 +896,20 @@ export interface components {
                 };
             };
         };
+        /** @description The body is read as JSON but not declared `Content-Type: application/json` (or `application/*+json`): a body with no `Content-Type` or another one (`text/plain`, a form type), or another declared type with no body (`unsupported_media_type`). Nothing written. */
+        UnsupportedMediaType: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"] & {
+                    /** @constant */
+                    status?: 415;
+                    /** @constant */
+                    code?: "unsupported_media_type";
+                };
+            };
+        };
         /** @description The range is outside the blob (`invalid_request`). */
         RangeNotSatisfiable: {
             headers: {
@@ -980,7 +994,7 @@ export interface components {
                 };
             };
         };
-        /** @description A write authenticated by the session cookie alone that is not the page's own: a cross-site `Origin`, or neither `Origin` nor `X-Spark-Client` (`forbidden`); nothing written. */
+        /** @description A write from another site: an `Origin` header that is not this engine's own (`null` too) on a write without a valid bearer token, whether or not tokens are configured; or a write authenticated by the session cookie alone with neither `Origin` nor `X-Spark-Client` (`forbidden`). Nothing written. */
         Forbidden: {
             headers: {
                 [name: string]: unknown;
@@ -1116,6 +1130,7 @@ export interface operations {
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
         };
@@ -1187,6 +1202,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             412: components["responses"]["PreconditionFailed"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
         };
@@ -1231,6 +1247,7 @@ export interface operations {
             410: components["responses"]["Gone"];
             412: components["responses"]["PreconditionFailed"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
         };
@@ -1507,6 +1524,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             410: components["responses"]["Gone"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
         };
@@ -1616,6 +1634,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
         };
@@ -1696,6 +1715,7 @@ export interface operations {
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
         };
@@ -1748,6 +1768,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             410: components["responses"]["Gone"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
         };
@@ -1816,6 +1837,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             410: components["responses"]["Gone"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
             507: components["responses"]["InsufficientStorage"];
         };
@@ -2087,6 +2109,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
         };
     };
