@@ -96,6 +96,7 @@ fn write_checkpoint(data: &Path) -> (Duration, u64) {
         &log_dir(data),
         spark_log_format::DEFAULT_MAX_RECORD_BYTES,
         2,
+        u64::MAX,
         &|| false,
     )
     .expect("the checkpoint is written");

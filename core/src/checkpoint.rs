@@ -612,6 +612,15 @@ pub fn load(path: &Path, log_dir: &Path, empty: Mirror) -> Result<(Header, Mirro
 /// checksum and the body are checked by [`load`], on another thread).
 /// Errors in words.
 pub fn peek(path: &Path, log_dir: &Path) -> Result<Header, String> {
+    let header = peek_header(path)?;
+    check_against_log(path, &header, log_dir)?;
+    Ok(header)
+}
+
+/// [`peek`] without the checks against the log: magic, format version,
+/// reserved bytes and the file's length against the header's body length,
+/// from the header's bytes alone.
+fn peek_header(path: &Path) -> Result<Header, String> {
     use std::io::Read as _;
     let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
     let len = file
@@ -650,7 +659,6 @@ pub fn peek(path: &Path, log_dir: &Path) -> Result<Header, String> {
         ts_ms: u64_at(24),
         body_bytes,
     };
-    check_against_log(path, &header, log_dir)?;
     Ok(header)
 }
 
@@ -702,6 +710,108 @@ pub fn newest_candidate(
         }
     }
     (None, ignored)
+}
+
+/// A checkpoint that proves the log lost committed records: a whole file
+/// (header, length, name and BLAKE3 trailer all check) whose point lies
+/// past the end of the log, its segment missing or shorter than the
+/// point's offset. A checkpoint is only ever written from the committed
+/// log, so the ops up to its seq were acknowledged; a log that no longer
+/// holds them was truncated or lost segments (or the file was copied in
+/// from another log: the operator moves it away to start anyway).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PastTheLog {
+    /// The checkpoint file.
+    pub file: PathBuf,
+    /// Its seq: every op up to it was committed.
+    pub seq: u64,
+    /// Where the log falls short, in words: the segment is missing, or
+    /// holds fewer bytes than the point's offset.
+    pub why: String,
+}
+
+impl std::fmt::Display for PastTheLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "checkpoint {} shows that seq {} was committed, but {}: the log has lost \
+             acknowledged records (a truncated or deleted segment, or damage in its last \
+             batch). Restore the log (spark-replay restore from the archive, or a copy), \
+             or move the checkpoint file away to accept the loss",
+            self.file.display(),
+            self.seq,
+            self.why
+        )
+    }
+}
+
+/// Where the log in `log_dir` falls short of `at`, in words, or `None`
+/// when its segment exists and holds at least `at.frame_end_offset` bytes
+/// (whether those bytes match is the chain check's question, not this).
+fn short_of(log_dir: &Path, at: &LogPoint) -> Option<String> {
+    let path = log_dir.join(segment_file_name(at.segment_first_seq));
+    match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some(format!("segment {} is missing", path.display()))
+        }
+        Err(_) => None,
+        Ok(meta) if meta.len() < at.frame_end_offset => Some(format!(
+            "segment {} holds {} bytes, and the record at seq {} ended at offset {}",
+            path.display(),
+            meta.len(),
+            at.seq,
+            at.frame_end_offset
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// The newest checkpoint in `data_dir` that proves the log in `log_dir`
+/// lost committed records ([`PastTheLog`]), if any. Reads only headers,
+/// and the whole file of a checkpoint whose point is past the log (to
+/// check its trailer: a damaged file proves nothing and is skipped, as
+/// startup ignores it). Startup refuses such a log before recovery changes
+/// anything; `spark-replay verify` reports it as a fault.
+pub fn past_the_log(data_dir: &Path, log_dir: &Path) -> Option<PastTheLog> {
+    list(data_dir).into_iter().find_map(|(seq, file)| {
+        let header = peek_header(&file).ok()?;
+        if header.at.seq != seq
+            || header.at.segment_first_seq == 0
+            || header.at.segment_first_seq > seq
+        {
+            return None;
+        }
+        let why = short_of(log_dir, &header.at)?;
+        whole(&file, &header).then_some(PastTheLog { file, seq, why })
+    })
+}
+
+/// The newest whole checkpoint in `data_dir` ([`PastTheLog`]'s checks)
+/// whose seq is past `log_end_seq`, the last seq of the recovered log: the
+/// same proof, for a log whose segment is long enough but whose recovery
+/// ended before the checkpoint's seq (zeros where committed records were,
+/// or damage in the last batch cut as a torn tail). Reads the whole file
+/// only of checkpoints past the log.
+pub fn committed_past(data_dir: &Path, log_end_seq: u64) -> Option<PastTheLog> {
+    list(data_dir)
+        .into_iter()
+        .take_while(|(seq, _)| *seq > log_end_seq)
+        .find_map(|(seq, file)| {
+            let header = peek_header(&file).ok()?;
+            (header.at.seq == seq && whole(&file, &header)).then(|| PastTheLog {
+                file,
+                seq,
+                why: format!("the recovered log ends at seq {log_end_seq}"),
+            })
+        })
+}
+
+/// The whole file at `file` checks against its `header` as read by
+/// [`peek_header`]: the same header, and its BLAKE3 trailer holds.
+fn whole(file: &Path, header: &Header) -> bool {
+    std::fs::read(file).is_ok_and(|bytes| {
+        header_fields(&bytes).is_ok_and(|h| h == *header) && check_trailer(&bytes).is_ok()
+    })
 }
 
 /// The newest checkpoint in `data_dir` that [`load`] accepts against the
@@ -807,9 +917,13 @@ pub struct Built {
 
 /// Builds and writes a checkpoint from the log alone (and the newest valid
 /// checkpoint): loads that checkpoint if any, folds every committed record
-/// after it from a live view of the log in `log_dir` (the writer may be
-/// appending), writes the result at the last record read, and keeps the
-/// newest `keep` files. Safe beside the running engine: it reads the log
+/// after it up to `up_to_seq` from a live view of the log in `log_dir` (the
+/// writer may be appending), writes the result at the last record read, and
+/// keeps the newest `keep` files. A running engine passes its published
+/// head's seq as `up_to_seq`: a batch is published only after its
+/// fdatasync, so a checkpoint never stands past what is durable (a
+/// checkpoint past the log is read as proof of lost acknowledged records,
+/// [`PastTheLog`]); offline callers pass `u64::MAX`. Safe beside the running engine: it reads the log
 /// and never touches the engine's mirror. `stop` is asked now and then; a
 /// build it stops writes nothing. `Ok(None)`: nothing new since the newest
 /// checkpoint, or stopped. Errors in words.
@@ -818,6 +932,7 @@ pub fn build(
     log_dir: &Path,
     max_record_bytes: u32,
     keep: usize,
+    up_to_seq: u64,
     stop: &dyn Fn() -> bool,
 ) -> Result<Option<Built>, String> {
     let (loaded, ignored) = load_newest(data_dir, log_dir, Mirror::new);
@@ -848,6 +963,9 @@ pub fn build(
             }
             if record.seq <= start_seq {
                 return ControlFlow::Continue(());
+            }
+            if record.seq > up_to_seq {
+                return ControlFlow::Break(());
             }
             if let Err(e) = crate::replay::replay_record(&mut mirror, &record) {
                 fold_error = Some(format!("seq {}: {e}", record.seq));

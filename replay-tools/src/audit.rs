@@ -274,7 +274,26 @@ fn damage(common: &Common) -> Outcome {
         }
         // No damage; a version-2 tail after the last valid commit mark is
         // reported apart, as bytes no client was promised.
+        let listed = spark_core::checkpoint::list(&common.data);
         let reader = crate::scan::open_log(&common.data).map_err(crate::scan::log_failure)?;
+        // A whole checkpoint past the log's end (listed before the log was
+        // opened, so not one a live server wrote since): acknowledged
+        // records are gone, whatever the bytes that are left say.
+        let last_seq = reader.segments().last().map_or(0, |s| s.last_seq);
+        let lost = spark_core::checkpoint::committed_past(&common.data, last_seq)
+            .filter(|past| listed.iter().any(|(_, file)| *file == past.file));
+        if let Some(past) = lost {
+            if common.json {
+                println!(
+                    "{}",
+                    json!({"damaged": true, "kind": "lost_committed", "error": past.to_string(),
+                           "seq": last_seq, "committed_seq": past.seq})
+                );
+            } else {
+                println!("damaged: {past}");
+            }
+            return Ok(exit::DAMAGE);
+        }
         let tail = crate::scan::unacknowledged_tail(reader.torn_tail());
         if common.json {
             let tail = tail.map(crate::scan::unacknowledged_json);

@@ -210,6 +210,18 @@ pub fn verify(common: &Common) -> Outcome {
             return Err(failure);
         }
     };
+    // A whole checkpoint (listed before the scan, so not one a live server
+    // wrote since) past the log's end: acknowledged records are gone, and
+    // a tail after the last commit mark was not "never acknowledged".
+    let lost = spark_core::checkpoint::committed_past(&common.data, report.head.seq)
+        .filter(|past| checkpoints.iter().any(|c| c.file == past.file));
+    if let Some(past) = lost {
+        if common.json {
+            print_json(&json!({"ok": false, "error": past.to_string(),
+                               "seq": report.head.seq, "committed_seq": past.seq}));
+        }
+        return Err(Failure::damage(past.to_string()));
+    }
     // A whole last record that fails its checksum may be an acknowledged
     // record that was damaged, not only a torn write: a fault, not a note.
     let damaged_tail = report.torn_tail.as_ref().filter(|t| t.whole_frame);

@@ -106,6 +106,7 @@ fn run(
             &config.log_dir,
             config.max_record_bytes,
             config.kept,
+            committed,
             &stopped,
         ) {
             Ok(Some(built)) => {

@@ -70,6 +70,13 @@ pub enum EngineOpenError {
     /// records were about, where they still decode (see [`crate::damage`]).
     #[error("refusing to start on a damaged log: {0}")]
     Damaged(String),
+    /// A checkpoint shows that ops past the end of the log were committed:
+    /// the log lost acknowledged records (a truncated or deleted segment).
+    /// Refused before recovery changes anything (issue 18, "never silently
+    /// drop valid data"); [`spark_core::checkpoint::PastTheLog`] says
+    /// which file, seq and segment.
+    #[error("refusing to start on a log that lost acknowledged records: {0}")]
+    LostCommitted(String),
     /// A record did not replay into the mirror.
     #[error("replay stopped at segment {segment} offset {offset}: {source}")]
     Replay {
@@ -653,6 +660,16 @@ fn replay_log(
     settings: &Settings,
     fs: Arc<dyn Fs>,
 ) -> Result<(Log, RecoveryReport, Mirror, u64), EngineOpenError> {
+    // Before recovery cuts anything: a whole checkpoint past the log's end
+    // proves acknowledged records are gone; starting would hand their seqs
+    // out again.
+    if let Some(past) =
+        spark_core::checkpoint::past_the_log(&settings.data_dir, &settings.log_dir())
+    {
+        return Err(EngineOpenError::LostCommitted(format!(
+            "{past} (nothing in the data directory was changed)"
+        )));
+    }
     let start = if settings.log.checkpoint_interval_ops > 0 {
         let (candidate, ignored) =
             spark_core::checkpoint::newest_candidate(&settings.data_dir, &settings.log_dir());
@@ -671,7 +688,7 @@ fn replay_log(
                     source: std::io::Error::other(why),
                 }
             })?;
-        return Ok((log, recovery, mirror, 0));
+        return refuse_if_committed_past(settings, (log, recovery, mirror, 0));
     };
     let checkpoint_seq = point.seq;
     match replay_log_from(settings, Arc::clone(&fs), Some((file.clone(), point)))? {
@@ -679,8 +696,17 @@ fn replay_log(
             tracing::info!(file = %file.display(), seq = checkpoint_seq, "started from checkpoint");
             return Ok((log, recovery, mirror, checkpoint_seq));
         }
-        Ok((log, ..)) => {
-            tracing::warn!(file = %file.display(), seq = checkpoint_seq, head = log.head().seq, "checkpoint is beyond the recovered log; replaying the whole log");
+        // The checkpoint's chain value matched the log's bytes, yet
+        // recovery ended before its seq: it cut records the checkpoint
+        // shows were committed (a copy of what it cut is kept beside the
+        // segment, see the recovery report).
+        Ok((log, recovery, _)) => {
+            let past = spark_core::checkpoint::PastTheLog {
+                file,
+                seq: checkpoint_seq,
+                why: format!("the recovered log ends at seq {}", log.head().seq),
+            };
+            return Err(lost_committed(past, &recovery));
         }
         Err((file, why)) => {
             tracing::warn!(file = %file.display(), %why, "checkpoint ignored; replaying the log instead");
@@ -691,7 +717,34 @@ fn replay_log(
             path: settings.data_dir.display().to_string(),
             source: std::io::Error::other(why),
         })?;
-    Ok((log, recovery, mirror, 0))
+    refuse_if_committed_past(settings, (log, recovery, mirror, 0))
+}
+
+/// `replayed`, unless a whole checkpoint's seq is past the recovered log's
+/// last seq ([`spark_core::checkpoint::committed_past`]): then the log lost
+/// acknowledged records, and the start is refused (a torn tail recovery
+/// cut is kept beside its segment, as always).
+fn refuse_if_committed_past(
+    settings: &Settings,
+    replayed: (Log, RecoveryReport, Mirror, u64),
+) -> Result<(Log, RecoveryReport, Mirror, u64), EngineOpenError> {
+    match spark_core::checkpoint::committed_past(&settings.data_dir, replayed.0.head().seq) {
+        Some(past) => Err(lost_committed(past, &replayed.1)),
+        None => Ok(replayed),
+    }
+}
+
+/// The refusal of a recovered log that ends before a checkpoint's seq,
+/// naming the torn tail recovery cut, if it cut one (a copy of it is kept
+/// beside the segment).
+fn lost_committed(
+    mut past: spark_core::checkpoint::PastTheLog,
+    recovery: &RecoveryReport,
+) -> EngineOpenError {
+    if let Some(tail) = &recovery.truncated {
+        past.why = format!("{} (recovery cut {})", past.why, tail.summary());
+    }
+    EngineOpenError::LostCommitted(past.to_string())
 }
 
 /// What [`replay_log_from`] gives: the log, recovery's report and the

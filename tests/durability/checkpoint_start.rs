@@ -80,6 +80,7 @@ fn data_with_checkpoint() -> tempfile::TempDir {
         &log_dir(dir.path()),
         DEFAULT_MAX_RECORD_BYTES,
         3,
+        u64::MAX,
         &|| false,
     )
     .unwrap()
@@ -395,4 +396,136 @@ fn damage_behind_the_checkpoint_stops_neither_the_event_stream_nor_the_next_chec
     assert!(!text.contains("event:error"), "{text}");
     drop(stream);
     assert!(server.terminate().success());
+}
+
+/// A data directory whose log ends with a checkpoint: [`CREATES`] creates
+/// and a checkpoint at the last of them; returns it with the checkpoint's
+/// file and point.
+fn data_ending_in_a_checkpoint() -> (tempfile::TempDir, PathBuf, spark_core::checkpoint::LogPoint) {
+    let dir = tempfile::tempdir().unwrap();
+    append_creates(dir.path(), 0, CREATES);
+    let built = spark_core::checkpoint::build(
+        dir.path(),
+        &log_dir(dir.path()),
+        DEFAULT_MAX_RECORD_BYTES,
+        3,
+        u64::MAX,
+        &|| false,
+    )
+    .unwrap()
+    .expect("a checkpoint is written");
+    let file = spark_core::checkpoint::list(dir.path())[0].1.clone();
+    (dir, file, built.at)
+}
+
+/// The names and lengths of every file in the log directory of `data`.
+fn log_files(data: &Path) -> Vec<(String, u64)> {
+    let mut files: Vec<(String, u64)> = std::fs::read_dir(log_dir(data))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (name(&e.path()), e.metadata().unwrap().len()))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Asserts that opening `data` is refused as a log that lost acknowledged
+/// records shown by `checkpoint`, with checkpoints on, then off, then on
+/// again, and that the first refusal names `words`; returns it.
+fn assert_lost(data: &Path, checkpoint: &Path, words: &str) -> String {
+    let first = open(data, true).err().expect("refused");
+    assert!(first.contains(words), "{first}");
+    for refusal in [
+        first.clone(),
+        open(data, false).err().expect("refused"),
+        open(data, true).err().expect("refused"),
+    ] {
+        assert!(
+            refusal.contains("lost acknowledged records")
+                && refusal.contains(&name(checkpoint))
+                && refusal.contains(&format!("seq {CREATES} was committed")),
+            "{refusal}"
+        );
+    }
+    first
+}
+
+/// A last segment cut short below a checkpoint's point (a newcomer's
+/// break-test: `truncate -s` on the newest `.seg`): recovery would take
+/// the cut for a torn tail and hand the lost seqs out again. Refused,
+/// before anything in the directory changes; moving the checkpoint away
+/// is how an operator accepts the loss.
+#[test]
+fn a_last_segment_cut_short_below_a_checkpoint_is_refused_and_left_as_it_is() {
+    let (dir, checkpoint, at) = data_ending_in_a_checkpoint();
+    let last = log_dir(dir.path()).join(spark_log_format::format::segment_file_name(
+        at.segment_first_seq,
+    ));
+    let file = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
+    file.set_len(at.frame_end_offset - 300).unwrap();
+    drop(file);
+    let before = log_files(dir.path());
+
+    let refusal = assert_lost(dir.path(), &checkpoint, "holds");
+    assert!(
+        refusal.contains("nothing in the data directory was changed"),
+        "{refusal}"
+    );
+    assert_eq!(
+        log_files(dir.path()),
+        before,
+        "no cut, no copy, no new segment"
+    );
+
+    std::fs::rename(&checkpoint, dir.path().join("aside.ckpt")).unwrap();
+    let engine = open(dir.path(), true).expect("starts once the operator moved the proof away");
+    assert!(engine.head().seq < CREATES);
+}
+
+/// The segments from the one holding a checkpoint's point on deleted: the
+/// log reads as whole (FORMAT.md, recovery step 5), but the checkpoint
+/// shows it was longer. Refused.
+#[test]
+fn newest_segments_deleted_under_a_checkpoint_are_refused() {
+    let dir = data_with_checkpoint();
+    let checkpoint = spark_core::checkpoint::list(dir.path())[0].1.clone();
+    let at = spark_core::checkpoint::peek(&checkpoint, &log_dir(dir.path()))
+        .unwrap()
+        .at;
+    let files = segments(dir.path());
+    let mut removed = 0;
+    for file in &files {
+        let first_seq: u64 = name(file)[..20].parse().unwrap();
+        if first_seq >= at.segment_first_seq {
+            std::fs::remove_file(file).unwrap();
+            removed += 1;
+        }
+    }
+    assert!(
+        removed >= 1 && removed < files.len(),
+        "{removed} of {}",
+        files.len()
+    );
+    assert_lost(dir.path(), &checkpoint, "is missing");
+}
+
+/// Zeros from the last committed records to the file's end, its length
+/// kept (a disk that lost writes it had confirmed, as a pre-allocated
+/// segment's zero fill looks): the checkpoint's chain value
+/// no longer matches, and recovery ends the log at the zeros. The
+/// recovered log ends before the checkpoint's seq: refused.
+#[test]
+fn zeros_over_records_a_checkpoint_covers_are_refused() {
+    let (dir, checkpoint, at) = data_ending_in_a_checkpoint();
+    let last = log_dir(dir.path()).join(spark_log_format::format::segment_file_name(
+        at.segment_first_seq,
+    ));
+    let mut bytes = std::fs::read(&last).unwrap();
+    let end = at.frame_end_offset as usize;
+    bytes[end - 400..].fill(0);
+    std::fs::write(&last, bytes).unwrap();
+    let refusal = assert_lost(dir.path(), &checkpoint, "the recovered log ends at seq");
+    // Recovery had cut the zeros as a torn tail before the refusal; what it
+    // cut is kept beside the segment, as always.
+    assert!(refusal.contains("recovery cut"), "{refusal}");
 }

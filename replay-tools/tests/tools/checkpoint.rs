@@ -222,18 +222,38 @@ async fn checkpoints_are_written_loaded_and_never_trusted_when_wrong() {
         checkpoint::checkpoint_dir(&data).join(ahead.file_name().unwrap()),
     )
     .unwrap();
-    let checks = verified_checkpoints(&data);
-    assert_eq!(checks[0]["status"], "ignored", "{checks:?}");
+    // A whole checkpoint past the log's end shows the log lost committed
+    // records (or, as here, that it came from a longer copy): `verify` and
+    // `audit damage` report it as damage, the engine refuses to start, and
+    // moving the file away is how an operator accepts the log as it is.
+    let (code, out, err) = run(&["verify", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    let doc = parse(&out);
+    assert_eq!(doc["ok"], false, "{doc}");
     assert!(
-        checks[0]["why"]
-            .as_str()
-            .unwrap()
-            .contains("beyond the log"),
-        "{checks:?}"
+        doc["committed_seq"].as_u64().unwrap() > doc["seq"].as_u64().unwrap(),
+        "{doc}"
     );
-    assert_eq!(checks[0]["seq"], Value::Null);
+    let why = doc["error"].as_str().unwrap();
+    assert!(
+        why.contains("lost acknowledged records")
+            && why.contains(&ahead.file_name().unwrap().to_string_lossy().into_owned()),
+        "{why}"
+    );
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(parse(&out)["kind"], "lost_committed", "{out}");
+    let refused = Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock))
+        .err()
+        .expect("refused");
+    assert!(
+        refused.to_string().contains("lost acknowledged records"),
+        "{refused}"
+    );
     let ((alone, _), (from, _, used)) = rebuild_both(&data);
     assert_eq!((&from, &alone, used), (&live, &live, Value::Null));
+    std::fs::remove_file(checkpoint::checkpoint_dir(&data).join(ahead.file_name().unwrap()))
+        .unwrap();
     assert_eq!(open_digest(&settings).await, live);
 }
 
