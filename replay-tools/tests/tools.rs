@@ -832,6 +832,9 @@ async fn audit_damage_and_verify_agree_on_an_op_that_does_not_replay() {
     assert_eq!(report["kind"], "op_does_not_replay");
 }
 
+/// A `.seg` file whose name is not 20 digits is named as a stray file, not
+/// damage (README, `audit damage`): exit 3 (the log is not read until it is
+/// moved out), never 1, the damage code. Any other stray file is ignored.
 #[tokio::test]
 async fn a_seg_file_with_a_bad_name_is_a_stray_file_not_damage() {
     let dir = tempfile::tempdir().unwrap();
@@ -839,16 +842,32 @@ async fn a_seg_file_with_a_bad_name_is_a_stray_file_not_damage() {
     let (engine, _) = populate(&data, 64 << 20).await;
     engine.shutdown().await;
     drop(engine);
-    std::fs::write(data.join("log/backup.seg"), b"whatever").unwrap();
+    // A file not named like a segment at all is ignored.
+    std::fs::write(data.join("log/notes.txt"), b"whatever").unwrap();
     for args in [&["verify"][..], &["audit", "damage"][..]] {
         let (code, out, err) = run(args, &data);
-        assert_eq!(code, 1, "{args:?}: {out}{err}");
-        assert!(
-            err.contains("stray file backup.seg") && !err.contains("seq 1"),
-            "{args:?}: {err}"
-        );
-        assert!(!out.contains("damaged: seq"), "{args:?}: {out}");
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
     }
+    for stray in ["backup.seg", "junk.seg"] {
+        std::fs::write(data.join("log").join(stray), b"whatever").unwrap();
+        for args in [
+            &["verify"][..],
+            &["audit", "damage"][..],
+            &["audit", "damage", "--json"][..],
+        ] {
+            let (code, out, err) = run(args, &data);
+            assert_eq!(code, 3, "{args:?}: {out}{err}");
+            assert!(
+                err.contains(&format!("stray file {stray}"))
+                    && err.contains("not damage")
+                    && !err.contains("seq 1"),
+                "{args:?}: {err}"
+            );
+            assert!(!out.contains("damaged"), "{args:?}: {out}");
+        }
+        std::fs::remove_file(data.join("log").join(stray)).unwrap();
+    }
+    std::fs::write(data.join("log/backup.seg"), b"whatever").unwrap();
     // The engine refuses to start, naming the file.
     let error = refused_open(&data);
     assert!(error.contains("stray file backup.seg"), "{error}");
