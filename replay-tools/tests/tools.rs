@@ -689,6 +689,10 @@ async fn audit_damage_names_a_damaged_commit_mark_as_no_op() {
         ),
         "{out}"
     );
+    // No record is damaged, and no device is named: no device is asked to
+    // send anything again.
+    assert!(!out.contains("devices named"), "{out}");
+    assert!(out.contains("no record is damaged"), "{out}");
 }
 
 #[tokio::test]
