@@ -84,7 +84,10 @@ pub fn range_text(report: &DamageReport) -> String {
 }
 
 /// One paragraph for people: the error, the damaged range, what the
-/// damaged records were about where they still decode, and what to do.
+/// damaged records were about where they still decode, and what to do
+/// (the devices named may send their captures again; when none is named,
+/// only a restore brings the records back, and when no record is damaged,
+/// no capture is missing).
 pub fn summary(report: &DamageReport) -> String {
     let mut text = format!(
         "{}\ndamaged: {} (segment {} from offset {})",
@@ -93,7 +96,9 @@ pub fn summary(report: &DamageReport) -> String {
         report.segment,
         report.offset
     );
-    for op in salvage(report) {
+    let ops = salvage(report);
+    let devices_named = ops.iter().any(|op| op.device.is_some());
+    for op in ops {
         text.push_str(&format!(
             "\n  seq {} {}: entity {}, request {}, device {}",
             op.seq,
@@ -104,9 +109,78 @@ pub fn summary(report: &DamageReport) -> String {
         ));
     }
     match report.kind {
-        DamageKind::Corrupt => text.push_str("\nthe devices named can send these captures again with the same ids once the engine runs on a restored log (README \"A damaged log\")"),
+        DamageKind::Corrupt if devices_named => text.push_str("\nthe devices named can send these captures again with the same ids once the engine runs on a restored log (README \"A damaged log\")"),
+        DamageKind::Corrupt if report.damaged_seqs().is_some() => text.push_str("\nno damaged record still decodes far enough to name its device: restore the log from an archive or a replica (README \"A damaged log\"); without one, the log does not say which devices sent these captures"),
+        DamageKind::Corrupt => text.push_str("\nno record is damaged, so no capture needs sending again; the engine still refuses the log until the segment is restored from an archive or a replica (README \"A damaged log\")"),
         DamageKind::DamagedOrTornLastFrame { seal: true, .. } => {}
         DamageKind::DamagedOrTornLastFrame { seal: false, .. } => text.push_str("\nif it was acknowledged, the client holding that capture can send it again once the engine has cut it"),
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spark_log_format::SalvagedRecord;
+
+    /// A corrupt-log report on `damaged` (its records) after seq 4, whose
+    /// next good seq is `next`.
+    fn report(salvaged: Vec<SalvagedRecord>, next: Option<u64>) -> DamageReport {
+        DamageReport {
+            kind: DamageKind::Corrupt,
+            error: "corrupt log: segment 00000000000000000001.seg at offset 900 (seq 5): \
+                    record checksum mismatch"
+                .into(),
+            segment: "00000000000000000001.seg".into(),
+            offset: 900,
+            last_good_seq: 4,
+            next_good_seq: next,
+            salvaged,
+        }
+    }
+
+    /// Seq 5 as a damaged record: a `moment.create` from `phone-1` when
+    /// `decodes`, else bytes that decode to no op.
+    fn record(decodes: bool) -> SalvagedRecord {
+        let (kind, kind_version, payload) = crate::synth::moment_create(5).encode().unwrap();
+        SalvagedRecord {
+            seq: 5,
+            offset: 900,
+            ts_ms: 1,
+            kind,
+            kind_version,
+            payload: if decodes { payload } else { vec![0xff; 3] },
+        }
+    }
+
+    const DEVICES_NAMED: &str = "the devices named can send these captures again";
+
+    #[test]
+    fn the_devices_are_asked_to_send_again_only_when_named() {
+        let named = summary(&report(vec![record(true)], Some(6)));
+        assert!(named.contains("device phone-1"), "{named}");
+        assert!(named.contains(DEVICES_NAMED), "{named}");
+
+        // Damaged records, none of which decodes (or none salvaged, as
+        // for a missing segment file): no device is named.
+        for salvaged in [vec![record(false)], vec![]] {
+            let unnamed = summary(&report(salvaged, Some(6)));
+            assert!(unnamed.contains("damaged: seq 5"), "{unnamed}");
+            assert!(!unnamed.contains(DEVICES_NAMED), "{unnamed}");
+            assert!(
+                unnamed.contains("no damaged record still decodes far enough to name its device"),
+                "{unnamed}"
+            );
+        }
+
+        // No record damaged (a commit mark, a header, a seal): no capture
+        // is missing.
+        let none = summary(&report(vec![], Some(5)));
+        assert!(none.contains("damaged: no op"), "{none}");
+        assert!(!none.contains(DEVICES_NAMED), "{none}");
+        assert!(
+            none.contains("no record is damaged, so no capture needs sending again"),
+            "{none}"
+        );
+    }
 }

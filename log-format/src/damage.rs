@@ -92,8 +92,9 @@ pub struct DamageReport {
     pub offset: u64,
     /// The seq of the last record read before the damage (0 when none was):
     /// the damaged range starts right after it. (The reader's error names
-    /// the seq a segment was expected to start at where the damage is at
-    /// its header; this is always the last record actually read.)
+    /// the damaged frame's seq, [`FaultSeq`](crate::FaultSeq): for a
+    /// damaged record its own seq, this + 1; this is always the last record
+    /// actually read.)
     pub last_good_seq: Seq,
     /// The first valid seq after the damage, if any (in this segment or a
     /// later one).
@@ -165,7 +166,7 @@ pub fn damage_report_with(
             std::ops::ControlFlow::Continue(())
         })
     });
-    let (segment, offset, error, walked) = match verdict {
+    let (segment, offset, error, fault) = match verdict {
         Ok(scan) => {
             return match &scan.torn_tail {
                 Some(torn) => {
@@ -188,14 +189,12 @@ pub fn damage_report_with(
         }
         Err(other) => return Err(other),
     };
-    // Past a header, the error's seq is the last whole record the walk read:
-    // in version 2 records of a batch are read (intact) before they are
-    // visited, which waits for the batch's commit mark. Cast: usize is at
-    // most 64 bits.
-    let last_good_seq = if offset >= HEADER_LEN as u64 {
-        last_read.max(walked)
-    } else {
-        last_read
+    // Past a header, the error's seq says which whole record the walk read
+    // last: in version 2 records of a batch are read (intact) before they
+    // are visited, which waits for the batch's commit mark.
+    let last_good_seq = match fault.last_walked() {
+        Some(walked) => last_read.max(walked),
+        None => last_read,
     };
     let map = fs
         .map(&dir.join(&segment))

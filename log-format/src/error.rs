@@ -32,16 +32,18 @@ pub enum LogError {
     ///
     /// `segment` is the segment file name, `offset` the byte offset in that
     /// file where the damage starts (0 for a bad header or name), `seq` the
-    /// last good seq before the damage, or the seq that was expected where
-    /// the damage is a gap; `reason` says which rule failed.
-    #[error("corrupt log: segment {segment} at offset {offset} (seq {seq}): {reason}")]
+    /// seq of the damaged frame ([`FaultSeq`]: the faulty record's own seq,
+    /// the one expected there; or, where the fault is no record, what it
+    /// lies after, the batch it fails to close, or the header's segment),
+    /// `reason` says which rule failed.
+    #[error("corrupt log: segment {segment} at offset {offset} ({seq}): {reason}")]
     Corrupt {
         /// Segment file name, e.g. `00000000000000000001.seg`.
         segment: String,
         /// Byte offset in the segment file.
         offset: u64,
-        /// Last good seq, or the seq expected.
-        seq: Seq,
+        /// Which seq the damage is at, and what it is.
+        seq: FaultSeq,
         /// The rule that failed, in words.
         reason: String,
     },
@@ -93,6 +95,63 @@ pub enum LogError {
     Poisoned(String),
 }
 
+/// Where a [`LogError::Corrupt`] lies in seq terms (FORMAT.md, "Torn and
+/// corrupt, exactly"): the seq it names and what that seq is. Printed in
+/// the error's parentheses: `seq 1023`, `after seq 1022`, `batch of seqs
+/// 5..=7`, `header of the segment expected to start at seq 677`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultSeq {
+    /// A record: the seq of the faulty record, which is the seq expected
+    /// at the offset (the last good seq + 1; a record whose own seq field
+    /// is damaged or wrong is named by the seq it should have).
+    Record(Seq),
+    /// No record: a seal, a commit mark, a missing seal, bytes after a seal
+    /// or a checkpoint's point, right after the record with this seq (0:
+    /// before the log's first record). No record is damaged there.
+    After(Seq),
+    /// The records `first..=last`, walked whole, whose batch the frame at
+    /// the offset (a commit mark that does not match them, or a seal) does
+    /// not close as a valid commit mark would: none of them is vouched for.
+    Batch {
+        /// The batch's first seq.
+        first: Seq,
+        /// The batch's last seq.
+        last: Seq,
+    },
+    /// A segment header (or a segment file that should be one): the seq
+    /// the segment was expected to start at.
+    Header(Seq),
+}
+
+impl FaultSeq {
+    /// The seq of the last record before the damage that the walk read
+    /// whole: the record before the faulty one, the one the fault lies
+    /// after, the one before the batch; `None` for a header, whose walk
+    /// stopped in an earlier segment.
+    pub fn last_walked(&self) -> Option<Seq> {
+        match *self {
+            FaultSeq::Record(seq) => Some(seq.saturating_sub(1)),
+            FaultSeq::After(seq) => Some(seq),
+            FaultSeq::Batch { first, .. } => Some(first.saturating_sub(1)),
+            FaultSeq::Header(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for FaultSeq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            FaultSeq::Record(seq) => write!(f, "seq {seq}"),
+            FaultSeq::After(seq) => write!(f, "after seq {seq}"),
+            FaultSeq::Batch { first, last } if first == last => write!(f, "batch of seq {first}"),
+            FaultSeq::Batch { first, last } => write!(f, "batch of seqs {first}..={last}"),
+            FaultSeq::Header(seq) => {
+                write!(f, "header of the segment expected to start at seq {seq}")
+            }
+        }
+    }
+}
+
 /// `ENOSPC` on Linux and the BSDs (macOS included).
 const ENOSPC: i32 = 28;
 /// `EDQUOT` on Linux (a disk quota is used up: no space for this user).
@@ -126,7 +185,7 @@ impl LogError {
     pub(crate) fn corrupt(
         segment: &str,
         offset: usize,
-        seq: Seq,
+        seq: FaultSeq,
         reason: impl Into<String>,
     ) -> LogError {
         LogError::Corrupt {

@@ -49,7 +49,7 @@ mod writer;
 pub use damage::{
     damage_report, damage_report_with, last_frame_report, DamageKind, DamageReport, SalvagedRecord,
 };
-pub use error::{is_no_space_error, LogError, OpenError};
+pub use error::{is_no_space_error, FaultSeq, LogError, OpenError};
 pub use format::{
     ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES,
     FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, SEGMENT_SUFFIX,

@@ -15,7 +15,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::{LogError, OpenError};
+use crate::error::{FaultSeq, LogError, OpenError};
 use crate::format::{chain_hex, segment_file_name, ChainValue, RecordRef, Seq};
 use crate::fs::Fs;
 use crate::segment::{
@@ -86,8 +86,9 @@ pub struct DeferredSegment {
 /// record, commit marks, the seal's chain value over the bytes, only zeros
 /// after it), and that it still ends where startup found its seal.
 ///
-/// Errors: `Corrupt` naming the segment, the offset and the last good seq
-/// (the damage startup did not see); `Io` when the file cannot be mapped
+/// Errors: `Corrupt` naming the segment, the offset and the seq of the
+/// damage ([`FaultSeq`]: the faulty record's own seq) that startup did not
+/// see; `Io` when the file cannot be mapped
 /// (a missing file included).
 pub fn scrub_segment(
     dir: &Path,
@@ -126,7 +127,7 @@ pub fn scrub_segment(
         _ => Err(LogError::Corrupt {
             segment: segment.name.clone(),
             offset: segment.bytes,
-            seq: segment.last_seq,
+            seq: FaultSeq::After(segment.last_seq),
             reason: "the segment no longer ends with the seal startup checked".into(),
         }),
     }
@@ -437,7 +438,7 @@ fn point_mismatch(point: &LogPoint, why: &str) -> LogError {
     LogError::Corrupt {
         segment: segment_file_name(point.segment_first_seq),
         offset: point.frame_end_offset,
-        seq: point.seq,
+        seq: FaultSeq::After(point.seq),
         reason: format!(
             "the checkpoint's point (seq {}, chain value {}) does not match the log: {why}",
             point.seq,

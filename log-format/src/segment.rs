@@ -12,14 +12,14 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use crate::error::LogError;
+use crate::error::{FaultSeq, LogError};
 use crate::format::{
-    chain_hasher, chain_hex, decode_record, le_u32, le_u64, parse_segment_file_name, ChainValue,
-    CommitMark, Damage, HeaderError, RecordDecode, RecordRef, SegmentHeader, Seq,
+    chain_hasher, chain_hex, decode_record, le_u16, le_u32, le_u64, parse_segment_file_name,
+    ChainValue, CommitMark, Damage, HeaderError, RecordDecode, RecordRef, SegmentHeader, Seq,
     COMMIT_KIND_VERSION, COMMIT_RECORD_BYTES, FORMAT_VERSION, HEADER_CHAIN_START_OFFSET,
-    HEADER_FIRST_SEQ_OFFSET, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, RECORD_MIN_LEN,
-    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN,
-    SEAL_RECORD_BYTES, SEGMENT_SUFFIX,
+    HEADER_FIRST_SEQ_OFFSET, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, RECORD_KIND_OFFSET,
+    RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN, RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET,
+    SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES, SEGMENT_SUFFIX,
 };
 use crate::fs::Fs;
 
@@ -438,7 +438,7 @@ fn check_header(
             return Err(LogError::corrupt(
                 name,
                 e.offset(),
-                expect.first_seq,
+                FaultSeq::Header(expect.first_seq),
                 format!("bad segment header: {e}"),
             ))
         }
@@ -450,7 +450,7 @@ fn check_header(
                 Some((offset, seq)) => Err(LogError::corrupt(
                     name,
                     e.offset(),
-                    expect.first_seq,
+                    FaultSeq::Header(expect.first_seq),
                     format!(
                         "bad segment header ({e}) in a file that holds a valid record \
                          (seq {seq} at offset {offset})"
@@ -463,7 +463,7 @@ fn check_header(
         return Err(LogError::corrupt(
             name,
             HEADER_FIRST_SEQ_OFFSET,
-            expect.first_seq,
+            FaultSeq::Header(expect.first_seq),
             format!(
                 "header first_seq {} disagrees with the file name",
                 header.first_seq
@@ -474,7 +474,7 @@ fn check_header(
         return Err(LogError::corrupt(
             name,
             HEADER_FIRST_SEQ_OFFSET,
-            expect.first_seq,
+            FaultSeq::Header(expect.first_seq),
             format!(
                 "seq gap: segment starts at seq {}, expected {}",
                 header.first_seq, expect.first_seq
@@ -485,13 +485,11 @@ fn check_header(
         return Err(LogError::corrupt(
             name,
             HEADER_CHAIN_START_OFFSET,
-            expect.first_seq,
+            FaultSeq::Header(expect.first_seq),
             format!(
-                "chain broken: header chain_start {} is not the previous segment's final chain {} \
-                 (segment expected to start at seq {})",
+                "chain broken: header chain_start {} is not the previous segment's final chain {}",
                 chain_hex(&header.chain_start),
                 chain_hex(&expect.chain_start),
-                expect.first_seq
             ),
         ));
     }
@@ -565,7 +563,10 @@ fn walk_records<'a>(
                 return Err(LogError::corrupt(
                     name,
                     w.offset,
-                    w.ack_seq,
+                    FaultSeq::Batch {
+                        first: w.ack_seq + 1,
+                        last: w.last_seq,
+                    },
                     "seal after records that no commit mark closes",
                 ));
             }
@@ -577,7 +578,7 @@ fn walk_records<'a>(
             return Err(LogError::corrupt(
                 name,
                 w.offset,
-                w.last_seq,
+                FaultSeq::Record(w.last_seq.wrapping_add(1)),
                 format!(
                     "seq gap: expected seq {}, found {}",
                     w.last_seq.wrapping_add(1),
@@ -651,10 +652,20 @@ fn close_batch<'a>(
         && CommitMark::decode(payload)
             .is_some_and(|mark| mark.closes(bytes.get(w.ack_end..w.offset).unwrap_or(&[]), count));
     if !closes {
+        // The records walked since the last mark, which this one does not
+        // vouch for; a mark with none before it lies after the last mark.
+        let seq = if count > 0 {
+            FaultSeq::Batch {
+                first: w.ack_seq + 1,
+                last: w.last_seq,
+            }
+        } else {
+            FaultSeq::After(w.last_seq)
+        };
         return Err(LogError::corrupt(
             name,
             w.offset,
-            w.ack_seq,
+            seq,
             format!(
                 "{} (seq {}, {count} records since the last mark)",
                 Damage::CommitMismatch,
@@ -711,7 +722,7 @@ fn check_sealed_end(
         return Err(LogError::corrupt(
             name,
             walk.offset + i,
-            walk.last_seq,
+            FaultSeq::After(walk.last_seq),
             "non-zero bytes after the seal",
         ));
     }
@@ -724,7 +735,7 @@ fn check_sealed_end(
             return Err(LogError::corrupt(
                 name,
                 seal_offset,
-                walk.last_seq,
+                FaultSeq::After(walk.last_seq),
                 format!(
                     "chain mismatch: the seal holds {}, the bytes hash to {}",
                     chain_hex(&chain),
@@ -751,12 +762,19 @@ fn judge_tail(
     if opts.role == Role::Live {
         return Ok(None);
     }
+    let committed = format_version >= FORMAT_VERSION;
     if opts.role == Role::Sealed {
-        let reason = match walk.stop {
-            Some(damage) => format!("{damage} in a sealed segment"),
-            None => "the segment ends without a seal".to_owned(),
+        let (seq, reason) = match walk.stop {
+            Some(damage) => {
+                let (seq, what) = damaged_frame(bytes, walk, committed, damage);
+                (seq, format!("{what} in a sealed segment"))
+            }
+            None => (
+                FaultSeq::After(walk.last_seq),
+                "the segment ends without a seal".to_owned(),
+            ),
         };
-        return Err(LogError::corrupt(name, walk.offset, walk.last_seq, reason));
+        return Err(LogError::corrupt(name, walk.offset, seq, reason));
     }
     // Nothing but zeros from the last acknowledged frame to the end of the
     // file: the end of the log, not a torn tail. The writer's zero fill
@@ -778,7 +796,7 @@ fn judge_tail(
             return Err(LogError::corrupt(
                 name,
                 at,
-                walk.last_seq,
+                FaultSeq::Record(walk.last_seq.wrapping_add(1)),
                 format!(
                     "whole record (seq {}) with {damage} {}; raise the limit to read it",
                     record.seq, opts.max_record_bytes
@@ -786,18 +804,18 @@ fn judge_tail(
             ));
         }
     }
-    let committed = format_version >= FORMAT_VERSION;
     let last_seen = if committed {
         check_uncommitted_tail(name, bytes, walk, damage, opts)?
     } else {
         if let Some((found, seq)) =
             find_valid_record(bytes, at + 1, walk.last_seq, opts.max_record_bytes)
         {
+            let (fault, what) = damaged_frame(bytes, walk, committed, damage);
             return Err(LogError::corrupt(
                 name,
                 at,
-                walk.last_seq,
-                format!("{damage}, but a valid record (seq {seq}) follows at offset {found}"),
+                fault,
+                format!("{what}, but a valid record (seq {seq}) follows at offset {found}"),
             ));
         }
         walk.last_seq
@@ -814,6 +832,48 @@ fn judge_tail(
         whole_frame: damage == Damage::BadCrc
             && !(committed && reaches_unwritten_sector(bytes, at, frame_end)),
     }))
+}
+
+/// Where in seq terms the frame at `walk.offset`, which does not decode
+/// (`damage`), is damaged, and the damage in words (FORMAT.md, "Torn and
+/// corrupt, exactly"). The log expects there the record `L + 1` (`L` the
+/// last record walked) or one frame of its own: in version 2 after the
+/// records of a batch no mark closed yet, that batch's commit mark, else a
+/// seal. The frame is read as that frame of the log's own when at least
+/// three of its four identifying fields hold its values (`len` 40 or 52,
+/// `kind` 0, `kind_version` 2 or 1, `seq` `L`), so damage to any one field
+/// never changes the reading; then nothing is damaged but that frame,
+/// which lies after seq `L` ([`FaultSeq::After`]). Else it is record
+/// `L + 1` ([`FaultSeq::Record`]): a record never has `kind` 0 nor seq `L`.
+/// Records without a commit mark where the segment ends lie before a
+/// missing mark, after seq `L`.
+fn damaged_frame(bytes: &[u8], walk: &Walk, committed: bool, damage: Damage) -> (FaultSeq, String) {
+    let last = walk.last_seq;
+    if damage == Damage::Uncommitted {
+        return (FaultSeq::After(last), damage.to_string());
+    }
+    let open_batch = committed && walk.last_seq > walk.ack_seq;
+    let (frame_bytes, kind_version, what) = if open_batch {
+        (COMMIT_RECORD_BYTES, COMMIT_KIND_VERSION, "commit mark")
+    } else {
+        (SEAL_RECORD_BYTES, SEAL_KIND_VERSION, "seal")
+    };
+    let at = walk.offset;
+    let holds = [
+        le_u32(bytes, at).and_then(|len| usize::try_from(len).ok())
+            == Some(frame_bytes - RECORD_SEQ_OFFSET),
+        le_u16(bytes, at + RECORD_KIND_OFFSET) == Some(KIND_SEAL),
+        le_u16(bytes, at + RECORD_KIND_VERSION_OFFSET) == Some(kind_version),
+        le_u64(bytes, at + RECORD_SEQ_OFFSET) == Some(last),
+    ];
+    if holds.iter().filter(|&&h| h).count() >= 3 {
+        (
+            FaultSeq::After(last),
+            format!("{damage} (the damaged frame reads as the {what} after seq {last})"),
+        )
+    } else {
+        (FaultSeq::Record(last.wrapping_add(1)), damage.to_string())
+    }
 }
 
 /// Version 2: the tail after the last valid commit mark is a batch whose
@@ -833,7 +893,8 @@ fn check_uncommitted_tail(
     opts: DecodeOptions,
 ) -> Result<Seq, LogError> {
     let at = walk.offset;
-    let refuse = |reason: String| LogError::corrupt(name, at, walk.last_seq, reason);
+    let (fault, damage) = damaged_frame(bytes, walk, true, damage);
+    let refuse = |reason: String| LogError::corrupt(name, at, fault, reason);
     // From the walk's last seq on: a seal after the damage repeats it.
     let Some((next, next_seq)) = find_valid_record(
         bytes,
@@ -978,11 +1039,12 @@ fn check_seal(
     seal: &RecordRef<'_>,
     last_seq: Seq,
 ) -> Result<ChainValue, LogError> {
+    let after = FaultSeq::After(last_seq);
     if seal.kind_version != SEAL_KIND_VERSION {
         return Err(LogError::corrupt(
             name,
             offset,
-            last_seq,
+            after,
             format!("seal with kind_version {}", seal.kind_version),
         ));
     }
@@ -990,7 +1052,7 @@ fn check_seal(
         return Err(LogError::corrupt(
             name,
             offset,
-            last_seq,
+            after,
             format!("seal names seq {}, the last record is {last_seq}", seal.seq),
         ));
     }
@@ -999,7 +1061,7 @@ fn check_seal(
         _ => Err(LogError::corrupt(
             name,
             offset,
-            last_seq,
+            after,
             format!(
                 "seal payload of {} bytes, expected {SEAL_PAYLOAD_LEN}",
                 seal.payload.len()

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use crate::error::{LogError, OpenError};
+use crate::error::{FaultSeq, LogError, OpenError};
 use crate::format::{
     chain_hasher, chain_hex, encode_commit, encode_record, encode_seal, record_size,
     segment_file_name, ChainValue, CommitMark, RecordIn, RecordRef, SegmentHeader, Seq,
@@ -404,7 +404,12 @@ impl Log {
         let bytes = self.fs.map(&active.path);
         let bytes = poison(&mut self.poisoned, "map", &active.path, bytes)?;
         let header = SegmentHeader::decode((*bytes).as_ref()).map_err(|e| {
-            LogError::corrupt(&active.name, e.offset(), self.head.seq + 1, e.to_string())
+            LogError::corrupt(
+                &active.name,
+                e.offset(),
+                FaultSeq::Header(self.head.seq + 1),
+                e.to_string(),
+            )
         })?;
         drop(bytes);
         let encoded = header.encode();

@@ -78,7 +78,11 @@ fn huge_len_before_a_valid_record_is_corrupt() {
     let (segment, offset, seq) = corrupt_fields(&error);
     assert_eq!(
         (segment, offset, seq),
-        (segment_file_name(1), seg.offsets[1] as u64, 1)
+        (
+            segment_file_name(1),
+            seg.offsets[1] as u64,
+            spark_log_format::FaultSeq::Record(2)
+        )
     );
     assert_eq!(
         corrupt_fields(&reader_error(dir.path())).1,
@@ -112,7 +116,10 @@ fn whole_record_over_a_lowered_limit_is_refused_not_truncated() {
         error.to_string().contains("over max_record_bytes"),
         "{error}"
     );
-    assert_eq!(corrupt_fields(&error).2, 1);
+    assert_eq!(
+        corrupt_fields(&error).2,
+        spark_log_format::FaultSeq::Record(2)
+    );
     let len_after = std::fs::metadata(segment_paths(dir.path())[0].clone())
         .unwrap()
         .len();

@@ -54,7 +54,9 @@ pub enum AuditCmd {
     /// Exit 1 when the log is damaged, 0 when it is whole (a torn write
     /// at the tail included, which `verify` only notes; a version-2 tail
     /// after the last valid commit mark is reported as "unacknowledged tail
-    /// cut" with its seqs, not as damage).
+    /// cut" with its seqs, not as damage). A `.seg` file whose name is not
+    /// 20 digits is named as a stray file, not damage: exit 3, since no log
+    /// is read until it is moved out.
     Damage {
         #[command(flatten)]
         common: Common,

@@ -40,8 +40,10 @@ const EXIT_CODES: &str = "Exit codes:
   0  clean (for verify and audits: nothing wrong found)
   1  damage found: the message names segment, offset and seq
   2  bad usage
-  3  the data directory cannot be read, an output file cannot be written, or
-     the archive's store (--from) cannot be reached";
+  3  the data directory cannot be read (a stray .seg file in the log
+     directory included: not damage, but no log is read until it is moved
+     out), an output file cannot be written, or the archive's store (--from)
+     cannot be reached";
 
 /// Offline tools for a Spark data directory: verify, dump, rebuild, audit,
 /// stats. Read-only; safe beside a running server.

@@ -59,13 +59,19 @@ fn engine_running(data: &Path) -> bool {
     )
 }
 
-/// Maps a log error to a failure: damage (and a stray `.seg` file, named)
-/// exits 1, the rest 3.
+/// Maps a log error to a failure: damage exits 1, the rest 3. A stray
+/// `.seg` file (a name that is not 20 digits) is named and exits 3, not 1:
+/// it is no segment and no seq is damaged (README, `audit damage`), but no
+/// log is read until it is moved out of the log directory.
 pub fn log_failure(error: LogError) -> Failure {
     match error {
-        LogError::Corrupt { .. }
-        | LogError::UnsupportedVersion { .. }
-        | LogError::StrayFile { .. } => Failure::damage(error.to_string()),
+        LogError::Corrupt { .. } | LogError::UnsupportedVersion { .. } => {
+            Failure::damage(error.to_string())
+        }
+        LogError::StrayFile { .. } => Failure::unreadable(format!(
+            "{error}; not damage (exit 3): the log was not checked, run again once the file \
+             is moved out"
+        )),
         other => Failure::unreadable(other.to_string()),
     }
 }

@@ -383,6 +383,14 @@ async fn audit_damage_names_the_damaged_seqs_and_what_they_were() {
     // The server refuses to start, and says the same.
     let error = refused_open(&data);
     assert!(error.contains("damaged: seq 2"), "{error}");
+    // The fault is named by the damaged record's own seq, and its device is
+    // named, so the text asks it to send the capture again.
+    assert!(error.contains("(seq 2): "), "{error}");
+    assert!(
+        error.contains("device test-phone")
+            && error.contains("the devices named can send these captures again"),
+        "{error}"
+    );
     assert!(
         error.contains("request r-1") && error.contains(&ids[1].to_string()),
         "{error}"
@@ -522,6 +530,86 @@ async fn audit_damage_and_verify_agree_on_a_missing_segment() {
     assert!(error.contains(&range), "{error}");
 }
 
+/// The frames of a segment file, parsed by FORMAT.md's tables alone (not
+/// the crate's decoder): (offset, seq, kind) of each, from the end of the
+/// 64-byte header up to the zero fill.
+fn frames_by_the_tables(bytes: &[u8]) -> Vec<(usize, u64, u16)> {
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    let u16_at = |at: usize| u16::from_le_bytes(bytes[at..at + 2].try_into().unwrap());
+    let mut frames = Vec::new();
+    let mut at = 64;
+    while at + 28 <= bytes.len() && u32_at(at) != 0 {
+        frames.push((at, u64_at(at + 8), u16_at(at + 24)));
+        at += 8 + u32_at(at) as usize;
+    }
+    frames
+}
+
+/// A flipped byte inside a record names that record's own seq (the one the
+/// frame holds, by FORMAT.md's tables), never the last good one before it:
+/// in `verify`'s fault, in `audit damage`'s error and range, and in the
+/// engine's refusal; in a sealed segment and in the last one.
+#[tokio::test]
+async fn verify_and_audit_damage_name_the_seq_of_the_damaged_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let segments = populate_segments(&data).await;
+    assert!(segments.len() >= 3, "{segments:?}");
+    for (index, segment) in [&segments[1], segments.last().unwrap()]
+        .into_iter()
+        .enumerate()
+    {
+        let copy = dir.path().join(format!("copy-{index}"));
+        std::fs::create_dir_all(copy.join("log")).unwrap();
+        for s in &segments {
+            let from = data.join("log").join(&s.name);
+            std::fs::copy(from, copy.join("log").join(&s.name)).unwrap();
+        }
+        let path = copy.join("log").join(&segment.name);
+        let mut bytes = std::fs::read(&path).unwrap();
+        // A record (kind 0 is the log's own seal and commit mark) in the
+        // middle of the segment, with valid frames after it.
+        let records: Vec<_> = frames_by_the_tables(&bytes)
+            .into_iter()
+            .filter(|&(_, _, kind)| kind != 0)
+            .collect();
+        assert!(records.len() >= 3, "{}: {records:?}", segment.name);
+        let (offset, seq, _) = records[records.len() / 2];
+        // A byte of its payload, past the 28-byte frame header.
+        bytes[offset + 30] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        let place = format!("{} at offset {offset} (seq {seq}):", segment.name);
+
+        let (code, out, err) = run(&["verify"], &copy);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(err.contains(&place), "{place}: {err}");
+
+        let (code, out, err) = run(&["audit", "damage", "--json"], &copy);
+        assert_eq!(code, 1, "{out}{err}");
+        let report = json(&out);
+        assert_eq!(report["kind"], "corrupt");
+        assert_eq!(report["damaged_seqs"]["first"], seq, "{report}");
+        assert_eq!(report["last_good_seq"], seq - 1, "{report}");
+        assert!(
+            report["error"].as_str().unwrap().contains(&place),
+            "{place}: {report}"
+        );
+        let (code, out, err) = run(&["audit", "damage"], &copy);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(
+            out.contains(&place) && out.contains(&format!("damaged: seq {seq} ")),
+            "{place}: {out}"
+        );
+
+        let error = refused_open(&copy);
+        assert!(
+            error.contains(&place) && error.contains(&format!("damaged: seq {seq} ")),
+            "{place}: {error}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn verify_describes_zeros_then_a_stray_byte_as_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
@@ -571,10 +659,22 @@ async fn audit_damage_names_a_damaged_commit_mark_as_no_op() {
     bytes[offset3 - 1] ^= 0x10;
     std::fs::write(&segment, &bytes).unwrap();
 
+    // No record is damaged: the fault lies after seq 2, the mark's batch.
+    let place = format!("at offset {} (after seq 2):", offset3 - 48);
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains(&place) && err.contains("reads as the commit mark after seq 2"),
+        "{place}: {err}"
+    );
     let (code, out, err) = run(&["audit", "damage", "--json"], &data);
     assert_eq!(code, 1, "{out}{err}");
     let report = json(&out);
     assert_eq!(report["kind"], "corrupt");
+    assert!(
+        report["error"].as_str().unwrap().contains(&place),
+        "{report}"
+    );
     assert_eq!(report["last_good_seq"], 2);
     assert_eq!(report["next_good_seq"], 3);
     assert_eq!(
@@ -589,6 +689,10 @@ async fn audit_damage_names_a_damaged_commit_mark_as_no_op() {
         ),
         "{out}"
     );
+    // No record is damaged, and no device is named: no device is asked to
+    // send anything again.
+    assert!(!out.contains("devices named"), "{out}");
+    assert!(out.contains("no record is damaged"), "{out}");
 }
 
 #[tokio::test]
@@ -732,6 +836,9 @@ async fn audit_damage_and_verify_agree_on_an_op_that_does_not_replay() {
     assert_eq!(report["kind"], "op_does_not_replay");
 }
 
+/// A `.seg` file whose name is not 20 digits is named as a stray file, not
+/// damage (README, `audit damage`): exit 3 (the log is not read until it is
+/// moved out), never 1, the damage code. Any other stray file is ignored.
 #[tokio::test]
 async fn a_seg_file_with_a_bad_name_is_a_stray_file_not_damage() {
     let dir = tempfile::tempdir().unwrap();
@@ -739,16 +846,32 @@ async fn a_seg_file_with_a_bad_name_is_a_stray_file_not_damage() {
     let (engine, _) = populate(&data, 64 << 20).await;
     engine.shutdown().await;
     drop(engine);
-    std::fs::write(data.join("log/backup.seg"), b"whatever").unwrap();
+    // A file not named like a segment at all is ignored.
+    std::fs::write(data.join("log/notes.txt"), b"whatever").unwrap();
     for args in [&["verify"][..], &["audit", "damage"][..]] {
         let (code, out, err) = run(args, &data);
-        assert_eq!(code, 1, "{args:?}: {out}{err}");
-        assert!(
-            err.contains("stray file backup.seg") && !err.contains("seq 1"),
-            "{args:?}: {err}"
-        );
-        assert!(!out.contains("damaged: seq"), "{args:?}: {out}");
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
     }
+    for stray in ["backup.seg", "junk.seg"] {
+        std::fs::write(data.join("log").join(stray), b"whatever").unwrap();
+        for args in [
+            &["verify"][..],
+            &["audit", "damage"][..],
+            &["audit", "damage", "--json"][..],
+        ] {
+            let (code, out, err) = run(args, &data);
+            assert_eq!(code, 3, "{args:?}: {out}{err}");
+            assert!(
+                err.contains(&format!("stray file {stray}"))
+                    && err.contains("not damage")
+                    && !err.contains("seq 1"),
+                "{args:?}: {err}"
+            );
+            assert!(!out.contains("damaged"), "{args:?}: {out}");
+        }
+        std::fs::remove_file(data.join("log").join(stray)).unwrap();
+    }
+    std::fs::write(data.join("log/backup.seg"), b"whatever").unwrap();
     // The engine refuses to start, naming the file.
     let error = refused_open(&data);
     assert!(error.contains("stray file backup.seg"), "{error}");

@@ -134,14 +134,30 @@ fn digest(data: &Path, checkpoints: bool) -> (String, u64) {
 }
 
 /// Flips one byte of a record in the second segment (sealed, covered by
-/// the checkpoint); returns the segment's name.
-fn damage_second_segment(data: &Path) -> String {
+/// the checkpoint): a payload byte of the first record that starts at or
+/// after offset 1000, found by FORMAT.md's tables (`len` at +0, `seq` at
+/// +8, `kind` at +24, 0 for the log's own frames), not the crate's decoder.
+/// Returns the segment's name and where the error must place the damage:
+/// `at offset <the record's> (seq <its own seq>):`.
+fn damage_second_segment(data: &Path) -> (String, String) {
     let files = segments(data);
     assert!(files.len() > 4, "the checkpoint covers several segments");
     let mut bytes = std::fs::read(&files[1]).unwrap();
-    bytes[1000] ^= 0x40;
+    let le = |at: usize, n: usize| {
+        bytes[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u64, |v, &b| v << 8 | u64::from(b))
+    };
+    let mut at = 64;
+    while at < 1000 || le(at + 24, 2) == 0 {
+        assert_ne!(le(at, 4), 0, "a record after offset 1000");
+        at += 8 + le(at, 4) as usize;
+    }
+    let seq = le(at + 8, 8);
+    bytes[at + 30] ^= 0x40;
     std::fs::write(&files[1], bytes).unwrap();
-    name(&files[1])
+    (name(&files[1]), format!("at offset {at} (seq {seq}):"))
 }
 
 /// Waits (at most a minute: a busy machine) until the scrub read every
@@ -158,7 +174,7 @@ fn wait_for_scrub(engine: &Engine) {
 fn a_checkpoint_over_a_damaged_sealed_segment_starts_and_the_scrub_names_the_damage() {
     let dir = data_with_checkpoint();
     let (before, head) = digest(dir.path(), false);
-    let damaged = damage_second_segment(dir.path());
+    let (damaged, place) = damage_second_segment(dir.path());
 
     let engine = open(dir.path(), true).expect("starts from the checkpoint");
     let deferred = &engine.recovery().deferred;
@@ -174,18 +190,26 @@ fn a_checkpoint_over_a_damaged_sealed_segment_starts_and_the_scrub_names_the_dam
     wait_for_scrub(&engine);
     let damage = engine.scrub_status().damage();
     assert_eq!(damage.len(), 1, "{damage:?}");
+    // Segment, offset and the damaged record's own seq (not the last good
+    // one before it).
     assert!(
-        damage[0].contains(&damaged) && damage[0].contains("at offset"),
-        "names segment and offset: {}",
+        damage[0].contains(&format!("{damaged} {place}")),
+        "names segment, offset and seq ({place}): {}",
         damage[0]
     );
+    // `/readyz`'s `scrub` member says the same.
     let status = engine.scrub_status().to_json().unwrap();
     assert_eq!(status["status"], "damaged", "{status}");
+    assert_eq!(status["damage"][0], damage[0], "{status}");
     drop(engine);
 
-    // Without the checkpoint every byte is checked at startup: refused.
+    // Without the checkpoint every byte is checked at startup: refused,
+    // naming the same place.
     let refused = open(dir.path(), false).err().expect("refused");
-    assert!(refused.contains(&damaged), "{refused}");
+    assert!(
+        refused.contains(&format!("{damaged} {place}")),
+        "{place}: {refused}"
+    );
 }
 
 #[test]
@@ -224,7 +248,7 @@ fn a_checkpoint_whose_chain_value_does_not_match_is_ignored_and_the_whole_log_ch
     drop(engine);
 
     // So damage in a sealed segment is refused at startup again.
-    let damaged = damage_second_segment(dir.path());
+    let (damaged, _) = damage_second_segment(dir.path());
     let refused = open(dir.path(), true).err().expect("refused");
     assert!(refused.contains(&damaged), "{refused}");
 }

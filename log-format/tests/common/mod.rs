@@ -11,7 +11,7 @@ use spark_log_format::format::{
     SegmentHeader,
 };
 use spark_log_format::{
-    ChainValue, Fs, Head, Log, LogConfig, LogError, LogReader, OsFs, RecordIn, RecordRef,
+    ChainValue, FaultSeq, Fs, Head, Log, LogConfig, LogError, LogReader, OsFs, RecordIn, RecordRef,
     RecoveryReport, ScanOptions, ScanReport, Seq,
 };
 
@@ -178,7 +178,7 @@ pub fn flip(path: &Path, offset: usize, mask: u8) {
 }
 
 /// The fields of a `Corrupt` error, or a panic naming what came instead.
-pub fn corrupt_fields(error: &LogError) -> (String, u64, Seq) {
+pub fn corrupt_fields(error: &LogError) -> (String, u64, FaultSeq) {
     match error {
         LogError::Corrupt {
             segment,

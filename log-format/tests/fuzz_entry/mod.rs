@@ -162,7 +162,7 @@ fn snapshot(fs: &MemFs) -> Vec<(PathBuf, Vec<u8>)> {
 /// (seq, ts, kind, kind_version, payload) of every record, with the head.
 type Records = Vec<(u64, u64, u16, u16, Vec<u8>)>;
 
-fn corrupt_place(e: &LogError) -> Option<(String, u64, u64)> {
+fn corrupt_place(e: &LogError) -> Option<(String, u64, spark_log_format::FaultSeq)> {
     match e {
         LogError::Corrupt {
             segment,

@@ -13,7 +13,7 @@ use spark_log_format::format::{
     HEADER_CRC_OFFSET, HEADER_FIRST_SEQ_OFFSET, RECORD_CRC_OFFSET, RECORD_PAYLOAD_OFFSET,
     RECORD_SEQ_OFFSET,
 };
-use spark_log_format::{LogReader, ScanOptions, HEADER_LEN};
+use spark_log_format::{FaultSeq, LogReader, ScanOptions, HEADER_LEN};
 
 /// Segment size of the built logs: three or four single-record batches
 /// (each record followed by its 48-byte commit mark) per segment.
@@ -73,7 +73,7 @@ fn build(n: u64) -> Built {
 
 /// Opens a damaged copy with Log::open and LogReader: both must refuse with
 /// the same place, and Log::open must not touch the files.
-fn refused(dir: &std::path::Path) -> (String, u64, u64) {
+fn refused(dir: &std::path::Path) -> (String, u64, FaultSeq) {
     let before: Vec<Vec<u8>> = segment_paths(dir)
         .iter()
         .map(|p| std::fs::read(p).unwrap())
@@ -117,9 +117,10 @@ fn flipped_byte_in_an_earlier_record_of_the_last_segment() {
                 let copy = copy_dir(built.dir.path());
                 flip(&copy.path().join(name), *offset as usize + byte, mask);
                 let (segment, at, seq) = refused(copy.path());
+                // The faulty record's own seq, not the last good one.
                 assert_eq!(
                     (segment.as_str(), at, seq),
-                    (name.as_str(), *offset, record.seq - 1),
+                    (name.as_str(), *offset, FaultSeq::Record(record.seq)),
                     "byte {byte} of seq {} with mask {mask:#x}",
                     record.seq
                 );
@@ -155,11 +156,15 @@ fn flipped_byte_anywhere_in_a_sealed_segment() {
                     at < HEADER_LEN as u64,
                     "header byte {byte} reported at {at}"
                 );
-                assert_eq!(seq, sealed.first_seq, "header byte {byte}");
+                assert_eq!(
+                    seq,
+                    FaultSeq::Header(sealed.first_seq),
+                    "header byte {byte}"
+                );
             } else if byte >= seal_offset {
                 assert_eq!(
                     (at, seq),
-                    (seal_offset as u64, sealed.last_seq),
+                    (seal_offset as u64, FaultSeq::After(sealed.last_seq)),
                     "seal byte {byte}"
                 );
             } else {
@@ -168,10 +173,18 @@ fn flipped_byte_anywhere_in_a_sealed_segment() {
                 // Each record is followed by its batch's commit mark.
                 let mark = *offset as usize + RECORD_PAYLOAD_OFFSET + record.payload.len();
                 if byte < mark {
-                    assert_eq!((at, seq), (*offset, record.seq - 1), "record byte {byte}");
+                    assert_eq!(
+                        (at, seq),
+                        (*offset, FaultSeq::Record(record.seq)),
+                        "record byte {byte}"
+                    );
                 } else {
                     assert!(byte < mark + COMMIT_RECORD_BYTES);
-                    assert_eq!((at, seq), (mark as u64, record.seq), "mark byte {byte}");
+                    assert_eq!(
+                        (at, seq),
+                        (mark as u64, FaultSeq::After(record.seq)),
+                        "mark byte {byte}"
+                    );
                 }
             }
         }
@@ -251,7 +264,7 @@ fn broken_link_between_segments_is_refused() {
     assert_eq!(offset, HEADER_CHAIN_START_OFFSET as u64);
     // A header fault names the seq the segment was expected to start at
     // (FORMAT.md, "Corrupt"), in the field and in the words.
-    assert_eq!(seq, second.first_seq);
+    assert_eq!(seq, FaultSeq::Header(second.first_seq));
     let error = reader_error(copy.path()).to_string();
     assert!(
         error.contains(&format!("expected to start at seq {}", second.first_seq)),

@@ -334,7 +334,14 @@ fn torn_header_with_a_valid_record_behind_it_is_corrupt() {
         .map(|_| ())
         .unwrap_err();
     let (segment, offset, seq) = corrupt_fields(&error);
-    assert_eq!((segment, offset, seq), (segment_file_name(4), 0, 4));
+    assert_eq!(
+        (segment, offset, seq),
+        (
+            segment_file_name(4),
+            0,
+            spark_log_format::FaultSeq::Header(4)
+        )
+    );
     assert!(dir.path().join(segment_file_name(4)).exists());
 }
 

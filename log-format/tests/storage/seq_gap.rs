@@ -6,8 +6,9 @@ use crate::common;
 
 use common::*;
 use spark_log_format::format::{segment_file_name, HEADER_FIRST_SEQ_OFFSET};
+use spark_log_format::FaultSeq;
 
-fn refused(dir: &std::path::Path) -> (String, u64, u64, String) {
+fn refused(dir: &std::path::Path) -> (String, u64, FaultSeq, String) {
     let error = match open_collect(dir, config(1 << 20), os()) {
         Ok((_, _, seen)) => panic!("log with a gap opened with {} records", seen.len()),
         Err(e) => e,
@@ -31,8 +32,12 @@ fn gap_within_the_last_segment() {
     seg.write(dir.path());
     let (segment, offset, seq, message) = refused(dir.path());
     assert_eq!(segment, segment_file_name(1));
-    assert_eq!((offset, seq), (seg.offsets[2] as u64, 2));
-    assert!(message.contains("expected seq 3, found 4"), "{message}");
+    // The faulty record is the one where seq 3 belongs.
+    assert_eq!((offset, seq), (seg.offsets[2] as u64, FaultSeq::Record(3)));
+    assert!(
+        message.contains("(seq 3): seq gap: expected seq 3, found 4"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -42,7 +47,7 @@ fn gap_at_the_very_tail_is_not_a_torn_write() {
     let seg = SegmentBytes::new(1, [0; 32]).record(1).record(2).record(4);
     seg.write(dir.path());
     let (_, offset, seq, _) = refused(dir.path());
-    assert_eq!((offset, seq), (seg.offsets[2] as u64, 2));
+    assert_eq!((offset, seq), (seg.offsets[2] as u64, FaultSeq::Record(3)));
 }
 
 #[test]
@@ -55,7 +60,7 @@ fn repeated_seq_is_refused() {
         .record(3);
     seg.write(dir.path());
     let (_, offset, seq, _) = refused(dir.path());
-    assert_eq!((offset, seq), (seg.offsets[2] as u64, 2));
+    assert_eq!((offset, seq), (seg.offsets[2] as u64, FaultSeq::Record(3)));
 }
 
 #[test]
@@ -68,7 +73,10 @@ fn gap_within_a_sealed_segment() {
     SegmentBytes::new(4, chain).record(4).write(dir.path());
     let (segment, offset, seq, _) = refused(dir.path());
     assert_eq!(segment, segment_file_name(1));
-    assert_eq!((offset, seq), (first.offsets[1] as u64, 1));
+    assert_eq!(
+        (offset, seq),
+        (first.offsets[1] as u64, FaultSeq::Record(2))
+    );
 }
 
 #[test]
@@ -83,8 +91,14 @@ fn gap_between_segments() {
         .write(dir.path());
     let (segment, offset, seq, message) = refused(dir.path());
     assert_eq!(segment, segment_file_name(5));
-    assert_eq!((offset, seq), (HEADER_FIRST_SEQ_OFFSET as u64, 4));
-    assert!(message.contains("seq gap"), "{message}");
+    assert_eq!(
+        (offset, seq),
+        (HEADER_FIRST_SEQ_OFFSET as u64, FaultSeq::Header(4))
+    );
+    assert!(
+        message.contains("(header of the segment expected to start at seq 4): seq gap"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -109,7 +123,11 @@ fn log_that_does_not_start_at_one() {
     let (segment, offset, seq, _) = refused(dir.path());
     assert_eq!(
         (segment, offset, seq),
-        (segment_file_name(2), HEADER_FIRST_SEQ_OFFSET as u64, 1)
+        (
+            segment_file_name(2),
+            HEADER_FIRST_SEQ_OFFSET as u64,
+            FaultSeq::Header(1)
+        )
     );
 }
 
