@@ -73,19 +73,8 @@ fn append_creates(data: &Path, from: u64, to: u64) {
 /// A data directory: [`CREATES`] creates, a checkpoint at the last of
 /// them, then [`CREATES_AFTER`] more creates.
 fn data_with_checkpoint() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    append_creates(dir.path(), 0, CREATES);
-    let built = spark_core::checkpoint::build(
-        dir.path(),
-        &log_dir(dir.path()),
-        DEFAULT_MAX_RECORD_BYTES,
-        3,
-        u64::MAX,
-        &|| false,
-    )
-    .unwrap()
-    .expect("a checkpoint is written");
-    assert_eq!(built.at.seq, CREATES);
+    let (dir, _, at) = data_ending_in_a_checkpoint();
+    assert_eq!(at.seq, CREATES);
     append_creates(dir.path(), CREATES, CREATES + CREATES_AFTER);
     dir
 }
