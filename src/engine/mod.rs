@@ -693,8 +693,13 @@ fn replay_log(
     let checkpoint_seq = point.seq;
     match replay_log_from(settings, Arc::clone(&fs), Some((file.clone(), point)))? {
         Ok((log, recovery, mirror)) if log.head().seq >= checkpoint_seq => {
+            // A newer whole checkpoint that was ignored (its chain value no
+            // longer matches: zeros or damage where its records were) may
+            // still stand past the recovered log.
+            let replayed =
+                refuse_if_committed_past(settings, (log, recovery, mirror, checkpoint_seq))?;
             tracing::info!(file = %file.display(), seq = checkpoint_seq, "started from checkpoint");
-            return Ok((log, recovery, mirror, checkpoint_seq));
+            return Ok(replayed);
         }
         // The checkpoint's chain value matched the log's bytes, yet
         // recovery ended before its seq: it cut records the checkpoint
@@ -742,7 +747,7 @@ fn lost_committed(
     recovery: &RecoveryReport,
 ) -> EngineOpenError {
     if let Some(tail) = &recovery.truncated {
-        past.why = format!("{} (recovery cut {})", past.why, tail.summary());
+        past.why = format!("{} (recovery: {})", past.why, tail.summary());
     }
     EngineOpenError::LostCommitted(past.to_string())
 }

@@ -540,5 +540,44 @@ fn zeros_over_records_a_checkpoint_covers_are_refused() {
     let refusal = assert_lost(dir.path(), &checkpoint, "the recovered log ends at seq");
     // Recovery had cut the zeros as a torn tail before the refusal; what it
     // cut is kept beside the segment, as always.
-    assert!(refusal.contains("recovery cut"), "{refusal}");
+    assert!(refusal.contains("(recovery: "), "{refusal}");
+}
+
+/// The same zeros with an older checkpoint beside the newest (two are kept
+/// by default): the engine starts from the older one, whose chain value
+/// still matches, and must still refuse, since the newest shows the lost
+/// seqs were committed (found by a break-test: it started and handed the
+/// lost seqs out again).
+#[test]
+fn zeros_over_records_are_refused_also_when_an_older_checkpoint_still_matches() {
+    let dir = tempfile::tempdir().unwrap();
+    for (from, to) in [(0, CREATES - 200), (CREATES - 200, CREATES)] {
+        append_creates(dir.path(), from, to);
+        spark_core::checkpoint::build(
+            dir.path(),
+            &log_dir(dir.path()),
+            DEFAULT_MAX_RECORD_BYTES,
+            3,
+            u64::MAX,
+            &|| false,
+        )
+        .unwrap()
+        .expect("a checkpoint is written");
+    }
+    let checkpoints = spark_core::checkpoint::list(dir.path());
+    assert_eq!(checkpoints.len(), 2);
+    let (newest, at) = (
+        checkpoints[0].1.clone(),
+        spark_core::checkpoint::peek(&checkpoints[0].1, &log_dir(dir.path()))
+            .unwrap()
+            .at,
+    );
+    let last = log_dir(dir.path()).join(spark_log_format::format::segment_file_name(
+        at.segment_first_seq,
+    ));
+    let mut bytes = std::fs::read(&last).unwrap();
+    let end = at.frame_end_offset as usize;
+    bytes[end - 400..].fill(0);
+    std::fs::write(&last, bytes).unwrap();
+    assert_lost(dir.path(), &newest, "the recovered log ends at seq");
 }
