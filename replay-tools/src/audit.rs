@@ -282,8 +282,8 @@ fn damage(common: &Common) -> Outcome {
         // opened, so not one a live server wrote since): acknowledged
         // records are gone, whatever the bytes that are left say.
         let last_seq = reader.segments().last().map_or(0, |s| s.last_seq);
-        let lost = spark_core::checkpoint::committed_past(&common.data, last_seq)
-            .filter(|past| listed.iter().any(|(_, file)| *file == past.file));
+        let listed: Vec<&std::path::Path> = listed.iter().map(|(_, file)| file.as_path()).collect();
+        let lost = crate::scan::lost_committed(common, &listed, last_seq);
         if let Some(past) = lost {
             if common.json {
                 println!(

@@ -219,8 +219,8 @@ pub fn verify(common: &Common) -> Outcome {
     // A whole checkpoint (listed before the scan, so not one a live server
     // wrote since) past the log's end: acknowledged records are gone, and
     // a tail after the last commit mark was not "never acknowledged".
-    let lost = spark_core::checkpoint::committed_past(&common.data, report.head.seq)
-        .filter(|past| checkpoints.iter().any(|c| c.file == past.file));
+    let listed: Vec<&std::path::Path> = checkpoints.iter().map(|c| c.file.as_path()).collect();
+    let lost = lost_committed(common, &listed, report.head.seq);
     if let Some(past) = lost {
         if common.json {
             print_json(&json!({"ok": false, "error": past.to_string(),
@@ -740,4 +740,18 @@ pub fn stats(common: &Common) -> Outcome {
         }
     }
     Ok(exit::OK)
+}
+
+/// The whole checkpoint among `listed` (files listed before the log was
+/// read, so none a live server wrote since) whose seq is past `last_seq`,
+/// the log's last seq: proof that acknowledged records are gone
+/// ([`spark_core::checkpoint::committed_past`]). For `verify` and `audit
+/// damage`.
+pub(crate) fn lost_committed(
+    common: &Common,
+    listed: &[&std::path::Path],
+    last_seq: u64,
+) -> Option<spark_core::checkpoint::PastTheLog> {
+    spark_core::checkpoint::committed_past(&common.data, last_seq)
+        .filter(|past| listed.contains(&past.file.as_path()))
 }

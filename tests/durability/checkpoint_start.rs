@@ -417,9 +417,16 @@ fn damage_behind_the_checkpoint_stops_neither_the_event_stream_nor_the_next_chec
 fn data_ending_in_a_checkpoint() -> (tempfile::TempDir, PathBuf, spark_core::checkpoint::LogPoint) {
     let dir = tempfile::tempdir().unwrap();
     append_creates(dir.path(), 0, CREATES);
+    let (file, at) = write_checkpoint(dir.path());
+    (dir, file, at)
+}
+
+/// Writes a checkpoint of the log of `data` at its head (as the engine's
+/// worker does); returns its file and point.
+fn write_checkpoint(data: &Path) -> (PathBuf, spark_core::checkpoint::LogPoint) {
     let built = spark_core::checkpoint::build(
-        dir.path(),
-        &log_dir(dir.path()),
+        data,
+        &log_dir(data),
         DEFAULT_MAX_RECORD_BYTES,
         3,
         u64::MAX,
@@ -427,8 +434,23 @@ fn data_ending_in_a_checkpoint() -> (tempfile::TempDir, PathBuf, spark_core::che
     )
     .unwrap()
     .expect("a checkpoint is written");
-    let file = spark_core::checkpoint::list(dir.path())[0].1.clone();
-    (dir, file, built.at)
+    (built.file, built.at)
+}
+
+/// The segment file of `data` that holds the point `at`.
+fn segment_at(data: &Path, at: &spark_core::checkpoint::LogPoint) -> PathBuf {
+    log_dir(data).join(spark_log_format::format::segment_file_name(
+        at.segment_first_seq,
+    ))
+}
+
+/// Zeros from 400 bytes before the end of the record at `at` to the end
+/// of its segment, the file's length kept.
+fn zero_the_tail_below(data: &Path, at: &spark_core::checkpoint::LogPoint) {
+    let segment = segment_at(data, at);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[at.frame_end_offset as usize - 400..].fill(0);
+    std::fs::write(&segment, bytes).unwrap();
 }
 
 /// The names and lengths of every file in the log directory of `data`.
@@ -471,10 +493,10 @@ fn assert_lost(data: &Path, checkpoint: &Path, words: &str) -> String {
 #[test]
 fn a_last_segment_cut_short_below_a_checkpoint_is_refused_and_left_as_it_is() {
     let (dir, checkpoint, at) = data_ending_in_a_checkpoint();
-    let last = log_dir(dir.path()).join(spark_log_format::format::segment_file_name(
-        at.segment_first_seq,
-    ));
-    let file = std::fs::OpenOptions::new().write(true).open(&last).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(segment_at(dir.path(), &at))
+        .unwrap();
     file.set_len(at.frame_end_offset - 300).unwrap();
     drop(file);
     let before = log_files(dir.path());
@@ -530,13 +552,7 @@ fn newest_segments_deleted_under_a_checkpoint_are_refused() {
 #[test]
 fn zeros_over_records_a_checkpoint_covers_are_refused() {
     let (dir, checkpoint, at) = data_ending_in_a_checkpoint();
-    let last = log_dir(dir.path()).join(spark_log_format::format::segment_file_name(
-        at.segment_first_seq,
-    ));
-    let mut bytes = std::fs::read(&last).unwrap();
-    let end = at.frame_end_offset as usize;
-    bytes[end - 400..].fill(0);
-    std::fs::write(&last, bytes).unwrap();
+    zero_the_tail_below(dir.path(), &at);
     let refusal = assert_lost(dir.path(), &checkpoint, "the recovered log ends at seq");
     // Recovery had cut the zeros as a torn tail before the refusal; what it
     // cut is kept beside the segment, as always.
@@ -551,33 +567,11 @@ fn zeros_over_records_a_checkpoint_covers_are_refused() {
 #[test]
 fn zeros_over_records_are_refused_also_when_an_older_checkpoint_still_matches() {
     let dir = tempfile::tempdir().unwrap();
-    for (from, to) in [(0, CREATES - 200), (CREATES - 200, CREATES)] {
-        append_creates(dir.path(), from, to);
-        spark_core::checkpoint::build(
-            dir.path(),
-            &log_dir(dir.path()),
-            DEFAULT_MAX_RECORD_BYTES,
-            3,
-            u64::MAX,
-            &|| false,
-        )
-        .unwrap()
-        .expect("a checkpoint is written");
-    }
-    let checkpoints = spark_core::checkpoint::list(dir.path());
-    assert_eq!(checkpoints.len(), 2);
-    let (newest, at) = (
-        checkpoints[0].1.clone(),
-        spark_core::checkpoint::peek(&checkpoints[0].1, &log_dir(dir.path()))
-            .unwrap()
-            .at,
-    );
-    let last = log_dir(dir.path()).join(spark_log_format::format::segment_file_name(
-        at.segment_first_seq,
-    ));
-    let mut bytes = std::fs::read(&last).unwrap();
-    let end = at.frame_end_offset as usize;
-    bytes[end - 400..].fill(0);
-    std::fs::write(&last, bytes).unwrap();
+    append_creates(dir.path(), 0, CREATES - 200);
+    write_checkpoint(dir.path());
+    append_creates(dir.path(), CREATES - 200, CREATES);
+    let (newest, at) = write_checkpoint(dir.path());
+    assert_eq!(spark_core::checkpoint::list(dir.path()).len(), 2);
+    zero_the_tail_below(dir.path(), &at);
     assert_lost(dir.path(), &newest, "the recovered log ends at seq");
 }
