@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use spark_engine::config::{resolve_listen, Settings, DEFAULT_CONFIG_FILE};
 use spark_engine::server;
 
@@ -63,10 +64,12 @@ enum TokenCmd {
     Add {
         /// The device the token names (recorded on every op it causes).
         device: String,
-        /// The TOML settings file to add it to (default `./spark.toml`,
-        /// which the server reads when no `--config` is given).
-        #[arg(long, env = "SPARK_CONFIG", default_value = DEFAULT_CONFIG_FILE)]
-        config: PathBuf,
+        /// The TOML settings file to add it to: this flag, the same flag
+        /// before `token`, or `SPARK_CONFIG` (refused when two of them
+        /// name different files); with none, `./spark.toml`, which the
+        /// server reads when no `--config` is given.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -81,9 +84,11 @@ struct ServeArgs {
     /// Data directory (default ./spark-data).
     #[arg(long, env = "SPARK_DATA")]
     data: Option<PathBuf>,
-    /// TOML settings file; every setting has a default. Without it,
-    /// `./spark.toml` is read when it exists (`token add` writes there).
-    #[arg(long, env = "SPARK_CONFIG")]
+    /// TOML settings file; every setting has a default (env
+    /// `SPARK_CONFIG`, read by [`config_file`], not by clap: a flag before
+    /// the subcommand must beat it). Without either, `./spark.toml` is read
+    /// when it exists (`token add` writes there).
+    #[arg(long)]
     config: Option<PathBuf>,
     /// With `[archive]`: take the archive's prefix over from the engine
     /// that holds it (moving a shard to this machine). This data directory
@@ -118,18 +123,100 @@ struct ReplicaArgs {
     serve: ServeArgs,
 }
 
+/// The environment variable that names the settings file when no
+/// `--config` flag does.
+const CONFIG_ENV: &str = "SPARK_CONFIG";
+
 impl ServeArgs {
-    /// These arguments, each missing one taken from `outer` (the same
-    /// flags given before the subcommand: `spark-engine --data D serve`
-    /// means what `spark-engine serve --data D` does).
-    fn or(self, outer: ServeArgs) -> ServeArgs {
-        ServeArgs {
-            listen: self.listen.or(outer.listen),
-            data: self.data.or(outer.data),
-            config: self.config.or(outer.config),
+    /// These arguments (the subcommand's, parsed into `matches`), each
+    /// missing one taken from `outer` (the same flags given before the
+    /// subcommand, parsed into `outer_matches`): `spark-engine --data D
+    /// serve` means what `spark-engine serve --data D` does. A flag given
+    /// on the command line beats one clap filled from the environment
+    /// wherever it stands, and the same flag given twice with different
+    /// values is refused, naming it, rather than one of them winning
+    /// unseen. `--config` then comes from [`config_file`].
+    fn merged(
+        self,
+        matches: &ArgMatches,
+        outer: ServeArgs,
+        outer_matches: &ArgMatches,
+    ) -> anyhow::Result<ServeArgs> {
+        fn pick<T: PartialEq + std::fmt::Debug>(
+            flag: &str,
+            inner: Option<T>,
+            inner_matches: &ArgMatches,
+            outer: Option<T>,
+            outer_matches: &ArgMatches,
+        ) -> anyhow::Result<Option<T>> {
+            let typed = |m: &ArgMatches| m.value_source(flag) == Some(ValueSource::CommandLine);
+            Ok(match (typed(inner_matches), typed(outer_matches)) {
+                (true, true) if inner != outer => anyhow::bail!(
+                    "--{} is given twice, as {:?} before the subcommand and {:?} after it: \
+                     give it once",
+                    flag.replace('_', "-"),
+                    outer.as_ref().map(|v| v as &dyn std::fmt::Debug),
+                    inner.as_ref().map(|v| v as &dyn std::fmt::Debug),
+                ),
+                (true, _) => inner,
+                (false, true) => outer,
+                (false, false) => inner.or(outer),
+            })
+        }
+        Ok(ServeArgs {
+            listen: pick("listen", self.listen, matches, outer.listen, outer_matches)?,
+            data: pick("data", self.data, matches, outer.data, outer_matches)?,
+            config: config_file(self.config, outer.config, false)?,
             take_over: self.take_over || outer.take_over,
+        })
+    }
+}
+
+/// The settings file named by `--config` after the subcommand (`inner`),
+/// `--config` before it (`outer`) and `SPARK_CONFIG`, or `None` when none
+/// does (then `./spark.toml` is the one meant). Two flags naming different
+/// files are refused. A flag beats `SPARK_CONFIG` ("flags beat the
+/// environment") unless `strict`: `token add` writes a token where it is
+/// then relied on, so there a flag and the variable that disagree are
+/// refused too, naming both, rather than the token going to a file the
+/// server may not read.
+fn config_file(
+    inner: Option<PathBuf>,
+    outer: Option<PathBuf>,
+    strict: bool,
+) -> anyhow::Result<Option<PathBuf>> {
+    let env = std::env::var_os(CONFIG_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let named = [
+        (inner, "--config after the subcommand"),
+        (outer, "--config before the subcommand"),
+        (env.filter(|_| strict), CONFIG_ENV),
+    ];
+    let mut chosen: Option<(PathBuf, &str)> = None;
+    for (path, source) in named {
+        let Some(path) = path else { continue };
+        match &chosen {
+            Some((first, first_source)) if !same_path(first, &path) => anyhow::bail!(
+                "{first_source} names {} and {source} names {}: name the settings file once",
+                first.display(),
+                path.display()
+            ),
+            Some(_) => {}
+            None => chosen = Some((path, source)),
         }
     }
+    Ok(chosen.map(|(path, _)| path).or_else(|| {
+        std::env::var_os(CONFIG_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    }))
+}
+
+/// True when `a` and `b` name the same file: the same existing file, or
+/// the same absolute path when either is missing.
+fn same_path(a: &std::path::Path, b: &std::path::Path) -> bool {
+    same_file(a, b) || std::path::absolute(a).ok() == std::path::absolute(b).ok()
 }
 
 fn main() -> ExitCode {
@@ -145,7 +232,11 @@ fn main() -> ExitCode {
     if let Some(moved) = moved_client_command() {
         return moved;
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPARK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
@@ -157,16 +248,7 @@ fn main() -> ExitCode {
     } else {
         logs.with_ansi(std::io::stderr().is_terminal()).init();
     }
-    let result = match cli.command {
-        Some(Cmd::Config(ConfigCmd::Print(args))) => settings_from(&args.or(cli.serve)).map(|s| {
-            print!("{}", s.to_toml_redacted());
-            ExitCode::SUCCESS
-        }),
-        Some(Cmd::Token(TokenCmd::Add { device, config })) => token_add(&device, &config),
-        Some(Cmd::Serve(args)) => serve(args.or(cli.serve)).map(|()| ExitCode::SUCCESS),
-        Some(Cmd::Replica(args)) => replica(args, cli.serve).map(|()| ExitCode::SUCCESS),
-        None => serve(cli.serve).map(|()| ExitCode::SUCCESS),
-    };
+    let result = run_command(cli, &matches);
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -179,6 +261,44 @@ fn main() -> ExitCode {
                 eprintln!("spark-engine: {e}");
             }
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the command `cli` (parsed from `matches`, which say which flags
+/// were typed rather than taken from the environment).
+fn run_command(cli: Cli, matches: &ArgMatches) -> anyhow::Result<ExitCode> {
+    // The matches of the subcommand's own flags (`serve`, `config print`,
+    // `replica`, `token add`).
+    let leaf = {
+        let mut at = matches;
+        while let Some((_, sub)) = at.subcommand() {
+            at = sub;
+        }
+        at
+    };
+    match cli.command {
+        Some(Cmd::Config(ConfigCmd::Print(args))) => {
+            let args = args.merged(leaf, cli.serve, matches)?;
+            let settings = settings_from(&args)?;
+            print!("{}", settings.to_toml_redacted());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Cmd::Token(TokenCmd::Add { device, config })) => {
+            let file = config_file(config, cli.serve.config, true)?
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_FILE));
+            token_add(&device, &file)
+        }
+        Some(Cmd::Serve(args)) => {
+            serve(args.merged(leaf, cli.serve, matches)?).map(|()| ExitCode::SUCCESS)
+        }
+        Some(Cmd::Replica(args)) => {
+            let serve_args = args.serve.clone().merged(leaf, cli.serve, matches)?;
+            replica(args, serve_args).map(|()| ExitCode::SUCCESS)
+        }
+        None => {
+            let args = cli.serve.clone().merged(matches, cli.serve, matches)?;
+            serve(args).map(|()| ExitCode::SUCCESS)
         }
     }
 }
@@ -295,28 +415,35 @@ fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode>
     std::fs::rename(&temp, config)?;
     std::fs::File::open(dir)?.sync_all()?;
     println!("{token}");
+    // The path as the server must be given it, whatever the working
+    // directory it is started from.
+    let written = config
+        .canonicalize()
+        .or_else(|_| std::path::absolute(config))
+        .unwrap_or_else(|_| config.to_owned());
     let restart = if same_file(config, std::path::Path::new(DEFAULT_CONFIG_FILE)) {
         format!(
             "restart the server from this directory to use it (with no --config it reads \
-             ./{DEFAULT_CONFIG_FILE})"
+             ./{DEFAULT_CONFIG_FILE}), or with --config {}",
+            written.display()
         )
     } else {
         format!(
             "restart the server with --config {} to use it",
-            config.display()
+            written.display()
         )
     };
     eprintln!(
         "added a token for device {device:?} to {} (only its SHA-256 is stored; this is the only time the token is shown; {restart})",
-        config.display()
+        written.display()
     );
     Ok(ExitCode::SUCCESS)
 }
 
-/// `spark-engine replica`: the settings as for `serve`, with `--from`
+/// `spark-engine replica`: the settings as for `serve` (`serve_args`,
+/// already merged with the flags before the subcommand), with `--from`
 /// (and `--endpoint`, `--writer-url`) applied before they are checked.
-fn replica(args: ReplicaArgs, outer: ServeArgs) -> anyhow::Result<()> {
-    let serve_args = args.serve.or(outer);
+fn replica(args: ReplicaArgs, serve_args: ServeArgs) -> anyhow::Result<()> {
     if serve_args.take_over {
         anyhow::bail!("--take-over: a replica takes no prefix over (it ships nothing)");
     }

@@ -866,3 +866,166 @@ fn listen_takes_a_host_name() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("HOST:PORT"), "{err}");
 }
+
+/// Runs the real binary in `cwd` with `args` and exactly the `SPARK_CONFIG`
+/// given (none when `None`); exit code, stdout, stderr.
+fn engine_in(
+    cwd: &std::path::Path,
+    args: &[&str],
+    config_env: Option<&str>,
+) -> (i32, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spark-engine"));
+    command
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("SPARK_CONFIG")
+        .env_remove("SPARK_LISTEN")
+        .env_remove("SPARK_DATA");
+    if let Some(file) = config_env {
+        command.env("SPARK_CONFIG", file);
+    }
+    let out = command.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The operator flow with the settings file outside the working directory:
+/// `spark-engine --config FILE token add DEVICE` writes FILE (not
+/// `./spark.toml`) and says its absolute path, `SPARK_CONFIG` is honoured
+/// the same way, two names for the file that disagree are refused with
+/// nothing written, and a server started with `--config FILE` then needs
+/// the token for writes. Before the fix the flag before `token` was
+/// ignored: the token went to `./spark.toml` and the server served every
+/// write without one.
+#[test]
+fn token_add_writes_the_file_the_server_is_started_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().join("work");
+    let etc = dir.path().join("etc");
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::create_dir_all(&etc).unwrap();
+    let file = etc.join("engine.toml");
+    let file_text = file.to_str().unwrap();
+    let absolute = file.canonicalize().unwrap_or(file.clone());
+    let local = cwd.join("spark.toml");
+
+    // The form of the issue: the flag before the subcommand.
+    let (code, token, said) = engine_in(
+        &cwd,
+        &["--config", file_text, "token", "add", "phone-1"],
+        None,
+    );
+    assert_eq!(code, 0, "{said}");
+    let token = token.trim().to_owned();
+    assert!(!local.exists(), "nothing in the working directory: {said}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains(&hex::encode(Sha256::digest(token.as_bytes()))),
+        "{text}"
+    );
+    let absolute = std::fs::canonicalize(&file).unwrap_or(absolute);
+    assert!(
+        said.contains(&format!("to {}", absolute.display())),
+        "the absolute path written is printed: {said}"
+    );
+
+    // SPARK_CONFIG alone, and with a flag that agrees.
+    let (code, token_2, said) = engine_in(&cwd, &["token", "add", "phone-2"], Some(file_text));
+    assert_eq!(code, 0, "{said}");
+    let (code, _, said) = engine_in(
+        &cwd,
+        &["token", "add", "phone-3", "--config", "../etc/engine.toml"],
+        Some(file_text),
+    );
+    assert_eq!(code, 0, "the same file by another name: {said}");
+    assert!(!local.exists());
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains(&hex::encode(Sha256::digest(token_2.trim().as_bytes()))));
+    assert!(text.contains("phone-3"));
+
+    // Two names for the file that disagree: refused, each named, nothing
+    // written anywhere.
+    let other = etc.join("other.toml");
+    let other_text = other.to_str().unwrap();
+    for (args, env) in [
+        (
+            vec!["token", "add", "phone-4", "--config", other_text],
+            Some(file_text),
+        ),
+        (
+            vec![
+                "--config", file_text, "token", "add", "phone-4", "--config", other_text,
+            ],
+            None,
+        ),
+        (
+            vec!["--config", other_text, "token", "add", "phone-4"],
+            Some(file_text),
+        ),
+    ] {
+        let (code, printed, said) = engine_in(&cwd, &args, env);
+        assert_eq!(code, 1, "{args:?}: {said}");
+        assert!(printed.is_empty(), "no token printed: {printed}");
+        assert!(
+            said.contains("engine.toml") && said.contains("other.toml"),
+            "{said}"
+        );
+        assert!(!other.exists() && !local.exists(), "{args:?}");
+        assert!(!std::fs::read_to_string(&file).unwrap().contains("phone-4"));
+    }
+
+    // The other commands that read the file: a flag before the subcommand
+    // beats SPARK_CONFIG (flags beat the environment), and two flags that
+    // disagree are refused.
+    std::fs::write(&other, "[limits]\njson_body_limit_bytes = 1234\n").unwrap();
+    let (code, printed, said) = engine_in(
+        &cwd,
+        &["--config", file_text, "config", "print"],
+        Some(other_text),
+    );
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        printed.contains("phone-1") && !printed.contains("1234"),
+        "{printed}"
+    );
+    let (code, _, said) = engine_in(
+        &cwd,
+        &["--config", file_text, "serve", "--config", other_text],
+        None,
+    );
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("name the settings file once"), "{said}");
+
+    // The server started with --config FILE from the working directory
+    // needs the token for writes (and reads).
+    let data = dir.path().join("data");
+    let (child, addr) = start_engine_in(
+        &cwd,
+        &[
+            "--config",
+            file_text,
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            data.to_str().unwrap(),
+        ],
+    );
+    let client = reqwest::blocking::Client::new();
+    let url = format!("http://{addr}/api/moments");
+    let body = json!({"id": ulid()});
+    let refused = client.post(&url).json(&body).send().unwrap();
+    assert_eq!(refused.status().as_u16(), 401, "a write without the token");
+    assert_eq!(client.get(&url).send().unwrap().status().as_u16(), 401);
+    let created = client
+        .post(&url)
+        .bearer_auth(&token)
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    let (ok, logs) = stop_engine(child);
+    assert!(ok, "{logs}");
+}
