@@ -452,12 +452,55 @@ pub fn authorize(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Runs `handler` after [`authorize`], turning errors into problem+json.
+/// The request headers that carry one value. The same one sent on two
+/// lines with different values is `400 invalid_request` naming it
+/// ([`refuse_repeated_headers`]): a header map answers the first line, and
+/// a proxy or a client may read the other (two idempotency keys made two
+/// moments; a right digest then a wrong one was accepted). Repeated lines
+/// with the same value are taken as one.
+pub const SINGLE_VALUE_HEADERS: [&str; 7] = [
+    spark_core::wire::HEADER_IDEMPOTENCY_KEY,
+    spark_core::wire::HEADER_CONTENT_SHA256,
+    spark_core::wire::HEADER_MOMENT_ID,
+    spark_core::wire::HEADER_MEDIA_ROLE,
+    "content-type",
+    "if-match",
+    "authorization",
+];
+
+/// Refuses a request that sends one of [`SINGLE_VALUE_HEADERS`] on two
+/// lines whose values differ (surrounding blanks aside): `400
+/// invalid_request` naming the header. Runs before anything else looks at
+/// the request, authentication included, so nothing is written.
+pub fn refuse_repeated_headers(headers: &HeaderMap) -> Result<(), ApiError> {
+    for name in SINGLE_VALUE_HEADERS {
+        let mut lines = headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.as_bytes().trim_ascii());
+        let Some(first) = lines.next() else {
+            continue;
+        };
+        if lines.any(|other| other != first) {
+            return Err(ApiError::invalid_request(format!(
+                "header {name} is sent more than once with different values; it takes one \
+                 value: send it once"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `handler` after [`refuse_repeated_headers`] and [`authorize`],
+/// turning errors into problem+json.
 async fn guarded<F, Fut>(state: Arc<AppState>, mut req: Request, handler: F) -> Response
 where
     F: FnOnce(Arc<AppState>, Request) -> Fut,
     Fut: std::future::Future<Output = Result<Response, ApiError>>,
 {
+    if let Err(e) = refuse_repeated_headers(&req.headers) {
+        return e.into_response();
+    }
     if let Err(e) = authorize(&state, &mut req) {
         let unauthorized = e.status == StatusCode::UNAUTHORIZED;
         let mut response = e.into_response();

@@ -12,6 +12,7 @@ mod brain_local;
 mod brain_openai;
 mod concurrency;
 mod events_slow;
+mod headers;
 mod limits;
 mod media;
 mod media_races;

@@ -1,0 +1,190 @@
+//! Request headers at the edges: a single-value header sent twice with
+//! different values, `If-Match` lists (RFC 9110 section 13.1.1), and the
+//! `Host` check that keeps DNS rebinding out of an engine without tokens.
+
+use crate::common;
+
+use common::{settings, ulid, TestServer};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use spark_engine::config::TokenEntry;
+
+/// Sends `method path` with `body` and every header line of `headers` as
+/// its own line (a name may repeat); the status and the JSON answer.
+async fn send(
+    server: &TestServer,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut request = server.client.request(method, server.url(path)).body(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.expect("answered");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// The log's head seq.
+async fn head(server: &TestServer, headers: &[(&str, &str)]) -> u64 {
+    let (status, value) = send(server, "GET", "/api/log/head", Vec::new(), headers).await;
+    assert_eq!(status, 200, "{value}");
+    value["seq"].as_u64().unwrap()
+}
+
+/// A `400 invalid_request` naming `header`.
+fn assert_names(status: u16, value: &Value, header: &str) {
+    assert_eq!(status, 400, "{header}: {value}");
+    assert_eq!(value["code"], "invalid_request", "{value}");
+    assert!(
+        value["detail"].as_str().unwrap().contains(header),
+        "names {header}: {value}"
+    );
+}
+
+const JSON: (&str, &str) = ("Content-Type", "application/json");
+
+/// Each single-value header twice with different values: `400
+/// invalid_request` naming it, nothing written; the same value twice is
+/// taken. Before the fix the first line decided: two idempotency keys made
+/// two moments, a right digest then a wrong one was accepted.
+#[tokio::test]
+async fn a_single_value_header_twice_with_different_values_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let moment = ulid();
+    let body = |v: Value| v.to_string().into_bytes();
+    let (s, v) = send(
+        &server,
+        "POST",
+        "/api/moments",
+        body(json!({"id": moment})),
+        &[JSON],
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let before = head(&server, &[]).await;
+
+    // Idempotency-Key k-A then k-B; the retry with k-B finds nothing.
+    let (s, v) = send(
+        &server,
+        "POST",
+        "/api/moments",
+        body(json!({"text": "twice"})),
+        &[JSON, ("Idempotency-Key", "k-A"), ("Idempotency-Key", "k-B")],
+    )
+    .await;
+    assert_names(s, &v, "idempotency-key");
+    // Content-Type: JSON, then text/plain.
+    let (s, v) = send(
+        &server,
+        "POST",
+        "/api/moments",
+        body(json!({"text": "typed twice"})),
+        &[JSON, ("Content-Type", "text/plain")],
+    )
+    .await;
+    assert_names(s, &v, "content-type");
+    // If-Match: the right version, then another.
+    let path = format!("/api/moments/{moment}");
+    let (s, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        body(json!({"text": "edited"})),
+        &[JSON, ("If-Match", "\"1\""), ("If-Match", "\"7\"")],
+    )
+    .await;
+    assert_names(s, &v, "if-match");
+    // An upload: the digest right then wrong; the moment, the role.
+    let bytes = b"not really a jpeg".to_vec();
+    let digest = hex::encode(Sha256::digest(&bytes));
+    let upload = [
+        ("X-Moment-Id", moment.as_str()),
+        ("X-Media-Role", "copy"),
+        ("Content-Type", "image/jpeg"),
+    ];
+    let other_moment = ulid();
+    let cases: [(&str, &str, &str); 4] = [
+        ("X-Content-SHA256", &digest, &"0".repeat(64)),
+        ("X-Moment-Id", &moment, &other_moment),
+        ("X-Media-Role", "copy", "original"),
+        ("Content-Type", "image/jpeg", "image/png"),
+    ];
+    for (name, first, second) in cases {
+        let mut headers: Vec<(&str, &str)> =
+            upload.iter().copied().filter(|(n, _)| *n != name).collect();
+        headers.push((name, first));
+        headers.push((name, second));
+        let (s, v) = send(
+            &server,
+            "PUT",
+            &format!("/api/media/{}", ulid()),
+            bytes.clone(),
+            &headers,
+        )
+        .await;
+        assert_names(s, &v, &name.to_ascii_lowercase());
+    }
+    assert_eq!(head(&server, &[]).await, before, "nothing written");
+
+    // The same value twice is one value.
+    let (s, v) = send(
+        &server,
+        "POST",
+        "/api/moments",
+        body(json!({"text": "same key twice"})),
+        &[JSON, ("Idempotency-Key", "k-C"), ("Idempotency-Key", "k-C")],
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = send(
+        &server,
+        "POST",
+        "/api/moments",
+        body(json!({"text": "same key twice"})),
+        &[JSON, ("Idempotency-Key", "k-C")],
+    )
+    .await;
+    assert_eq!(
+        (s, v["created"].clone()),
+        (200, json!(false)),
+        "the retry: {v}"
+    );
+    server.stop().await;
+}
+
+/// With tokens: two `Authorization` lines that differ are refused before
+/// either is looked at.
+#[tokio::test]
+async fn two_authorization_lines_that_differ_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "spk_headers_test_token";
+    let mut s = settings(dir.path());
+    s.access.tokens.push(TokenEntry {
+        device: "phone-1".into(),
+        sha256: hex::encode(Sha256::digest(token.as_bytes())),
+    });
+    let server = TestServer::start_with(s).await;
+    let good = format!("Bearer {token}");
+    let before = head(&server, &[("Authorization", &good)]).await;
+    for pair in [
+        [good.as_str(), "Bearer spk_wrong"],
+        ["Bearer spk_wrong", good.as_str()],
+    ] {
+        let (s, v) = send(
+            &server,
+            "POST",
+            "/api/moments",
+            json!({"text": "two tokens"}).to_string().into_bytes(),
+            &[JSON, ("Authorization", pair[0]), ("Authorization", pair[1])],
+        )
+        .await;
+        assert_names(s, &v, "authorization");
+    }
+    assert_eq!(head(&server, &[("Authorization", &good)]).await, before);
+    server.stop().await;
+}
