@@ -236,6 +236,13 @@ pub struct AccessSettings {
     /// `token add` can append `[[access.tokens]]` to.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tokens: Vec<TokenEntry>,
+    /// With no token: the host names (or addresses) besides loopback ones
+    /// that a request may name in `Host` (e.g. the name a proxy in front
+    /// is reached by); any other `Host` is `403 host_not_allowed`, which is
+    /// what stops DNS rebinding (`api::host`). Each entry is a name or an
+    /// address without scheme or port (the port of `Host` is not compared),
+    /// case aside. Default empty; unused once a token exists. File only.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for AccessSettings {
@@ -243,6 +250,7 @@ impl Default for AccessSettings {
         AccessSettings {
             session_ttl_ms: 12 * 60 * 60 * 1000,
             tokens: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -743,6 +751,23 @@ impl Settings {
         }
         if self.log.queue_depth_commands == 0 {
             return invalid("log.queue_depth_commands", "must be above 0");
+        }
+        for host in &self.access.allowed_hosts {
+            let plain = host.trim_start_matches('[').trim_end_matches(']');
+            let name_or_ip = !plain.is_empty()
+                && (plain.parse::<std::net::IpAddr>().is_ok()
+                    || plain
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
+            if !name_or_ip {
+                return Err(SettingsError::Invalid {
+                    key: "access.allowed_hosts",
+                    message: format!(
+                        "{host:?} is not a host name or address (give it without scheme, \
+                         port or path, e.g. \"spark.example.com\")"
+                    ),
+                });
+            }
         }
         if self.take_over && self.archive.is_none() {
             return invalid(

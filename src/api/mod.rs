@@ -12,6 +12,7 @@ mod answer;
 pub mod consistency;
 pub mod events;
 pub mod health;
+pub mod host;
 pub mod jobs;
 pub mod log;
 pub mod media;
@@ -578,6 +579,8 @@ pub fn routes(
     state: Arc<AppState>,
 ) -> impl Filter<Extract = (impl warp::Reply,), Error = Infallible> + Clone + Send + Sync + 'static
 {
+    let host_state = Arc::clone(&state);
+    let with_host_state = warp::any().map(move || Arc::clone(&host_state));
     let with_state = warp::any().map(move || Arc::clone(&state));
     // Every route is boxed: a chain of this many `or`s of unboxed filters
     // overflows rustc's type recursion limit in release builds (E0275).
@@ -717,8 +720,16 @@ pub fn routes(
         .or(asset)
         .unify()
         .boxed();
-    api.or(rest)
-        .unify()
+    // Before any route: the Host check (DNS rebinding, [`host`]).
+    let host_check = warp::header::headers_cloned()
+        .and(with_host_state)
+        .and_then(|headers: HeaderMap, state: Arc<AppState>| async move {
+            host::refuse_foreign_host(&state.settings, &headers)
+                .map_err(|e| warp::reject::custom(Refused(e)))
+        })
+        .untuple_one();
+    host_check
+        .and(api.or(rest).unify())
         .recover(recover)
         .unify()
         .with(warp::log::custom(|info| {
@@ -742,9 +753,18 @@ fn into_response(result: Result<Response, ApiError>) -> Response {
     result.unwrap_or_else(ApiError::into_response)
 }
 
+/// A refusal made by a filter that runs before the routes (the `Host`
+/// check), carried to [`recover`] as a rejection.
+#[derive(Debug)]
+struct Refused(ApiError);
+
+impl warp::reject::Reject for Refused {}
+
 /// Turns what no route answered into problem+json.
 async fn recover(rejection: warp::Rejection) -> Result<Response, Infallible> {
-    let error = if rejection.is_not_found() {
+    let error = if let Some(Refused(error)) = rejection.find::<Refused>() {
+        error.clone()
+    } else if rejection.is_not_found() {
         ApiError::not_found("no such route")
     } else {
         ApiError::invalid_request(format!("the request was refused: {rejection:?}"))

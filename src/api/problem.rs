@@ -38,6 +38,10 @@ pub struct ApiError {
 impl ApiError {
     /// An error with no extra members.
     pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> ApiError {
+        debug_assert!(
+            wire::title(code).is_some(),
+            "code {code} is not in spark_core::wire::problem::CODES (nor in the API description)"
+        );
         ApiError {
             status,
             code,

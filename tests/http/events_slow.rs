@@ -60,7 +60,7 @@ struct Reader {
 impl Reader {
     async fn connect(addr: SocketAddr, last_event_id: Option<u64>) -> Reader {
         let mut stream = TcpStream::connect(addr).await.unwrap();
-        let mut request = "GET /api/events HTTP/1.1\r\nhost: spark\r\n".to_owned();
+        let mut request = "GET /api/events HTTP/1.1\r\nhost: localhost\r\n".to_owned();
         if let Some(id) = last_event_id {
             request.push_str(&format!("last-event-id: {id}\r\n"));
         }

@@ -188,3 +188,100 @@ async fn two_authorization_lines_that_differ_are_refused() {
     assert_eq!(head(&server, &[("Authorization", &good)]).await, before);
     server.stop().await;
 }
+
+/// DNS rebinding: a hostile name made to resolve to 127.0.0.1 sends
+/// `Host: evil.example:PORT` and a matching `Origin`. With no token, a
+/// `Host` that is not loopback nor in `access.allowed_hosts` is `403
+/// host_not_allowed` on every route, reads included, nothing written;
+/// loopback names and addresses and the listed names pass; with a token
+/// the token decides. Before the fix the matching pair passed the Origin
+/// check and the write was made.
+#[tokio::test]
+async fn a_foreign_host_is_refused_without_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.access.allowed_hosts = vec!["spark.example".into()];
+    let server = TestServer::start_with(s).await;
+    let port = server.running.addr.port();
+    let evil = format!("evil.example:{port}");
+    let evil_origin = format!("http://{evil}");
+    let before = head(&server, &[]).await;
+    let (s, v) = send(
+        &server,
+        "POST",
+        "/api/moments",
+        json!({"text": "rebound"}).to_string().into_bytes(),
+        &[JSON, ("Host", &evil), ("Origin", &evil_origin)],
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (403, Some("host_not_allowed")),
+        "{v}"
+    );
+    assert!(
+        v["detail"].as_str().unwrap().contains("evil.example"),
+        "{v}"
+    );
+    for path in ["/api/moments", "/api/log/head", "/", "/healthz"] {
+        let (s, v) = send(&server, "GET", path, Vec::new(), &[("Host", &evil)]).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (403, Some("host_not_allowed")),
+            "{path}: {v}"
+        );
+    }
+    assert_eq!(head(&server, &[]).await, before, "nothing written");
+
+    for host in [
+        format!("localhost:{port}"),
+        format!("app.localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        "spark.example".to_owned(),
+        format!("SPARK.example:{port}"),
+    ] {
+        let origin = format!("http://{host}");
+        let (s, v) = send(
+            &server,
+            "POST",
+            "/api/moments",
+            json!({"text": host}).to_string().into_bytes(),
+            &[JSON, ("Host", &host), ("Origin", &origin)],
+        )
+        .await;
+        assert_eq!(s, 201, "{host}: {v}");
+    }
+    server.stop().await;
+
+    // With a token, the token decides, whatever the Host.
+    let dir = tempfile::tempdir().unwrap();
+    let token = "spk_host_test_token";
+    let mut s = settings(dir.path());
+    s.access.tokens.push(TokenEntry {
+        device: "phone-1".into(),
+        sha256: hex::encode(Sha256::digest(token.as_bytes())),
+    });
+    let server = TestServer::start_with(s).await;
+    let evil = format!("evil.example:{}", server.running.addr.port());
+    let bearer = format!("Bearer {token}");
+    let (s, v) = send(
+        &server,
+        "GET",
+        "/api/moments",
+        Vec::new(),
+        &[("Host", &evil), ("Authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, _) = send(
+        &server,
+        "GET",
+        "/api/moments",
+        Vec::new(),
+        &[("Host", &evil)],
+    )
+    .await;
+    assert_eq!(s, 401);
+    server.stop().await;
+}

@@ -71,7 +71,7 @@ async fn closed_by_the_server(stream: &mut TcpStream) -> Vec<u8> {
 
 async fn get_head(stream: &mut TcpStream) -> Option<(u16, String)> {
     stream
-        .write_all(b"GET /api/log/head HTTP/1.1\r\nhost: x\r\n\r\n")
+        .write_all(b"GET /api/log/head HTTP/1.1\r\nhost: localhost\r\n\r\n")
         .await
         .ok()?;
     read_answer(stream).await
@@ -119,7 +119,7 @@ async fn a_request_head_that_never_ends_is_cut_off() {
     let server = TestServer::start_with(s).await;
 
     let mut slow = TcpStream::connect(server.running.addr).await.unwrap();
-    slow.write_all(b"GET /api/log/head HTTP/1.1\r\nhost: x\r\n")
+    slow.write_all(b"GET /api/log/head HTTP/1.1\r\nhost: localhost\r\n")
         .await
         .unwrap();
     let started = Instant::now();
@@ -142,7 +142,7 @@ async fn a_body_that_stalls_gets_408_and_writes_nothing() {
     let body = format!(r#"{{"id":"{}","client_request_id":"stall-1"}}"#, ulid());
     let mut stream = TcpStream::connect(server.running.addr).await.unwrap();
     let head = format!(
-        "POST /api/moments HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        "POST /api/moments HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -238,7 +238,7 @@ async fn a_stalled_upload_cut_by_the_timeout_leaves_no_temporary_file() {
 
     let mut stream = TcpStream::connect(server.running.addr).await.unwrap();
     let head = format!(
-        "PUT /api/media/{} HTTP/1.1\r\nhost: x\r\nx-moment-id: {moment}\r\nx-media-role: original\r\ncontent-type: image/jpeg\r\ncontent-length: 3000\r\n\r\n",
+        "PUT /api/media/{} HTTP/1.1\r\nhost: localhost\r\nx-moment-id: {moment}\r\nx-media-role: original\r\ncontent-type: image/jpeg\r\ncontent-length: 3000\r\n\r\n",
         ulid()
     );
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -313,7 +313,7 @@ async fn a_reserve_above_the_free_space_refuses_writes_with_507_and_uploads_befo
     // comes though not one byte of the body was sent.
     let mut stream = TcpStream::connect(server.running.addr).await.unwrap();
     let head = format!(
-        "PUT /api/media/{} HTTP/1.1\r\nhost: x\r\nx-moment-id: {moment}\r\nx-media-role: original\r\ncontent-type: image/jpeg\r\ncontent-length: 10485760\r\n\r\n",
+        "PUT /api/media/{} HTTP/1.1\r\nhost: localhost\r\nx-moment-id: {moment}\r\nx-media-role: original\r\ncontent-type: image/jpeg\r\ncontent-length: 10485760\r\n\r\n",
         ulid()
     );
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -352,7 +352,7 @@ async fn chunked_create(addr: std::net::SocketAddr, body: &str, parts: usize) ->
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(
-            b"POST /api/moments HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"POST /api/moments HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
         )
         .await
         .unwrap();

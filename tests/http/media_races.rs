@@ -185,7 +185,7 @@ async fn upload_then_hang_up(
         .await
         .unwrap();
     let head = format!(
-        "PUT /api/media/{media} HTTP/1.1\r\nhost: x\r\nx-moment-id: {moment}\r\nx-media-role: copy\r\ncontent-type: image/jpeg\r\ncontent-length: {}\r\n\r\n",
+        "PUT /api/media/{media} HTTP/1.1\r\nhost: localhost\r\nx-moment-id: {moment}\r\nx-media-role: copy\r\ncontent-type: image/jpeg\r\ncontent-length: {}\r\n\r\n",
         bytes.len()
     );
     stream.write_all(head.as_bytes()).await.unwrap();

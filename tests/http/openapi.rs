@@ -472,3 +472,22 @@ async fn security_matches_the_router() {
     server.stop().await;
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// `ProblemCode` lists exactly the codes the server sends
+/// (`spark_core::wire::problem::CODES`, which every `ApiError` is checked
+/// against when made): `request_timeout` and `timeout` were missing.
+#[test]
+fn problem_codes_equal_the_codes_sent() {
+    let doc = parsed();
+    let listed: BTreeSet<String> = doc["components"]["schemas"]["ProblemCode"]["enum"]
+        .as_array()
+        .expect("ProblemCode is an enum")
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    let sent: BTreeSet<String> = spark_core::wire::problem::CODES
+        .iter()
+        .map(|(code, _)| (*code).to_owned())
+        .collect();
+    assert_eq!(listed, sent);
+}

@@ -68,32 +68,45 @@ pub const FENCED: &str = "fenced";
 /// section 11); member `writer_url` names the writer when the replica
 /// knows it (`replica.writer_url`), else `null`. Send the write there.
 pub const READ_ONLY: &str = "read_only";
+/// `403`: with no access token configured, a request whose `Host` is not a
+/// loopback name or address nor one of `access.allowed_hosts` (a page that
+/// made its own name resolve to the engine: DNS rebinding). Address the
+/// engine as `localhost` or `127.0.0.1`, list the name, or use a token.
+pub const HOST_NOT_ALLOWED: &str = "host_not_allowed";
+
+/// Every code this server sends, each with its `title`: the one list that
+/// [`title`] reads and the API description's `ProblemCode` must equal
+/// (`tests/http/openapi.rs`).
+pub const CODES: &[(&str, &str)] = &[
+    (INVALID_ID, "Invalid id"),
+    (REQUEST_ID_TOO_LONG, "Request id too long"),
+    (INVALID_REQUEST, "Invalid request"),
+    (NOT_FOUND, "Not found"),
+    (DELETED, "Deleted"),
+    (CONFLICT, "Conflict"),
+    (DIGEST_MISMATCH, "Digest mismatch"),
+    (TOO_LARGE, "Too large"),
+    (CLOCK_SKEW, "Clock skew"),
+    (PRECONDITION_FAILED, "Precondition failed"),
+    (UNAUTHORIZED, "Unauthorized"),
+    (FORBIDDEN, "Forbidden"),
+    (UNSUPPORTED_MEDIA_TYPE, "Unsupported media type"),
+    (REQUEST_TIMEOUT, "Request timeout"),
+    (TIMEOUT, "Timeout"),
+    (UNAVAILABLE, "Unavailable"),
+    (INSUFFICIENT_STORAGE, "Insufficient storage"),
+    (CURSOR_AHEAD, "Cursor ahead of the log"),
+    (FENCED, "Fenced"),
+    (READ_ONLY, "Read-only replica"),
+    (HOST_NOT_ALLOWED, "Host not allowed"),
+];
 
 /// The problem's `title` for a code this server sends, `None` for another.
 pub fn title(code: &str) -> Option<&'static str> {
-    Some(match code {
-        INVALID_ID => "Invalid id",
-        REQUEST_ID_TOO_LONG => "Request id too long",
-        INVALID_REQUEST => "Invalid request",
-        NOT_FOUND => "Not found",
-        DELETED => "Deleted",
-        CONFLICT => "Conflict",
-        DIGEST_MISMATCH => "Digest mismatch",
-        TOO_LARGE => "Too large",
-        CLOCK_SKEW => "Clock skew",
-        PRECONDITION_FAILED => "Precondition failed",
-        UNAUTHORIZED => "Unauthorized",
-        FORBIDDEN => "Forbidden",
-        UNSUPPORTED_MEDIA_TYPE => "Unsupported media type",
-        REQUEST_TIMEOUT => "Request timeout",
-        TIMEOUT => "Timeout",
-        UNAVAILABLE => "Unavailable",
-        INSUFFICIENT_STORAGE => "Insufficient storage",
-        CURSOR_AHEAD => "Cursor ahead of the log",
-        FENCED => "Fenced",
-        READ_ONLY => "Read-only replica",
-        _ => return None,
-    })
+    CODES
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, title)| *title)
 }
 
 /// An error answer's body. Members a body leaves out read as empty (so a

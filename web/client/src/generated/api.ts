@@ -702,7 +702,7 @@ export interface components {
             };
         };
         /** @enum {string} */
-        ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "unsupported_media_type" | "clock_skew" | "precondition_failed" | "unauthorized" | "forbidden" | "unavailable" | "insufficient_storage" | "fenced" | "cursor_ahead" | "read_only";
+        ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "unsupported_media_type" | "clock_skew" | "precondition_failed" | "unauthorized" | "forbidden" | "unavailable" | "insufficient_storage" | "fenced" | "cursor_ahead" | "read_only" | "request_timeout" | "timeout" | "host_not_allowed";
         /** @description RFC 9457 problem details with a stable `code`. Some codes add members: `clock_skew` adds `server_time_ms`, `id_time_ms` and `skew_ms`; `request_id_too_long` adds `limit_bytes`; `precondition_failed` adds the current `version`; `digest_mismatch` adds `declared_sha256` and `actual_sha256`. `conflict` adds `conflict`, the kind of conflict, and the members that name what conflicted (see `conflict`). */
         Problem: {
             /** @description `urn:spark:problem:<code>`. */
