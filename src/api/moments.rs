@@ -34,21 +34,49 @@ fn parse_id(text: &str, what: &str) -> Result<Id, ApiError> {
 }
 
 /// `ETag: "<version>"` (SPEC section 10), what `If-Match` takes.
-/// Parses `If-Match`: `"<version>"`, `W/"<version>"` or a bare number;
-/// `*` matches any existing moment.
-fn if_match(req: &Request) -> Result<Option<u32>, ApiError> {
+/// Reads `If-Match` (RFC 9110 section 13.1.1) for moment `id`: `*`
+/// (any existing moment) and no header are `None`; otherwise a list of
+/// one or more versions, each `"<version>"`, `W/"<version>"` or a bare
+/// number (the documented leniency), empty list elements skipped. The
+/// condition holds when any listed version is the moment's current one:
+/// that version is returned, for the engine to check again when it applies
+/// the op (a moment changed in between is `412`, never a lost update); when
+/// none is, the first listed is returned and the engine answers `412
+/// precondition_failed` with the current version. Anything else (a `*`
+/// inside a list, an entity-tag that is not a version) is `400
+/// invalid_request`.
+fn if_match(state: &AppState, id: Id, req: &Request) -> Result<Option<u32>, ApiError> {
     let Some(value) = req.header("if-match")? else {
         return Ok(None);
     };
     if value == "*" {
         return Ok(None);
     }
-    let bare = value.trim_start_matches("W/").trim_matches('"');
-    bare.parse::<u32>().map(Some).map_err(|_| {
+    let refused = || {
         ApiError::invalid_request(format!(
-            "If-Match {value:?} is not a moment version (send the ETag of GET /api/moments/{{id}})"
+            "If-Match {value:?} is not a moment version or a list of them (send the ETag of \
+             GET /api/moments/{{id}}, or *)"
         ))
-    })
+    };
+    let versions = value
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            let bare = item.strip_prefix("W/").unwrap_or(item).trim_matches('"');
+            bare.parse::<u32>().map_err(|_| refused())
+        })
+        .collect::<Result<Vec<u32>, ApiError>>()?;
+    let Some(&first) = versions.first() else {
+        return Err(refused());
+    };
+    let current = state
+        .engine
+        .read(|mirror| mirror.moment(id).map(|m| m.version));
+    Ok(Some(match current {
+        Some(version) if versions.contains(&version) => version,
+        _ => first,
+    }))
 }
 
 /// `GET` (list) and `POST` (create) on `/api/moments`.
@@ -152,7 +180,7 @@ async fn edit(state: &AppState, id: Id, req: &mut Request) -> Result<Response, A
     let command = Command::EditMoment(EditMoment {
         id,
         request_id,
-        if_match: if_match(req)?,
+        if_match: if_match(state, id, req)?,
         text: body.text,
         caption: body.caption,
         lang: body.lang,
@@ -171,7 +199,7 @@ async fn delete(state: &AppState, id: Id, req: &mut Request) -> Result<Response,
     let command = Command::DeleteMoment(DeleteMoment {
         id,
         request_id,
-        if_match: if_match(req)?,
+        if_match: if_match(state, id, req)?,
         device: req.device.clone(),
     });
     let outcome = state.engine.submit(command).await?;

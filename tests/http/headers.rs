@@ -285,3 +285,89 @@ async fn a_foreign_host_is_refused_without_tokens() {
     assert_eq!(s, 401);
     server.stop().await;
 }
+
+/// `If-Match` takes a list (RFC 9110 section 13.1.1): the condition holds
+/// when any listed version is the moment's current one. `"999", "4"` was
+/// `400` before.
+#[tokio::test]
+async fn if_match_takes_a_list_of_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let id = ulid();
+    let (s, v) = send(
+        &server,
+        "POST",
+        "/api/moments",
+        json!({"id": id, "text": "v1"}).to_string().into_bytes(),
+        &[JSON],
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let path = format!("/api/moments/{id}");
+    let edit = |text: &str| json!({ "text": text }).to_string().into_bytes();
+    // Version 1 is listed second.
+    let (s, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        edit("v2"),
+        &[JSON, ("If-Match", "\"999\", \"1\"")],
+    )
+    .await;
+    assert_eq!((s, v["moment"]["version"].clone()), (200, json!(2)), "{v}");
+    // None listed is the current one: 412 with the current version.
+    let before = head(&server, &[]).await;
+    let (s, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        edit("v3"),
+        &[JSON, ("If-Match", "\"999\", \"1\"")],
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (412, Some("precondition_failed")),
+        "{v}"
+    );
+    // Weak and bare forms, empty elements.
+    let (s, v) = send(
+        &server,
+        "PATCH",
+        &path,
+        edit("v3"),
+        &[JSON, ("If-Match", ", 7, W/\"2\"")],
+    )
+    .await;
+    assert_eq!((s, v["moment"]["version"].clone()), (200, json!(3)), "{v}");
+    // Not a list of versions: 400, nothing written.
+    let before_bad = head(&server, &[]).await;
+    assert_eq!(before_bad, before + 1);
+    for bad in ["\"3\", *", "\"3\", \"x\"", " , "] {
+        let (s, v) = send(
+            &server,
+            "PATCH",
+            &path,
+            edit("never"),
+            &[JSON, ("If-Match", bad)],
+        )
+        .await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{bad}: {v}"
+        );
+    }
+    // A delete with a list.
+    let (s, v) = send(
+        &server,
+        "DELETE",
+        &path,
+        Vec::new(),
+        &[("If-Match", "\"1\", \"3\"")],
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(head(&server, &[]).await, before_bad + 1);
+    server.stop().await;
+}

@@ -261,6 +261,19 @@ fn nginx_routes_each_shard_to_its_own_engines_and_fails_reads_over() {
         );
         moments.push((shard, id));
     }
+    // The engine sees the Host the client sent, port included: a write
+    // from the page's own origin (through the proxy) passes the Origin
+    // check. With `$host` (no port) it was 403 forbidden.
+    let page_write = ulid_now(500);
+    let (status, _, body) = send(
+        client
+            .post(format!("{proxy}/api/moments"))
+            .header("X-Spark-Shard", "a")
+            .header("Origin", &proxy)
+            .json(&json!({"id": page_write, "text": "from the page"})),
+    );
+    assert_eq!(status, 201, "a same-origin write through the proxy: {body}");
+    moments.push((0, page_write));
     // Each writer holds exactly its shard's moments.
     for (shard, (writer, _)) in shards.iter().enumerate() {
         let list: Value = client

@@ -1014,7 +1014,7 @@ export interface components {
         Limit: number;
         /** @description The request id, as a header. If `client_request_id` is sent too, both must be equal (`400 invalid_request` otherwise). */
         IdempotencyKey: components["schemas"]["RequestId"];
-        /** @description The moment version the edit or delete expects: the `ETag` of `GET /api/moments/{id}` (`"3"`; `W/"3"` and `3` are taken too); `*` matches any version. Another version is `412 precondition_failed`; anything else is `400 invalid_request`. */
+        /** @description The moment version the edit or delete expects: the `ETag` of `GET /api/moments/{id}` (`"3"`; `W/"3"` and `3` are taken too), or a list of them (`"3", "4"`, RFC 9110: the condition holds when any listed version is the current one); `*` matches any version. Another version is `412 precondition_failed`; anything else (a `*` inside a list, a tag that is not a version) is `400 invalid_request`. */
         IfMatch: string;
         /** @description One byte range: `bytes=first-last`, `bytes=first-` or `bytes=-suffix`. Several ranges, or another unit, get the whole blob (`200`); a range outside the blob is `416`. */
         Range: string;
@@ -1168,7 +1168,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description The moment version the edit or delete expects: the `ETag` of `GET /api/moments/{id}` (`"3"`; `W/"3"` and `3` are taken too); `*` matches any version. Another version is `412 precondition_failed`; anything else is `400 invalid_request`. */
+                /** @description The moment version the edit or delete expects: the `ETag` of `GET /api/moments/{id}` (`"3"`; `W/"3"` and `3` are taken too), or a list of them (`"3", "4"`, RFC 9110: the condition holds when any listed version is the current one); `*` matches any version. Another version is `412 precondition_failed`; anything else (a `*` inside a list, a tag that is not a version) is `400 invalid_request`. */
                 "If-Match"?: components["parameters"]["IfMatch"];
                 /** @description The request id, as a header. If `client_request_id` is sent too, both must be equal (`400 invalid_request` otherwise). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -1211,7 +1211,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description The moment version the edit or delete expects: the `ETag` of `GET /api/moments/{id}` (`"3"`; `W/"3"` and `3` are taken too); `*` matches any version. Another version is `412 precondition_failed`; anything else is `400 invalid_request`. */
+                /** @description The moment version the edit or delete expects: the `ETag` of `GET /api/moments/{id}` (`"3"`; `W/"3"` and `3` are taken too), or a list of them (`"3", "4"`, RFC 9110: the condition holds when any listed version is the current one); `*` matches any version. Another version is `412 precondition_failed`; anything else (a `*` inside a list, a tag that is not a version) is `400 invalid_request`. */
                 "If-Match"?: components["parameters"]["IfMatch"];
                 /** @description The request id, as a header. If `client_request_id` is sent too, both must be equal (`400 invalid_request` otherwise). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
