@@ -42,8 +42,9 @@ const EXIT_CODES: &str = "Exit codes:
   2  bad usage
   3  the data directory cannot be read (a stray .seg file in the log
      directory included: not damage, but no log is read until it is moved
-     out), an output file cannot be written, or the archive's store (--from)
-     cannot be reached";
+     out; a segment of a newer format version than this build reads
+     included), an output file cannot be written, or the archive's store
+     (--from) cannot be reached";
 
 /// Offline tools for a Spark data directory: verify, dump, rebuild, audit,
 /// stats. Read-only; safe beside a running server.

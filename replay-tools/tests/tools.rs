@@ -270,6 +270,53 @@ fn a_missing_data_directory_is_exit_3() {
     assert!(err.contains("no log"), "{err}");
 }
 
+/// A segment of a newer format version (header whole, checksum valid) is
+/// no damage: every subcommand that reads the log exits 3 (unreadable by
+/// this build), naming the segment and the version, not 1 as before.
+#[test]
+fn a_segment_of_a_newer_format_is_exit_3_not_damage() {
+    use spark_log_format::{FORMAT_VERSION, HEADER_LEN};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (code, _, err) = run(&["generate", "--ops", "20"], &data);
+    assert_eq!(code, 0, "{err}");
+    let log = data.join("log");
+    let mut segments: Vec<_> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segments.sort();
+    let first = &segments[0];
+    let mut bytes = std::fs::read(first).unwrap();
+    // The header (FORMAT.md): magic (8), version (u16 LE), header length
+    // (u16 LE), CRC-32 (u32 LE) of the header with the CRC field zeroed.
+    bytes[8..10].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&bytes[..12]);
+    crc.update(&[0; 4]);
+    crc.update(&bytes[16..HEADER_LEN]);
+    let crc = crc.finalize();
+    bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(first, &bytes).unwrap();
+    let name = first.file_name().unwrap().to_str().unwrap().to_owned();
+    let newer = format!("format version {}", FORMAT_VERSION + 1);
+    for args in [
+        &["verify"][..],
+        &["rebuild"],
+        &["dump"],
+        &["stats"],
+        &["audit", "damage"],
+    ] {
+        let (code, _, err) = run(args, &data);
+        assert_eq!(code, 3, "{args:?}: {err}");
+        assert!(
+            err.contains(&name) && err.contains(&newer),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn verify_tells_a_torn_tail_from_a_damaged_last_record() {
     let dir = tempfile::tempdir().unwrap();
