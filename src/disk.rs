@@ -46,7 +46,17 @@ struct Sample {
     below: bool,
     /// The last measuring error, logged once.
     error: Option<String>,
+    /// Why the last write failed for want of space (`ENOSPC`, from
+    /// [`DiskSpace::note_full`]), until a write is admitted again: `/readyz`
+    /// says it, with the reserve off too.
+    full: Option<String>,
 }
+
+/// With a write that found the disk full ([`DiskSpace::note_full`]),
+/// `/readyz` answers ready again once this many bytes are free above the
+/// reserve (with `log.disk_reserve_bytes = 0` too, where a check of zero
+/// bytes would always pass): room for a batch of writes, 1 MiB.
+pub const ROOM_AFTER_FULL_BYTES: u64 = 1024 * 1024;
 
 /// Free bytes of the file system holding `path` (`statvfs`: `f_bavail`
 /// blocks of `f_frsize` bytes, what an unprivileged user may still write).
@@ -102,6 +112,11 @@ impl DiskSpace {
     /// is the backstop.
     pub fn admit(&self, need_bytes: u64) -> Result<(), EngineError> {
         let mut sample = self.sample.lock();
+        self.admit_locked(&mut sample, need_bytes)
+    }
+
+    /// [`DiskSpace::admit`] with the sample already locked.
+    fn admit_locked(&self, sample: &mut Sample, need_bytes: u64) -> Result<(), EngineError> {
         // Off, unless a write just found the disk full: then wait until
         // this write's bytes are free (so a log that recovered its tail is
         // not made to fail and recover again at every write).
@@ -112,7 +127,7 @@ impl DiskSpace {
             .taken_at
             .is_some_and(|at| at.elapsed() < self.check_interval);
         if !fresh || sample.below {
-            self.measure(&mut sample);
+            self.measure(sample);
         }
         if sample.error.is_some() {
             return Ok(());
@@ -124,13 +139,18 @@ impl DiskSpace {
         if free_bytes < self.reserve_bytes.saturating_add(need_bytes) {
             sample.below = true;
             metrics.writes_refused_now.set(1);
+            let full = match &sample.full {
+                Some(why) => format!("the last write found the disk full ({why}); "),
+                None => String::new(),
+            };
             return Err(EngineError::InsufficientStorage(format!(
-                "{free_bytes} bytes free on the data directory's file system, {need_bytes} needed, and {} kept in reserve (log.disk_reserve_bytes); writes resume by themselves once space is freed",
+                "{full}{free_bytes} bytes free on the data directory's file system, {need_bytes} needed, and {} kept in reserve (log.disk_reserve_bytes); writes resume by themselves once space is freed",
                 self.reserve_bytes
             )));
         }
         if sample.below {
             sample.below = false;
+            sample.full = None;
             tracing::info!(
                 free_bytes,
                 reserve_bytes = self.reserve_bytes,
@@ -145,17 +165,37 @@ impl DiskSpace {
     /// [`DiskSpace::admit`] of nothing on a fresh measure, for `/readyz`:
     /// a probe reports the disk as it is now, not as it was up to
     /// `check_interval_ms` ago (a measure costs microseconds).
+    /// It measures with the reserve off too (keeping the free-space gauge
+    /// current), and after a write found the disk full it asks for
+    /// [`ROOM_AFTER_FULL_BYTES`] rather than nothing: with the reserve off
+    /// a check of zero bytes always passes, and `/readyz` answered ready
+    /// while every write failed with `ENOSPC`.
     pub fn check_now(&self) -> Result<(), EngineError> {
-        self.sample.lock().taken_at = None;
-        self.admit(0)
+        let mut sample = self.sample.lock();
+        self.measure(&mut sample);
+        let need_bytes = if sample.full.is_some() {
+            ROOM_AFTER_FULL_BYTES
+        } else {
+            0
+        };
+        self.admit_locked(&mut sample, need_bytes)
     }
 
-    /// A write found the disk full (`ENOSPC`): the next check measures
-    /// again instead of trusting the last measure.
-    pub fn note_full(&self) {
+    /// Measures the free space now, for the free-space gauge
+    /// (`spark_disk_free_bytes`) of a `/metrics` scrape: with the reserve
+    /// off nothing else measures it.
+    pub fn refresh(&self) {
+        self.measure(&mut self.sample.lock());
+    }
+
+    /// A write found the disk full (`ENOSPC`, `why` in words): the next
+    /// check measures again instead of trusting the last measure, and says
+    /// `why` until a write is admitted again.
+    pub fn note_full(&self, why: &str) {
         let mut sample = self.sample.lock();
         sample.taken_at = None;
         sample.below = true;
+        sample.full = Some(why.to_owned());
         crate::metrics::get().writes_refused_now.set(1);
     }
 
@@ -217,7 +257,7 @@ mod tests {
     fn with_the_reserve_off_a_full_disk_still_waits_for_room() {
         let dir = tempfile::tempdir().unwrap();
         let off = DiskSpace::new(dir.path(), 0, 60_000);
-        off.note_full();
+        off.note_full("test");
         assert!(off.admit(u64::MAX / 2).is_err(), "no room for that much");
         assert!(off.admit(1).is_ok(), "room for a byte");
         assert!(off.admit(u64::MAX / 2).is_ok(), "off again once admitted");

@@ -96,6 +96,7 @@ pub async fn metrics(state: Arc<AppState>, req: Request) -> Result<Response, Api
     }
     let metrics = crate::metrics::get();
     state.engine.read(|mirror| metrics.observe_mirror(mirror));
+    state.engine.disk().refresh();
     let mut response = Response::new(metrics.render().into());
     response.headers_mut().insert(
         warp::http::header::CONTENT_TYPE,

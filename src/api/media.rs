@@ -162,7 +162,10 @@ fn store_error(state: &AppState, e: &std::io::Error) -> ApiError {
     if !spark_log_format::is_no_space_error(e) {
         return unavailable(format!("the media store cannot write: {e}"));
     }
-    state.engine.disk().note_full();
+    state
+        .engine
+        .disk()
+        .note_full(&format!("a media upload: {e}"));
     crate::metrics::get()
         .writes_refused
         .get_or_create(&crate::metrics::label("reason", "disk_full"))

@@ -238,7 +238,7 @@ impl Journal {
                 for (_, _, reply) in writes.drain(..) {
                     let _ = reply.send(Err(refusal.clone()));
                 }
-                self.shared.disk.note_full();
+                self.shared.disk.note_full(&format!("a log append: {e}"));
                 let _ = self.heal();
                 return None;
             }

@@ -484,3 +484,135 @@ async fn a_file_that_eats_the_reserve_makes_enospc_which_heals_once_removed() {
     server.stop().await;
     drop(small);
 }
+
+/// The `spark_disk_free_bytes` gauge of a `/metrics` scrape.
+async fn free_gauge(client: &reqwest::Client, base: &str) -> u64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("spark_disk_free_bytes "))
+        .unwrap_or_else(|| panic!("no spark_disk_free_bytes in {text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// With the reserve off (`log.disk_reserve_bytes = 0`), a write that meets
+/// a real `ENOSPC` still makes `/readyz` say why writes fail (`507`, "disk
+/// full") until space is back, and the free-space gauge follows the disk.
+/// Before the fix `/readyz` checked for zero bytes, which always passes:
+/// `200 ready` while every write failed, and the gauge was never measured.
+/// The real binary: the gauge is process-wide, and other tests' servers in
+/// this process would set it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_reserve_off_readyz_says_the_disk_is_full_and_the_gauge_follows() {
+    let test = "disk_full::with_the_reserve_off_readyz_says_the_disk_is_full_and_the_gauge_follows";
+    let Some(small) = small_fs_or_skip(test) else {
+        return;
+    };
+    let data = small.path().join("data");
+    let server = crate::common::ServerProcess::start_with_env(
+        &data,
+        &[
+            ("SPARK_LOG_DISK_RESERVE_BYTES", "0"),
+            ("SPARK_LOG_PREALLOCATE_BYTES", "0"),
+            ("SPARK_LOG_SEGMENT_SIZE_BYTES", "1048576"),
+            ("SPARK_LOG_DISK_CHECK_INTERVAL_MS", "60000"),
+        ],
+    );
+    let client = reqwest::Client::new();
+    let base = server.base.clone();
+    let create = || {
+        let client = client.clone();
+        let url = format!("{base}/api/moments");
+        async move {
+            let response = client
+                .post(url)
+                .json(&json!({"id": ulid(), "text": "y".repeat(2000)}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response
+                    .json::<serde_json::Value>()
+                    .await
+                    .unwrap_or_default(),
+            )
+        }
+    };
+    let readyz = || {
+        let client = client.clone();
+        let url = format!("{base}/readyz");
+        async move {
+            let response = client.get(url).send().await.unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response
+                    .json::<serde_json::Value>()
+                    .await
+                    .unwrap_or_default(),
+            )
+        }
+    };
+    for _ in 0..10 {
+        assert_eq!(create().await.0, 201);
+    }
+    let free_before = free_gauge(&client, &base).await;
+    assert!(free_before > 10 * MIB, "{free_before}");
+    let ballast = Ballast::new(small.path());
+    ballast.fill_to_free(0);
+    let mut refused = None;
+    for _ in 0..400 {
+        match create().await {
+            (201, _) => {}
+            (507, v) => {
+                refused = Some(v);
+                break;
+            }
+            other => panic!("create: {other:?}"),
+        }
+    }
+    let refused = refused.expect("the full disk refused a write");
+    assert!(
+        refused["detail"].as_str().unwrap().contains("disk is full"),
+        "{refused}"
+    );
+    let (s, v) = readyz().await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (507, json!("insufficient_storage")),
+        "{v}"
+    );
+    assert!(
+        v["detail"].as_str().unwrap().contains("disk full"),
+        "says why: {v}"
+    );
+    let free_full = free_gauge(&client, &base).await;
+    assert!(free_full < MIB, "the gauge follows the disk: {free_full}");
+    ballast.remove();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, v) = readyz().await;
+        if s == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ready again once space is back: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(free_gauge(&client, &base).await > 10 * MIB);
+    assert_eq!(create().await.0, 201, "writes resume");
+    assert!(server.terminate().success());
+    drop(small);
+}
