@@ -544,8 +544,19 @@ async fn listening_beyond_loopback_needs_a_token() {
 }
 
 fn engine(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    engine_in(std::path::Path::new("."), args, envs)
+}
+
+/// Runs the real binary in `cwd` with `args`, the test's own
+/// `SPARK_CONFIG`, `SPARK_LISTEN` and `SPARK_DATA` removed and `envs` set;
+/// exit code, stdout, stderr.
+fn engine_in(cwd: &std::path::Path, args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_spark-engine"))
         .args(args)
+        .current_dir(cwd)
+        .env_remove("SPARK_CONFIG")
+        .env_remove("SPARK_LISTEN")
+        .env_remove("SPARK_DATA")
         .envs(envs.iter().copied())
         .output()
         .unwrap();
@@ -867,31 +878,6 @@ fn listen_takes_a_host_name() {
     assert!(err.contains("HOST:PORT"), "{err}");
 }
 
-/// Runs the real binary in `cwd` with `args` and exactly the `SPARK_CONFIG`
-/// given (none when `None`); exit code, stdout, stderr.
-fn engine_in(
-    cwd: &std::path::Path,
-    args: &[&str],
-    config_env: Option<&str>,
-) -> (i32, String, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_spark-engine"));
-    command
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("SPARK_CONFIG")
-        .env_remove("SPARK_LISTEN")
-        .env_remove("SPARK_DATA");
-    if let Some(file) = config_env {
-        command.env("SPARK_CONFIG", file);
-    }
-    let out = command.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// The operator flow with the settings file outside the working directory:
 /// `spark-engine --config FILE token add DEVICE` writes FILE (not
 /// `./spark.toml`) and says its absolute path, `SPARK_CONFIG` is honoured
@@ -916,7 +902,7 @@ fn token_add_writes_the_file_the_server_is_started_with() {
     let (code, token, said) = engine_in(
         &cwd,
         &["--config", file_text, "token", "add", "phone-1"],
-        None,
+        &[],
     );
     assert_eq!(code, 0, "{said}");
     let token = token.trim().to_owned();
@@ -933,12 +919,16 @@ fn token_add_writes_the_file_the_server_is_started_with() {
     );
 
     // SPARK_CONFIG alone, and with a flag that agrees.
-    let (code, token_2, said) = engine_in(&cwd, &["token", "add", "phone-2"], Some(file_text));
+    let (code, token_2, said) = engine_in(
+        &cwd,
+        &["token", "add", "phone-2"],
+        &[("SPARK_CONFIG", file_text)],
+    );
     assert_eq!(code, 0, "{said}");
     let (code, _, said) = engine_in(
         &cwd,
         &["token", "add", "phone-3", "--config", "../etc/engine.toml"],
-        Some(file_text),
+        &[("SPARK_CONFIG", file_text)],
     );
     assert_eq!(code, 0, "the same file by another name: {said}");
     assert!(!local.exists());
@@ -953,17 +943,17 @@ fn token_add_writes_the_file_the_server_is_started_with() {
     for (args, env) in [
         (
             vec!["token", "add", "phone-4", "--config", other_text],
-            Some(file_text),
+            &[("SPARK_CONFIG", file_text)][..],
         ),
         (
             vec![
                 "--config", file_text, "token", "add", "phone-4", "--config", other_text,
             ],
-            None,
+            &[],
         ),
         (
             vec!["--config", other_text, "token", "add", "phone-4"],
-            Some(file_text),
+            &[("SPARK_CONFIG", file_text)],
         ),
     ] {
         let (code, printed, said) = engine_in(&cwd, &args, env);
@@ -984,7 +974,7 @@ fn token_add_writes_the_file_the_server_is_started_with() {
     let (code, printed, said) = engine_in(
         &cwd,
         &["--config", file_text, "config", "print"],
-        Some(other_text),
+        &[("SPARK_CONFIG", other_text)],
     );
     assert_eq!(code, 0, "{said}");
     assert!(
@@ -994,7 +984,7 @@ fn token_add_writes_the_file_the_server_is_started_with() {
     let (code, _, said) = engine_in(
         &cwd,
         &["--config", file_text, "serve", "--config", other_text],
-        None,
+        &[],
     );
     assert_eq!(code, 1, "{said}");
     assert!(said.contains("name the settings file once"), "{said}");
