@@ -38,6 +38,7 @@ pub mod config;
 pub mod disk;
 pub mod engine;
 pub mod failpoints;
+pub mod history;
 pub use spark_core::{codec, damage, ids, layout, mirror, op, replay, request_index, synth, time};
 pub mod media;
 pub mod metrics;
