@@ -9,7 +9,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{settings, TestServer};
+use common::{copy_dir, settings, TestServer};
 use serde_json::json;
 use spark_client::events::{EventsFollower, Followed};
 use spark_core::wire::events::EventCursor;
@@ -69,19 +69,6 @@ async fn a_follower_resyncs_when_the_server_comes_back_behind_its_cursor() {
     create(&second, "d").await;
     assert_eq!(seq_of(next(&mut follower).await), 2);
     second.stop().await;
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 /// The server comes back at the same address with another history that

@@ -7,9 +7,7 @@
 use crate::common;
 use crate::messages::read_events;
 
-use std::path::Path;
-
-use common::TestServer;
+use common::{copy_dir, TestServer};
 use serde_json::{json, Value};
 
 async fn create(server: &TestServer, text: &str) {
@@ -17,30 +15,22 @@ async fn create(server: &TestServer, text: &str) {
     assert_eq!(status, 201, "{body}");
 }
 
-/// The events after `after` (an id, or `0`) up to seq `upto`, as (id, data).
-async fn events_after(server: &TestServer, after: &str, want: usize) -> Vec<(String, Value)> {
-    let response = server
+/// The answer to `GET /api/events` with `Last-Event-ID: after`.
+async fn events_answer(server: &TestServer, after: &str) -> reqwest::Response {
+    server
         .client
         .get(server.url("/api/events"))
         .header("Last-Event-ID", after)
         .send()
         .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200, "after {after}");
-    read_events(response, want).await
+        .unwrap()
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
+/// The first `want` events after `after` (an id, or `0`), as (id, data).
+async fn events_after(server: &TestServer, after: &str, want: usize) -> Vec<(String, Value)> {
+    let response = events_answer(server, after).await;
+    assert_eq!(response.status().as_u16(), 200, "after {after}");
+    read_events(response, want).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,13 +68,7 @@ async fn a_cursor_from_another_history_that_shares_its_seq_is_refused() {
     // a take-over, or a failover): 409, never b6 as if b4 and b5 were a4
     // and a5.
     for refused in [a_ids[4].as_str(), a_ids[3].as_str()] {
-        let response = b
-            .client
-            .get(b.url("/api/events"))
-            .header("Last-Event-ID", refused)
-            .send()
-            .await
-            .unwrap();
+        let response = events_answer(&b, refused).await;
         assert_eq!(response.status().as_u16(), 409, "{refused}");
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["code"], "cursor_unknown", "{body}");

@@ -171,6 +171,16 @@ async fn the_page_and_its_assets_are_served_with_types_and_etags() {
     server.stop().await;
 }
 
+/// A new session made with `token`: its cookie pair (`spark_session=…`).
+async fn new_session(server: &TestServer, token: &str) -> String {
+    let bearer = format!("Bearer {token}");
+    let (status, _, headers) = server
+        .call("POST", "/api/session", None, &[("Authorization", &bearer)])
+        .await;
+    assert_eq!(status, 201);
+    cookie_of(&headers).0
+}
+
 fn cookie_of(headers: &reqwest::header::HeaderMap) -> (String, String) {
     let set = headers["set-cookie"].to_str().unwrap().to_owned();
     let pair = set.split(';').next().unwrap().trim().to_owned();
@@ -402,17 +412,6 @@ async fn sessions_expire_and_are_revoked_with_the_cookie_or_the_token() {
 
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(with_tokens(dir.path(), 60_000)).await;
-    let new_session = |token: &'static str| {
-        let server = &server;
-        async move {
-            let bearer = format!("Bearer {token}");
-            let (status, _, headers) = server
-                .call("POST", "/api/session", None, &[("Authorization", &bearer)])
-                .await;
-            assert_eq!(status, 201);
-            cookie_of(&headers).0
-        }
-    };
     let reads = |cookie: String| {
         let server = &server;
         async move {
@@ -423,9 +422,9 @@ async fn sessions_expire_and_are_revoked_with_the_cookie_or_the_token() {
         }
     };
     // Signing out with the cookie ends that session only.
-    let a = new_session(TOKEN).await;
-    let b = new_session(TOKEN).await;
-    let other = new_session(OTHER_TOKEN).await;
+    let a = new_session(&server, TOKEN).await;
+    let b = new_session(&server, TOKEN).await;
+    let other = new_session(&server, OTHER_TOKEN).await;
     let (status, body, headers) = server
         .call(
             "DELETE",
@@ -440,7 +439,7 @@ async fn sessions_expire_and_are_revoked_with_the_cookie_or_the_token() {
     assert_eq!(reads(a).await, 401);
     assert_eq!(reads(b.clone()).await, 200);
     // With the token: every session made with it, and no other.
-    let c = new_session(TOKEN).await;
+    let c = new_session(&server, TOKEN).await;
     let (status, body, _) = server
         .call(
             "DELETE",
@@ -561,17 +560,6 @@ async fn receives(stream: &mut reqwest::Response, text: &str) {
 async fn an_event_stream_ends_with_the_session_that_opened_it() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(with_tokens(dir.path(), 60_000)).await;
-    let new_session = |token: &'static str| {
-        let server = &server;
-        async move {
-            let bearer = format!("Bearer {token}");
-            let (status, _, headers) = server
-                .call("POST", "/api/session", None, &[("Authorization", &bearer)])
-                .await;
-            assert_eq!(status, 201);
-            cookie_of(&headers).0
-        }
-    };
     let open = |auth: (&'static str, String)| {
         let server = &server;
         async move {
@@ -602,8 +590,8 @@ async fn an_event_stream_ends_with_the_session_that_opened_it() {
             id
         }
     };
-    let a = new_session(TOKEN).await;
-    let b = new_session(TOKEN).await;
+    let a = new_session(&server, TOKEN).await;
+    let b = new_session(&server, TOKEN).await;
     let mut by_a = open(("Cookie", a.clone())).await;
     let mut by_b = open(("Cookie", b.clone())).await;
     let mut by_token = open(("Authorization", format!("Bearer {OTHER_TOKEN}"))).await;
