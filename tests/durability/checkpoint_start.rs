@@ -387,7 +387,7 @@ fn damage_behind_the_checkpoint_stops_neither_the_event_stream_nor_the_next_chec
     // The cursor of seq head - 10 (its seq and its batch's chain value),
     // read off the log as the server does.
     let cursor = spark_engine::history::cursor_of(
-        &spark_core::layout::log_dir(&data),
+        &spark_core::layout::log_dir(data),
         head - 10,
         spark_log_format::DEFAULT_MAX_RECORD_BYTES,
     )
