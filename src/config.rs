@@ -322,6 +322,12 @@ pub struct Limits {
     /// this many are open and resumes as they close (further clients wait
     /// in the kernel's backlog). Default 1,024.
     pub connections_max: usize,
+    /// Most `/api/events` streams open at once; one more is answered `503
+    /// unavailable` with `Retry-After`, so streams never hold every
+    /// connection (the health routes and other requests keep theirs). Takes
+    /// effect up to `connections_max - 1` ([`Limits::event_streams_cap`]).
+    /// Default 256.
+    pub event_streams_max: usize,
     /// Longest wait for a request's head (line and headers), in
     /// milliseconds, on a new connection and between requests on a
     /// kept-alive one; past it the connection is closed. Default 10,000.
@@ -420,6 +426,16 @@ impl Default for Settings {
     }
 }
 
+impl Limits {
+    /// The number of `/api/events` streams open at once that takes effect:
+    /// `event_streams_max`, but at most `connections_max - 1`, so at least
+    /// one connection is always left to other requests.
+    pub fn event_streams_cap(&self) -> usize {
+        self.event_streams_max
+            .min(self.connections_max.saturating_sub(1))
+    }
+}
+
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
@@ -429,6 +445,7 @@ impl Default for Limits {
             list_limit_default: 100,
             list_limit_max: 1000,
             connections_max: 1024,
+            event_streams_max: 256,
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 300_000,
         }
@@ -727,6 +744,9 @@ impl Settings {
         }
         if self.limits.connections_max == 0 {
             return invalid("limits.connections_max", "must be above 0");
+        }
+        if self.limits.event_streams_max == 0 {
+            return invalid("limits.event_streams_max", "must be above 0");
         }
         if self.limits.header_read_timeout_ms == 0 {
             return invalid("limits.header_read_timeout_ms", "must be above 0");

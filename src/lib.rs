@@ -25,6 +25,8 @@
 //!   section 11, `log-format/ARCHIVE.md`), on only with `[archive]`.
 //! - [`replica`]: `spark-engine replica`, a read replica that follows an
 //!   archive (SPEC section 11); writes answer `421 read_only`.
+//! - [`history`]: committed ops read back from the log with their event
+//!   cursors (`/api/events` and the replica).
 //! - [`server`]: start, serve and shut down.
 //! - [`config`]: settings with units in their names; [`clock`], [`time`].
 
@@ -38,6 +40,7 @@ pub mod config;
 pub mod disk;
 pub mod engine;
 pub mod failpoints;
+pub mod history;
 pub use spark_core::{codec, damage, ids, layout, mirror, op, replay, request_index, synth, time};
 pub mod media;
 pub mod metrics;

@@ -203,6 +203,7 @@ pub async fn start_with_brains(
     };
     let (closing, shutdown) = tokio::sync::watch::channel(false);
     let media_store = media.clone();
+    let event_streams_cap = settings.limits.event_streams_cap();
     let state = Arc::new(AppState {
         engine: Arc::clone(&engine),
         settings,
@@ -213,6 +214,7 @@ pub async fn start_with_brains(
         archive: archive.as_ref().map(|a| Arc::clone(&a.status)),
         replica: replica.as_ref().map(|r| Arc::clone(&r.status)),
         sessions: Arc::new(crate::api::session::Sessions::new(session_clock)),
+        event_streams: Arc::new(tokio::sync::Semaphore::new(event_streams_cap)),
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let limits = state.settings.limits.clone();

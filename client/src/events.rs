@@ -2,9 +2,11 @@
 //! reconnecting `EventSource` would, with the one answer a browser's
 //! `EventSource` cannot handle: `409 cursor_ahead` (issue 15 item 5).
 //!
-//! An [`EventsFollower`] keeps a cursor (the seq of the last change it gave)
-//! and hands out [`Followed`] items one at a time. It reconnects by itself
-//! with `Last-Event-ID: <cursor>` when the stream ends, when the server says
+//! An [`EventsFollower`] keeps a cursor (the [`EventCursor`] of the last
+//! change it gave: its seq and a prefix of the log's chain value there, so
+//! it names one history of the log) and hands out [`Followed`] items one at
+//! a time. It reconnects by itself with `Last-Event-ID: <cursor>` when the
+//! stream ends, when the server says
 //! `overflow` (the subscriber fell behind), or when nothing, not even a
 //! keep-alive comment, arrived for [`STALL_LIMIT`]; so a caller sees every
 //! committed op once, in order, with no gap.
@@ -17,16 +19,29 @@
 //! resynchronise what it derived from the stream (refetch the records it
 //! holds), since some of what it saw no longer exists.
 //!
+//! After a restore and a take-over (or a failover to a replica of another
+//! archive) the server's log may hold other ops under the seqs the client
+//! saw: the server answers `409 cursor_unknown` (issue 24) and the
+//! follower gives [`Followed::Resync`], then follows after the head the
+//! answer names. The caller resynchronises the same way: refetch what it
+//! holds, then trust the changes that follow (they start at the head the
+//! answer named, so nothing committed after the refetch is missed).
+//!
 //! ```no_run
 //! # async fn run() -> Result<(), spark_client::events::EventsError> {
 //! use spark_client::events::{EventsFollower, Followed};
 //!
-//! let mut follower = EventsFollower::new("http://127.0.0.1:8080", 0)?;
+//! use spark_core::wire::events::EventCursor;
+//!
+//! let mut follower = EventsFollower::new("http://127.0.0.1:8080", EventCursor::START)?;
 //! loop {
 //!     match follower.next().await? {
 //!         Followed::Change(notice) => println!("{} {}", notice.seq, notice.kind),
 //!         Followed::CursorAhead { head_seq, .. } => {
 //!             println!("the server is behind what we saw; refetching, then after {head_seq}")
+//!         }
+//!         Followed::Resync { head, .. } => {
+//!             println!("another history than we followed; refetching, then after {head}")
 //!         }
 //!     }
 //! }
@@ -36,8 +51,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use spark_core::wire::events::{ChangeNotice, Overflow, EVENT_ERROR, EVENT_OVERFLOW};
-use spark_core::wire::problem::{CursorAheadMembers, Problem, CURSOR_AHEAD};
+use spark_core::wire::events::{ChangeNotice, EventCursor, Overflow, EVENT_ERROR, EVENT_OVERFLOW};
+use spark_core::wire::problem::{CursorAheadMembers, Problem, CURSOR_AHEAD, CURSOR_UNKNOWN};
 
 use crate::transport::TransportError;
 
@@ -52,7 +67,7 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(15);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Followed {
     /// A committed op: what it created, updated or removed. The cursor is
-    /// now its seq.
+    /// now its event's id.
     Change(ChangeNotice),
     /// The server's log ends before the cursor (`409 cursor_ahead`): it was
     /// restored from an archive that was behind what this client saw. The
@@ -63,6 +78,18 @@ pub enum Followed {
         after: u64,
         /// The server's head, which the follower follows after from now on.
         head_seq: u64,
+    },
+    /// The cursor is not a point of the server's history (`409
+    /// cursor_unknown`): its log holds other ops under the cursor's seq (a
+    /// restore and a take-over, a failover to another archive's replica),
+    /// or the cursor was a bare seq, which cannot be checked. The cursor
+    /// is now `head`; resynchronise (refetch what was derived from the
+    /// stream) before trusting it again.
+    Resync {
+        /// The cursor the follower asked for.
+        after: EventCursor,
+        /// The server's head, which the follower follows after from now on.
+        head: EventCursor,
     },
 }
 
@@ -97,7 +124,7 @@ pub struct EventsFollower {
     base: String,
     client: reqwest::Client,
     token: Option<String>,
-    cursor: u64,
+    cursor: EventCursor,
     stream: Option<reqwest::Response>,
     /// Bytes received, not yet a whole event.
     buffer: Vec<u8>,
@@ -106,9 +133,10 @@ pub struct EventsFollower {
 
 impl EventsFollower {
     /// A follower of `base` (e.g. `http://127.0.0.1:8080`) that gives the
-    /// ops after seq `after` (0: all). Connects on the first
+    /// ops after `after` ([`EventCursor::START`]: all; else an event's id,
+    /// or the `cursor` a resynchronisation named). Connects on the first
     /// [`EventsFollower::next`].
-    pub fn new(base: &str, after: u64) -> Result<EventsFollower, EventsError> {
+    pub fn new(base: &str, after: EventCursor) -> Result<EventsFollower, EventsError> {
         let client = reqwest::Client::builder()
             .connect_timeout(CONNECT_LIMIT)
             .build()
@@ -130,9 +158,10 @@ impl EventsFollower {
         self
     }
 
-    /// The seq of the last change given (or the head after a
-    /// [`Followed::CursorAhead`]): where a reconnect resumes.
-    pub fn cursor(&self) -> u64 {
+    /// The cursor of the last change given (or the head after a
+    /// [`Followed::CursorAhead`] or [`Followed::Resync`]): where a
+    /// reconnect resumes.
+    pub fn cursor(&self) -> EventCursor {
         self.cursor
     }
 
@@ -187,15 +216,27 @@ impl EventsFollower {
             return Ok(None);
         }
         let problem: Problem = response.json().await.unwrap_or_default();
-        if status == 409 && problem.code == CURSOR_AHEAD {
-            let members: CursorAheadMembers =
-                serde_json::from_value(serde_json::Value::Object(problem.extra.clone())).map_err(
-                    |e| EventsError::Malformed(format!("cursor_ahead without its members: {e}")),
-                )?;
-            self.cursor = members.head_seq;
-            return Ok(Some(Followed::CursorAhead {
-                after: members.after,
-                head_seq: members.head_seq,
+        if status == 409 && (problem.code == CURSOR_AHEAD || problem.code == CURSOR_UNKNOWN) {
+            let members: CursorAheadMembers = serde_json::from_value(serde_json::Value::Object(
+                problem.extra.clone(),
+            ))
+            .map_err(|e| {
+                EventsError::Malformed(format!("{} without its members: {e}", problem.code))
+            })?;
+            let head = EventCursor::parse(&members.head_cursor).ok_or_else(|| {
+                EventsError::Malformed(format!(
+                    "{} names the head cursor {:?}",
+                    problem.code, members.head_cursor
+                ))
+            })?;
+            let after = std::mem::replace(&mut self.cursor, head);
+            return Ok(Some(if problem.code == CURSOR_AHEAD {
+                Followed::CursorAhead {
+                    after: members.after,
+                    head_seq: members.head_seq,
+                }
+            } else {
+                Followed::Resync { after, head }
             }));
         }
         Err(EventsError::Refused {
@@ -211,6 +252,7 @@ impl EventsFollower {
             let text = String::from_utf8(block[..end].to_vec())
                 .map_err(|_| EventsError::Malformed("an event that is not UTF-8".into()))?;
             let mut name = None;
+            let mut id = None;
             let mut data: Option<String> = None;
             for line in text.lines() {
                 let (field, value) = line.split_once(':').unwrap_or((line, ""));
@@ -224,8 +266,9 @@ impl EventsFollower {
                         }
                         None => data = Some(value.to_owned()),
                     },
-                    // `id` repeats the notice's seq; comments and unknown
-                    // fields are ignored, as an EventSource does.
+                    "id" => id = Some(value.to_owned()),
+                    // Comments and unknown fields are ignored, as an
+                    // EventSource does.
                     _ => {}
                 }
             }
@@ -234,17 +277,35 @@ impl EventsFollower {
                 None => {
                     let notice: ChangeNotice = serde_json::from_str(&data)
                         .map_err(|e| EventsError::Malformed(format!("{e}: {data}")))?;
-                    if notice.seq <= self.cursor {
+                    if notice.seq <= self.cursor.seq {
                         continue;
                     }
-                    self.cursor = notice.seq;
+                    let cursor = id
+                        .as_deref()
+                        .and_then(EventCursor::parse)
+                        .filter(|c| c.seq == notice.seq)
+                        .ok_or_else(|| {
+                            EventsError::Malformed(format!(
+                                "change {} with the id {id:?}, not its cursor",
+                                notice.seq
+                            ))
+                        })?;
+                    self.cursor = cursor;
                     self.ready.push_back(Followed::Change(notice));
                 }
                 Some(EVENT_OVERFLOW) => {
                     let overflow: Overflow = serde_json::from_str(&data)
                         .map_err(|e| EventsError::Malformed(format!("{e}: {data}")))?;
                     // Every change up to it was given; resume from there.
-                    self.cursor = self.cursor.max(overflow.resume_after);
+                    if overflow.resume_after > self.cursor.seq {
+                        self.cursor = EventCursor::parse(&overflow.resume_cursor)
+                            .filter(|c| c.seq == overflow.resume_after)
+                            .ok_or_else(|| {
+                                EventsError::Malformed(format!(
+                                    "overflow without its cursor: {data}"
+                                ))
+                            })?;
+                    }
                     self.disconnect();
                     return Ok(());
                 }
@@ -279,26 +340,27 @@ mod tests {
     use super::*;
 
     fn follower() -> EventsFollower {
-        EventsFollower::new("http://127.0.0.1:9", 0).unwrap()
+        EventsFollower::new("http://127.0.0.1:9", EventCursor::START).unwrap()
     }
 
     #[test]
     fn changes_are_parsed_across_chunks_and_move_the_cursor() {
         let mut f = follower();
         f.buffer.extend_from_slice(
-            b": keep-alive\n\nid:1\ndata:{\"seq\":1,\"kind\":\"moment.create\",",
+            b": keep-alive\n\nid:1.0000000000000001\ndata:{\"seq\":1,\"kind\":\"moment.create\",",
         );
         f.parse().unwrap();
         assert!(f.ready.is_empty());
-        f.buffer
-            .extend_from_slice(b"\"upserted\":[\"m\"],\"removed\":[]}\n\nid:2\r\ndata:");
+        f.buffer.extend_from_slice(
+            b"\"upserted\":[\"m\"],\"removed\":[]}\n\nid:2.00000000000000ff\r\ndata:",
+        );
         f.parse().unwrap();
-        assert_eq!(f.cursor(), 1);
+        assert_eq!(f.cursor().to_string(), "1.0000000000000001");
         f.buffer.extend_from_slice(
             b"{\"seq\":2,\"kind\":\"moment.delete\",\"upserted\":[],\"removed\":[\"m\"]}\r\n\r\n",
         );
         f.parse().unwrap();
-        assert_eq!(f.cursor(), 2);
+        assert_eq!(f.cursor().to_string(), "2.00000000000000ff");
         let kinds: Vec<_> = f
             .ready
             .iter()
@@ -314,15 +376,24 @@ mod tests {
     fn overflow_resumes_after_its_seq_and_error_stops() {
         let mut f = follower();
         f.buffer
-            .extend_from_slice(b"event:overflow\ndata:{\"resume_after\":7}\n\nid:99\ndata:x\n\n");
+            .extend_from_slice(b"event:overflow\ndata:{\"resume_after\":7,\"resume_cursor\":\"7.0a0a0a0a0a0a0a0a\"}\n\nid:99\ndata:x\n\n");
         f.parse().unwrap();
         // What follows an overflow on the same connection is dropped: the
         // reconnect resumes after 7.
-        assert_eq!((f.cursor(), f.buffer.len(), f.ready.len()), (7, 0, 0));
+        assert_eq!(
+            (f.cursor().to_string(), f.buffer.len(), f.ready.len()),
+            ("7.0a0a0a0a0a0a0a0a".to_owned(), 0, 0)
+        );
         f.buffer
             .extend_from_slice(b"event:error\ndata:corrupt log\n\n");
         assert_eq!(f.parse(), Err(EventsError::Log("corrupt log".into())));
         f.buffer.extend_from_slice(b"data:{\"seq\":8}\n\n");
         assert!(matches!(f.parse(), Err(EventsError::Malformed(_))));
+        // A change whose id is not its cursor: malformed, the cursor stays.
+        f.buffer.extend_from_slice(
+            b"id:nine\ndata:{\"seq\":9,\"kind\":\"k\",\"upserted\":[],\"removed\":[]}\n\n",
+        );
+        assert!(matches!(f.parse(), Err(EventsError::Malformed(_))));
+        assert_eq!(f.cursor().seq, 7);
     }
 }

@@ -1,10 +1,17 @@
 //! `GET /api/events?after=SEQ`: the change stream, as server-sent events
 //! (SPEC section 4).
 //!
-//! Each committed op is one event: `id: <seq>` and the data
-//! `{"seq", "kind", "upserted", "removed"}`. The stream first catches up
-//! from the log on disk (ops after `after`, or after `Last-Event-ID`), then
-//! follows live commits. A subscriber that falls behind the live buffer
+//! Each committed op is one event: `id: <cursor>` and the data
+//! `{"seq", "kind", "upserted", "removed"}`. The cursor (`SEQ.CHAIN`,
+//! [`EventCursor`], issue 24) is the op's seq with a prefix of the log's
+//! chain value at the end of its batch, so it names one history of the
+//! log: a client that comes back with `Last-Event-ID` (or `after`) from
+//! another history that shares the seq (a restore and a take-over, a
+//! failover to a replica of another archive) gets `409 cursor_unknown`
+//! naming the head, never the ops after its seq in this history. A bare
+//! seq above 0 cannot be checked and is refused the same way; `0` is the
+//! start of every history. The stream first catches up from the log on
+//! disk, then follows live commits. A subscriber that falls behind the live buffer
 //! (`log.change_buffer_batches`) gets an `overflow` event naming the seq to
 //! resume after, and the stream ends; the writer never waits for anyone.
 //!
@@ -25,19 +32,17 @@ use std::task::{Context, Poll};
 
 use futures_util::Stream;
 use serde::Deserialize;
-use spark_log_format::{LogReader, ScanOptions};
 use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit, Semaphore};
 use warp::http::Method;
 use warp::reply::{Reply, Response};
 use warp::sse::Event;
 
-use spark_core::wire::events::{Overflow, EVENT_ERROR, EVENT_OVERFLOW};
+use spark_core::wire::events::{EventCursor, Overflow, EVENT_ERROR, EVENT_OVERFLOW};
 use spark_core::wire::problem as wire;
 
-use crate::engine::ChangeNotice;
-use crate::op::Op;
+use crate::engine::Change;
 
-use super::{ApiError, AppState, Request};
+use super::{session, ApiError, AppState, Request};
 
 /// Events queued per subscriber between the log or the live feed and the
 /// socket, at most.
@@ -117,8 +122,8 @@ impl Subscriber {
             .map_err(|_| Gone)
     }
 
-    async fn send_notice(&self, notice: &ChangeNotice) -> Result<(), Gone> {
-        let (event, bytes) = event(notice);
+    async fn send_change(&self, change: &Change) -> Result<(), Gone> {
+        let (event, bytes) = event(change);
         self.send(event, bytes).await
     }
 
@@ -156,11 +161,17 @@ fn subscriber(stopping: tokio::sync::watch::Receiver<bool>) -> (Subscriber, Even
         budget,
         stopping,
     };
-    (sender, Events(rx))
+    (sender, Events(rx, None, None))
 }
 
-/// The events of one subscriber, as a stream for warp's SSE reply.
-struct Events(mpsc::Receiver<Queued>);
+/// The events of one subscriber, as a stream for warp's SSE reply; holds
+/// its permit of `limits.event_streams_max` while open,, for a stream opened with a session cookie, ends when the session
+/// ends (the watcher's signal, [`end_with_session`]).
+struct Events(
+    mpsc::Receiver<Queued>,
+    Option<OwnedSemaphorePermit>,
+    Option<tokio::sync::oneshot::Receiver<()>>,
+);
 
 impl Drop for Events {
     fn drop(&mut self) {
@@ -172,16 +183,27 @@ impl Stream for Events {
     type Item = Result<Event, std::convert::Infallible>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(ended) = self.2.as_mut() {
+            // Fired or dropped: the session ended (or its watcher is gone).
+            if std::future::Future::poll(Pin::new(ended), cx).is_ready() {
+                // Once: the stream ends here, and what is queued is dropped.
+                self.2 = None;
+                self.0.close();
+                while self.0.try_recv().is_ok() {}
+                return Poll::Ready(None);
+            }
+        }
         // The budget the event held is given back here: hyper has it now.
         self.0.poll_recv(cx).map(|q| q.map(|q| Ok(q.event)))
     }
 }
 
-/// A notice's event and the bytes of its SSE text (`id:`, `data:`, the
-/// line ends and the blank line).
-fn event(notice: &ChangeNotice) -> (Event, usize) {
-    let id = notice.seq.to_string();
-    match serde_json::to_string(notice) {
+/// A change's event (its cursor as the `id:`, its notice as the data) and
+/// the bytes of its SSE text (`id:`, `data:`, the line ends and the blank
+/// line).
+fn event(change: &Change) -> (Event, usize) {
+    let id = change.cursor.to_string();
+    match serde_json::to_string(&change.notice) {
         Ok(data) => {
             let bytes = "id:\ndata:\n\n".len() + id.len() + data.len();
             (Event::default().id(id).data(data), bytes)
@@ -196,10 +218,17 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
         return Err(ApiError::method_not_allowed("GET"));
     }
     let query: Query = req.query()?;
+    // Streams have their own cap, below the connections' (issue 24 item
+    // 8): open streams never take the connections health checks need.
+    let permit = Arc::clone(&state.event_streams)
+        .try_acquire_owned()
+        .map_err(|_| streams_full(state.settings.limits.event_streams_cap()))?;
     let parse = |what: &str, text: &str| {
-        text.trim()
-            .parse::<u64>()
-            .map_err(|_| ApiError::invalid_request(format!("{what} {text:?} is not a seq")))
+        EventCursor::parse(text).ok_or_else(|| {
+            ApiError::invalid_request(format!(
+                "{what} {text:?} is not an event cursor (SEQ.CHAIN, as an event's id, or 0)"
+            ))
+        })
     };
     // Last-Event-ID (a reconnecting EventSource) wins over `after`.
     let after = match req.header("last-event-id")? {
@@ -209,22 +238,29 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
             .as_deref()
             .map(|a| parse("after", a))
             .transpose()?
-            .unwrap_or(0),
+            .unwrap_or(EventCursor::START),
     };
     // Subscribe before reading the committed seq: every op after it comes
     // live, every op up to it comes from the log.
     let live = state.engine.subscribe_changes();
-    let committed = state.engine.head().seq;
-    if after > committed {
-        return Err(cursor_ahead(after, committed));
+    let head = state.engine.head();
+    let committed = head.seq;
+    let head_cursor = EventCursor::at(head.seq, &head.chain);
+    if after.seq > committed {
+        return Err(cursor_ahead(after.seq, head_cursor));
     }
-    let (tx, events) = subscriber(state.shutdown.clone());
     let log_dir = state.settings.log_dir();
     let max_record_bytes = state.settings.log.max_record_bytes;
+    check_history(&log_dir, max_record_bytes, after, &head.chain, head_cursor).await?;
+    let (tx, mut events) = subscriber(state.shutdown.clone());
+    events.1 = Some(permit);
+    if let Some(secret) = session::authenticating_secret(&state, &req.headers) {
+        events.2 = Some(end_with_session(&state, secret.to_owned()));
+    }
     let mut shutdown = state.shutdown.clone();
     tokio::spawn(async move {
         let mut last = after;
-        if after < committed {
+        if after.seq < committed {
             let catch_up = tx.clone();
             let runtime = tokio::runtime::Handle::current();
             let read = tokio::task::spawn_blocking(move || {
@@ -255,92 +291,175 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
     Ok(warp::sse::reply(warp::sse::keep_alive().stream(events)).into_response())
 }
 
-/// `409 cursor_ahead`: a cursor beyond the head would otherwise wait in
-/// silence for seqs that, after a restore from an archive that was behind,
-/// name other ops than the client saw (issue 15 item 5).
-fn cursor_ahead(after: u64, head_seq: u64) -> ApiError {
+/// A signal that fires when the session of `secret` ends (`DELETE
+/// /api/session`, its expiry, its token gone: [`session::Sessions::ended`]),
+/// so a stream opened with its cookie ends with it (issue 24 item 10); the
+/// watcher stops when the stream is dropped first.
+fn end_with_session(state: &AppState, secret: String) -> tokio::sync::oneshot::Receiver<()> {
+    let (mut fire, ended) = tokio::sync::oneshot::channel();
+    let sessions = Arc::clone(&state.sessions);
+    let token_hashes: Vec<String> = state
+        .settings
+        .access
+        .tokens
+        .iter()
+        .map(|t| t.sha256.clone())
+        .collect();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = sessions.ended(&secret, &token_hashes) => {
+                let _ = fire.send(());
+            }
+            () = fire.closed() => {}
+        }
+    });
+    ended
+}
+
+/// `503 unavailable` with `Retry-After`: `cap` streams are open.
+fn streams_full(cap: usize) -> ApiError {
     let mut error = ApiError::new(
-        warp::http::StatusCode::CONFLICT,
-        wire::CURSOR_AHEAD,
+        warp::http::StatusCode::SERVICE_UNAVAILABLE,
+        wire::UNAVAILABLE,
         format!(
-            "the cursor {after} is beyond the log's head {head_seq}: this server's log ends \
-             before what you saw (restored from an archive that was behind?); resynchronise \
-             and follow after {head_seq}"
+            "{cap} event streams are open, the most this server keeps \
+             (limits.event_streams_max); try again later"
         ),
     );
-    let members = wire::CursorAheadMembers { after, head_seq };
+    error.retry_after_s = Some(5);
+    error
+}
+
+/// Checks that `after` names a point of this log's history (its chain
+/// value is the log's at the end of the batch that holds its seq, which is
+/// at most the head): `409 cursor_unknown` when it does not, when it is a
+/// bare seq above 0 (nothing in it to check), or when the log cannot show
+/// that op (the reason is named). `head_chain` is the head's chain value:
+/// a cursor at the head is checked against it without reading the log.
+async fn check_history(
+    log_dir: &std::path::Path,
+    max_record_bytes: u32,
+    after: EventCursor,
+    head_chain: &[u8; 32],
+    head_cursor: EventCursor,
+) -> Result<(), ApiError> {
+    if after.seq == 0 {
+        return Ok(());
+    }
+    if after.chain.is_none() {
+        return Err(cursor_unknown(
+            after,
+            head_cursor,
+            "a bare seq names no history, and this server's log may hold other ops under it \
+             (a restore and a take-over, a failover); give the id of the last event seen \
+             (SEQ.CHAIN)",
+        ));
+    }
+    if after.seq == head_cursor.seq && after.matches(head_chain) {
+        return Ok(());
+    }
+    let dir = log_dir.to_owned();
+    let seq = after.seq;
+    let found =
+        tokio::task::spawn_blocking(move || crate::history::cursor_of(&dir, seq, max_record_bytes))
+            .await
+            .unwrap_or_else(|e| Err(format!("the check stopped: {e}")));
+    match found {
+        Ok(cursor) if cursor == after => Ok(()),
+        Ok(cursor) => Err(cursor_unknown(
+            after,
+            head_cursor,
+            &format!(
+                "this server's log holds {cursor} at seq {seq}: another history than the \
+                 client followed (restored and taken over, or another server's log)"
+            ),
+        )),
+        Err(e) => Err(cursor_unknown(
+            after,
+            head_cursor,
+            &format!("this server's log cannot show seq {seq} to check it ({e})"),
+        )),
+    }
+}
+
+/// The members of `cursor_ahead` and `cursor_unknown`, added to `error`.
+fn with_cursor_members(mut error: ApiError, after: u64, head_cursor: EventCursor) -> ApiError {
+    let members = wire::CursorAheadMembers {
+        after,
+        head_seq: head_cursor.seq,
+        head_cursor: head_cursor.to_string(),
+    };
     if let Ok(serde_json::Value::Object(members)) = serde_json::to_value(members) {
         error.extra.extend(members);
     }
     error
 }
 
-/// Sends the notices of the ops in `(after, upto]` from the log on disk
-/// (read as a live log: the journal may be appending); returns the last seq
-/// sent. Runs on a blocking thread and waits (on `runtime`) for room in the
-/// subscriber's budget: a slow reader slows the scan, nothing piles up.
+/// `409 cursor_unknown`: `after` is not known to be a point of this log's
+/// history, for the reason `why`; the client resynchronises and follows
+/// after `head_cursor` (issue 24).
+fn cursor_unknown(after: EventCursor, head_cursor: EventCursor, why: &str) -> ApiError {
+    let error = ApiError::new(
+        warp::http::StatusCode::CONFLICT,
+        wire::CURSOR_UNKNOWN,
+        format!(
+            "the cursor {after} is not a point of this server's history: {why}; resynchronise \
+             (refetch what you derived from the stream) and follow after {head_cursor}"
+        ),
+    );
+    with_cursor_members(error, after.seq, head_cursor)
+}
+
+/// `409 cursor_ahead`: a cursor beyond the head would otherwise wait in
+/// silence for seqs that, after a restore from an archive that was behind,
+/// name other ops than the client saw (issue 15 item 5).
+fn cursor_ahead(after: u64, head_cursor: EventCursor) -> ApiError {
+    let head_seq = head_cursor.seq;
+    let error = ApiError::new(
+        warp::http::StatusCode::CONFLICT,
+        wire::CURSOR_AHEAD,
+        format!(
+            "the cursor {after} is beyond the log's head {head_seq}: this server's log ends \
+             before what you saw (restored from an archive that was behind?); resynchronise \
+             and follow after {head_cursor}"
+        ),
+    );
+    with_cursor_members(error, after, head_cursor)
+}
+
+/// Sends the changes of the ops in `(after, upto]` from the log on disk
+/// ([`crate::history::committed_ops`]: the journal may be appending);
+/// returns the cursor of the last one sent. Runs on a blocking thread and
+/// waits (on `runtime`) for room in the subscriber's budget: a slow reader
+/// slows the scan, nothing piles up.
 fn catch_up_from_log(
     log_dir: &std::path::Path,
     max_record_bytes: u32,
-    after: u64,
+    after: EventCursor,
     upto: u64,
     tx: &Subscriber,
     runtime: &tokio::runtime::Handle,
-) -> Result<u64, String> {
-    // The journal may be appending while this reads: a live log, read from
-    // the segment holding the first seq to send (the segments before it
-    // cost nothing, and damage the scrub found in them does not stop the
-    // stream: what the server serves does not depend on them).
-    let reader = LogReader::open_live_from(
-        log_dir,
-        Arc::new(spark_log_format::OsFs),
-        max_record_bytes,
-        after + 1,
-    )
-    .map_err(|e| e.to_string())?;
+) -> Result<EventCursor, String> {
     let mut last = after;
-    let mut failure = None;
-    let options = ScanOptions {
-        verify_chain: false,
-        ..ScanOptions::default()
-    };
-    reader
-        .scan(options, |_, record| {
-            if record.seq <= after {
-                return ControlFlow::Continue(());
-            }
-            if record.seq > upto {
-                return ControlFlow::Break(());
-            }
-            match Op::decode(&record) {
-                Ok(op) => {
-                    if runtime
-                        .block_on(tx.send_notice(&ChangeNotice::of(&op)))
-                        .is_err()
-                    {
-                        return ControlFlow::Break(());
-                    }
-                    last = op.seq;
-                    ControlFlow::Continue(())
-                }
-                Err(e) => {
-                    failure = Some(e.to_string());
-                    ControlFlow::Break(())
-                }
-            }
-        })
-        .map_err(|e| e.to_string())?;
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(last),
-    }
+    crate::history::committed_ops(log_dir, after.seq, upto, max_record_bytes, |op, cursor| {
+        let change = Change {
+            notice: crate::engine::ChangeNotice::of(&op),
+            cursor,
+        };
+        if runtime.block_on(tx.send_change(&change)).is_err() {
+            return ControlFlow::Break(());
+        }
+        last = cursor;
+        ControlFlow::Continue(())
+    })?;
+    Ok(last)
 }
 
 /// Forwards live notices after `last` until the subscriber leaves, falls
 /// behind (an `overflow` event says where to resume), or the server stops.
 async fn follow(
-    mut live: broadcast::Receiver<Arc<Vec<ChangeNotice>>>,
-    mut last: u64,
+    mut live: broadcast::Receiver<Arc<Vec<Change>>>,
+    mut last: EventCursor,
     tx: &Subscriber,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
 ) {
@@ -352,19 +471,22 @@ async fn follow(
         };
         match batch {
             Ok(notices) => {
-                for notice in notices.iter() {
-                    if notice.seq <= last {
+                for change in notices.iter() {
+                    if change.notice.seq <= last.seq {
                         continue;
                     }
-                    if tx.send_notice(notice).await.is_err() {
+                    if tx.send_change(change).await.is_err() {
                         return;
                     }
-                    last = notice.seq;
+                    last = change.cursor;
                 }
             }
             Err(broadcast::error::RecvError::Lagged(_)) => {
-                let resume =
-                    serde_json::to_string(&Overflow { resume_after: last }).unwrap_or_default();
+                let resume = serde_json::to_string(&Overflow {
+                    resume_after: last.seq,
+                    resume_cursor: last.to_string(),
+                })
+                .unwrap_or_default();
                 let bytes = resume.len() + 32;
                 let overflow = Event::default().event(EVENT_OVERFLOW).data(resume);
                 let _ = tx.send(overflow, bytes).await;
@@ -379,13 +501,22 @@ async fn follow(
 mod tests {
     use super::*;
 
-    fn notice(seq: u64) -> ChangeNotice {
-        ChangeNotice {
+    use crate::engine::ChangeNotice;
+
+    fn change(notice: ChangeNotice) -> Change {
+        Change {
+            cursor: EventCursor::at(notice.seq, &[7; 32]),
+            notice,
+        }
+    }
+
+    fn notice(seq: u64) -> Change {
+        change(ChangeNotice {
             seq,
             kind: "moment.create".into(),
             upserted: vec![format!("m{seq}")],
             removed: Vec::new(),
-        }
+        })
     }
 
     #[tokio::test]
@@ -399,7 +530,7 @@ mod tests {
             writer.send(Arc::new(vec![notice(seq)])).unwrap();
         }
         drop(writer);
-        follow(live, 0, &tx, &mut shutdown).await;
+        follow(live, EventCursor::START, &tx, &mut shutdown).await;
         drop(tx);
         let mut events = Vec::new();
         while let Some(q) = rx.0.recv().await {
@@ -421,7 +552,7 @@ mod tests {
         writer.send(Arc::new(vec![notice(5)])).unwrap();
         drop(writer);
         // Seqs up to 3 were already sent from the log.
-        follow(live, 3, &tx, &mut shutdown).await;
+        follow(live, EventCursor::at(3, &[7; 32]), &tx, &mut shutdown).await;
         drop(tx);
         let mut ids = Vec::new();
         while let Some(q) = rx.0.recv().await {
@@ -437,16 +568,18 @@ mod tests {
         let (tx, mut rx) = subscriber(stopping);
         let budget = Arc::clone(&tx.budget);
         let queued = || SUBSCRIBER_BUFFER_BYTES - budget.available_permits();
-        let big = |seq: u64| ChangeNotice {
-            seq,
-            kind: "moment.create".into(),
-            upserted: vec!["x".repeat(1000)],
-            removed: Vec::new(),
+        let big = |seq: u64| {
+            change(ChangeNotice {
+                seq,
+                kind: "moment.create".into(),
+                upserted: vec!["x".repeat(1000)],
+                removed: Vec::new(),
+            })
         };
         let (_, largest) = event(&big(1000));
         let sender = tokio::spawn(async move {
             for seq in 1..=1000 {
-                if tx.send_notice(&big(seq)).await.is_err() {
+                if tx.send_change(&big(seq)).await.is_err() {
                     return seq;
                 }
             }

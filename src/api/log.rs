@@ -21,6 +21,10 @@ struct HeadView {
     segment: String,
     /// The chain value, 64 lower-case hex characters.
     chain: String,
+    /// The head's event cursor (`SEQ.CHAIN`, `0` for an empty log;
+    /// [`spark_core::wire::events::EventCursor`]): `GET /api/events` with
+    /// `after` this follows the ops committed after this answer.
+    cursor: String,
     /// With `[archive]`: the last seq a stored manifest names (SPEC
     /// section 11). Left out without an archive, so that the answer stays
     /// byte for byte what it was.
@@ -49,6 +53,7 @@ pub async fn head(state: Arc<AppState>, req: Request) -> Result<Response, ApiErr
             seq: head.seq,
             segment: head.segment.clone(),
             chain: head.chain_hex(),
+            cursor: spark_core::wire::events::EventCursor::at(head.seq, &head.chain).to_string(),
             archived_seq: state.archive.as_ref().map(|a| a.shipped_seq()),
             archive_status: state.archive.as_ref().map(|a| a.status_name()),
             lag_ms: state.replica.as_ref().map(|r| r.lag_ms()),

@@ -77,6 +77,9 @@ pub struct AppState {
     pub replica: Option<Arc<crate::replica::ReplicaStatus>>,
     /// Browser sessions made by `POST /api/session` (SPEC section 12).
     pub sessions: Arc<session::Sessions>,
+    /// Permits of open `/api/events` streams, one each
+    /// ([`crate::config::Limits::event_streams_cap`] in all).
+    pub event_streams: Arc<tokio::sync::Semaphore>,
 }
 
 /// The body of a request as a stream of chunks, not yet read.

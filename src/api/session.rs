@@ -51,7 +51,14 @@ pub struct Session {
 pub struct Sessions {
     clock: Arc<dyn Clock>,
     by_secret_hash: parking_lot::Mutex<HashMap<[u8; 32], Session>>,
+    /// Woken whenever sessions are ended or dropped, for [`Sessions::ended`].
+    removed: tokio::sync::Notify,
 }
+
+/// How often [`Sessions::ended`] looks again at a session nothing ended:
+/// its expiry by the engine's clock, and a drop to make room, are seen
+/// within this.
+pub const SESSION_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn secret_hash(secret: &str) -> [u8; 32] {
     <sha2::Sha256 as sha2::Digest>::digest(secret.as_bytes()).into()
@@ -63,6 +70,7 @@ impl Sessions {
         Sessions {
             clock,
             by_secret_hash: Default::default(),
+            removed: tokio::sync::Notify::new(),
         }
     }
 
@@ -117,20 +125,51 @@ impl Sessions {
         }
     }
 
-    /// Ends the session of `secret`; whether there was one.
+    /// Ends the session of `secret`; whether there was one. Streams it
+    /// opened end ([`Sessions::ended`]).
     pub fn revoke(&self, secret: &str) -> bool {
-        self.by_secret_hash
+        let removed = self
+            .by_secret_hash
             .lock()
             .remove(&secret_hash(secret))
-            .is_some()
+            .is_some();
+        self.removed.notify_waiters();
+        removed
     }
 
     /// Ends every session made with the token of this hash; how many.
+    /// Streams they opened end ([`Sessions::ended`]).
     pub fn revoke_token(&self, token_sha256: &str) -> usize {
         let mut map = self.by_secret_hash.lock();
         let before = map.len();
         map.retain(|_, s| !s.token_sha256.eq_ignore_ascii_case(token_sha256));
-        before - map.len()
+        let removed = before - map.len();
+        drop(map);
+        self.removed.notify_waiters();
+        removed
+    }
+
+    /// Resolves once the session of `secret` is no longer live (ended by
+    /// `DELETE /api/session`, expired, dropped to make room, or its token
+    /// not among `token_hashes`, as [`Sessions::lookup`] decides): what an
+    /// event stream opened with it waits for, to end with it. An end is
+    /// seen at once, an expiry within [`SESSION_RECHECK`].
+    pub async fn ended(&self, secret: &str, token_hashes: &[String]) {
+        loop {
+            let removed = self.removed.notified();
+            tokio::pin!(removed);
+            // Registered before the look, so an end between the two wakes it.
+            removed.as_mut().enable();
+            let Some(session) = self.lookup(secret, token_hashes.iter().map(String::as_str)) else {
+                return;
+            };
+            let left_ms = session.expires_at_ms.saturating_sub(self.clock.now_ms());
+            let wait = std::time::Duration::from_millis(left_ms).min(SESSION_RECHECK);
+            tokio::select! {
+                () = removed => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
     }
 
     /// Sessions held (live or not yet swept).
@@ -142,6 +181,16 @@ impl Sessions {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The secret of the session that authenticates a request with these
+/// headers, as [`super::authorize`] decides: its cookie, when tokens are
+/// configured and no bearer token is sent; `None` otherwise.
+pub fn authenticating_secret<'h>(state: &AppState, headers: &'h HeaderMap) -> Option<&'h str> {
+    if state.settings.access.tokens.is_empty() || super::bearer(headers).is_some() {
+        return None;
+    }
+    cookie_secret(headers)
 }
 
 /// The session secret in the request's `Cookie` headers, if any.

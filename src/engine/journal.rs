@@ -329,8 +329,18 @@ impl Journal {
             started_turns,
         } = folded;
         self.shared.committed.send_replace(last_seq);
+        // Every op of the batch has the chain value at its end (after the
+        // commit mark) in its cursor: the log's head now.
+        let chain = self.log.head().chain;
+        let changes = notices
+            .into_iter()
+            .map(|notice| super::Change {
+                cursor: spark_core::wire::events::EventCursor::at(notice.seq, &chain),
+                notice,
+            })
+            .collect();
         // No subscriber is fine; a slow one lags, the writer never waits.
-        let _ = self.shared.changes.send(Arc::new(notices));
+        let _ = self.shared.changes.send(Arc::new(changes));
         if !started_turns.is_empty() {
             if let Some(sink) = self.shared.turn_sink.lock().as_ref() {
                 for id in started_turns {

@@ -115,7 +115,7 @@ struct Shared {
     /// Change notices of every committed batch, for `/api/events`. A
     /// subscriber that falls behind the buffer loses notices (it is told
     /// where to resume); the writer never waits for one.
-    changes: tokio::sync::broadcast::Sender<Arc<Vec<ChangeNotice>>>,
+    changes: tokio::sync::broadcast::Sender<Arc<Vec<Change>>>,
     /// `[archive] mode = "sync"`: where acknowledgments wait for the
     /// archive ([`crate::archive::gate`]). `None`: answered at the local
     /// fdatasync.
@@ -125,6 +125,17 @@ struct Shared {
 /// What one committed op changed, as `/api/events` tells it (SPEC section
 /// 4); the shape lives with the other wire shapes.
 pub use spark_core::wire::events::ChangeNotice;
+use spark_core::wire::events::EventCursor;
+
+/// A committed op's change notice and its event cursor (the `id:` of its
+/// event, [`crate::history`]), as the engine publishes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// What the op changed.
+    pub notice: ChangeNotice,
+    /// Its seq and the chain value at the end of its batch.
+    pub cursor: EventCursor,
+}
 
 /// A command on its way to the writer thread, with where to answer.
 enum Job {
@@ -362,7 +373,8 @@ impl Engine {
 
     /// A read replica's commit (SPEC section 11, [`crate::replica`]): folds
     /// `ops`, which the replica has verified and written to its local log
-    /// (ending at `head`), into the published mirror with the one fold,
+    /// (ending at `head`), each with its cursor ([`crate::history`]), into
+    /// the published mirror with the one fold,
     /// then publishes exactly what the journal publishes after a batch:
     /// the head, the committed seq (long polls, `min_seq` waits) and one
     /// change notice per op (`/api/events`). The journal of a replica
@@ -373,11 +385,11 @@ impl Engine {
     /// the mirror's seq, the ops do not end at `head.seq`, or the fold
     /// refuses an op (the message names its seq); the mirror may then hold
     /// the ops before the refused one, and the replica stops following.
-    pub fn apply_replicated(&self, ops: Vec<Op>, head: Head) -> Result<(), String> {
+    pub fn apply_replicated(&self, ops: Vec<(Op, EventCursor)>, head: Head) -> Result<(), String> {
         let mut notices = Vec::with_capacity(ops.len());
         {
             let mut mirror = self.shared.mirror.write();
-            if let Some(first) = ops.first() {
+            if let Some((first, _)) = ops.first() {
                 if first.seq != mirror.seq + 1 {
                     return Err(format!(
                         "replicated ops start at seq {}, the mirror is at seq {}",
@@ -385,8 +397,11 @@ impl Engine {
                     ));
                 }
             }
-            for op in ops {
-                notices.push(ChangeNotice::of(&op));
+            for (op, cursor) in ops {
+                notices.push(Change {
+                    notice: ChangeNotice::of(&op),
+                    cursor,
+                });
                 let seq = op.seq;
                 mirror
                     .apply(op)
@@ -409,7 +424,7 @@ impl Engine {
     }
 
     /// Change notices from now on, one message per committed batch.
-    pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Arc<Vec<ChangeNotice>>> {
+    pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<Arc<Vec<Change>>> {
         self.shared.changes.subscribe()
     }
 

@@ -44,15 +44,15 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde_json::json;
 use spark_archive::{ArchiveStore, StoreConfig, StoreError};
+use spark_core::wire::events::EventCursor;
 use spark_log_format::archive::{extends, manifest_key, Manifest};
-use spark_log_format::format::{
-    decode_record, parse_segment_file_name, segment_file_name, RecordDecode, KIND_SEAL,
-};
+use spark_log_format::format::segment_file_name;
 use spark_log_format::{Head, HEADER_LEN};
 
 use crate::archive::{catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch};
 use crate::config::Settings;
 use crate::engine::Engine;
+use crate::history::segment_firsts;
 use crate::op::{Op, OpBody};
 
 /// The file in a replica's data directory that names the archive it
@@ -701,7 +701,7 @@ impl Follower {
             read_ops(&log_dir, after, upto, self.max_record_bytes).map_err(FollowError::Retry)?;
         let media: Vec<([u8; 32], u64)> = ops
             .iter()
-            .filter_map(|op| match &op.body {
+            .filter_map(|(op, _)| match &op.body {
                 OpBody::MediaPut(m) => Some((m.sha256.0, m.size_bytes)),
                 _ => None,
             })
@@ -796,21 +796,6 @@ impl Follower {
     }
 }
 
-/// The first seqs of the segment files in `log_dir`, sorted.
-fn segment_firsts(log_dir: &Path) -> Result<Vec<u64>, String> {
-    let mut firsts: Vec<u64> = std::fs::read_dir(log_dir)
-        .map_err(|e| format!("{}: {e}", log_dir.display()))?
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()
-                .and_then(parse_segment_file_name)
-        })
-        .collect();
-    firsts.sort_unstable();
-    Ok(firsts)
-}
-
 /// The head a writer shows once it holds exactly what `manifest` names:
 /// its seq and chain (`shipped_seq`, `shipped_chain`) and its active
 /// segment (the chunks' segment; after a sealed segment, the next one).
@@ -830,58 +815,19 @@ fn head_of(manifest: &Manifest) -> Head {
 }
 
 /// The ops with seqs in `(after, upto]` from the local log in `log_dir`
-/// (which the catch-up wrote and checked), in seq order: each record's CRC
-/// is checked again as it is decoded. Only the segments that can hold
-/// them are read. Errors name the segment file.
+/// (which the catch-up wrote and checked), in seq order, each with its
+/// event cursor ([`crate::history::committed_ops`]: each record's CRC is
+/// checked again as it is decoded). Errors name the segment file.
 fn read_ops(
     log_dir: &Path,
     after: u64,
     upto: u64,
     max_record_bytes: u32,
-) -> Result<Vec<Op>, String> {
-    let firsts = segment_firsts(log_dir)?;
-    // The last segment starting at or before the first seq wanted, and
-    // every later one.
-    let start = firsts
-        .iter()
-        .rposition(|&first| first <= after + 1)
-        .unwrap_or(0);
+) -> Result<Vec<(Op, EventCursor)>, String> {
     let mut ops = Vec::new();
-    for &first in &firsts[start..] {
-        if first > upto {
-            break;
-        }
-        let path = log_dir.join(segment_file_name(first));
-        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut offset = HEADER_LEN;
-        // Up to the end of the whole records (zero fill after them, or the
-        // file's end): the catch-up checked the bytes up to the manifest's
-        // end.
-        while let RecordDecode::Record { record, size } =
-            decode_record(&bytes, offset, max_record_bytes)
-        {
-            offset += size;
-            if record.kind == KIND_SEAL || record.seq <= after {
-                continue;
-            }
-            if record.seq > upto {
-                break;
-            }
-            let op = Op::decode(&record)
-                .map_err(|e| format!("{} at offset {}: {e}", path.display(), offset - size))?;
-            ops.push(op);
-        }
-    }
-    let expected = upto - after;
-    if ops.len() as u64 != expected
-        || ops.first().is_some_and(|op| op.seq != after + 1)
-        || ops.last().is_some_and(|op| op.seq != upto)
-    {
-        return Err(format!(
-            "the cached log holds {} ops in seqs {}..={upto}, {expected} expected",
-            ops.len(),
-            after + 1
-        ));
-    }
+    crate::history::committed_ops(log_dir, after, upto, max_record_bytes, |op, cursor| {
+        ops.push((op, cursor));
+        std::ops::ControlFlow::Continue(())
+    })?;
     Ok(ops)
 }

@@ -335,3 +335,18 @@ pub fn assert_media_whole(data: &Path) -> usize {
     }
     media.len()
 }
+
+/// Copies the directory `from` to `to` (created), files and directories
+/// below it: a second data directory with the same log, as a restore gives.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}

@@ -384,14 +384,21 @@ fn damage_behind_the_checkpoint_stops_neither_the_event_stream_nor_the_next_chec
     stream
         .set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
+    // The cursor of seq head - 10 (its seq and its batch's chain value),
+    // read off the log as the server does.
+    let cursor = spark_engine::history::cursor_of(
+        &spark_core::layout::log_dir(data),
+        head - 10,
+        spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+    )
+    .unwrap();
     write!(
         stream,
-        "GET /api/events HTTP/1.1\r\nHost: {address}\r\nLast-Event-ID: {}\r\n\r\n",
-        head - 10
+        "GET /api/events HTTP/1.1\r\nHost: {address}\r\nLast-Event-ID: {cursor}\r\n\r\n",
     )
     .unwrap();
     let mut read = Vec::new();
-    let last = format!("id:{head}\n");
+    let last = format!("id:{head}.");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !String::from_utf8_lossy(&read).contains(&last) {
         let text = String::from_utf8_lossy(&read).into_owned();
@@ -405,7 +412,7 @@ fn damage_behind_the_checkpoint_stops_neither_the_event_stream_nor_the_next_chec
         }
     }
     let text = String::from_utf8_lossy(&read).into_owned();
-    assert!(text.contains(&format!("id:{}\n", head - 9)), "{text}");
+    assert!(text.contains(&format!("id:{}.", head - 9)), "{text}");
     assert!(!text.contains("event:error"), "{text}");
     drop(stream);
     assert!(server.terminate().success());

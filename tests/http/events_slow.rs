@@ -39,7 +39,10 @@ const SLOW_TICK: Duration = Duration::from_millis(100);
 /// An SSE event as read off the wire.
 #[derive(Debug, Default)]
 struct Sse {
+    /// The seq of the event's id.
     id: Option<u64>,
+    /// The whole id: the event's cursor.
+    cursor: Option<String>,
     event: Option<String>,
     data: String,
 }
@@ -58,7 +61,7 @@ struct Reader {
 }
 
 impl Reader {
-    async fn connect(addr: SocketAddr, last_event_id: Option<u64>) -> Reader {
+    async fn connect(addr: SocketAddr, last_event_id: Option<&str>) -> Reader {
         let mut stream = TcpStream::connect(addr).await.unwrap();
         let mut request = "GET /api/events HTTP/1.1\r\nhost: localhost\r\n".to_owned();
         if let Some(id) = last_event_id {
@@ -129,7 +132,11 @@ impl Reader {
             let mut any = false;
             for line in text.lines() {
                 if let Some(v) = line.strip_prefix("id:") {
-                    event.id = Some(v.trim().parse().unwrap());
+                    // The cursor: the seq, a dot, the chain's prefix.
+                    let cursor = v.trim();
+                    let seq = cursor.split_once('.').map_or(cursor, |(seq, _)| seq);
+                    event.id = Some(seq.parse().unwrap());
+                    event.cursor = Some(cursor.to_owned());
                     any = true;
                 } else if let Some(v) = line.strip_prefix("event:") {
                     event.event = Some(v.trim().to_owned());
@@ -279,7 +286,13 @@ async fn a_slow_reader_holds_a_bounded_buffer_gets_overflow_and_resumes_without_
     drop(slow);
 
     // Resume with Last-Event-ID: the rest from the log, no gap, no duplicate.
-    let mut again = Reader::connect(addr, Some(last)).await;
+    let resume_cursor = resume["resume_cursor"].as_str().unwrap().to_owned();
+    assert_eq!(
+        Some(&resume_cursor),
+        events.last().unwrap().cursor.as_ref(),
+        "{resume}"
+    );
+    let mut again = Reader::connect(addr, Some(&resume_cursor)).await;
     let mut resumed = Vec::new();
     while resumed.last().copied() != Some(OPS) {
         again.read_some(256 * 1024).await;
@@ -293,7 +306,7 @@ async fn a_slow_reader_holds_a_bounded_buffer_gets_overflow_and_resumes_without_
 
     // A slow reader of the catch-up from the log (100,000 ops behind) holds
     // no more than its budget either: the scan waits for room.
-    let mut catching_up = Reader::connect(addr, Some(0)).await;
+    let mut catching_up = Reader::connect(addr, Some("0")).await;
     let mut peak_catch_up = 0usize;
     let reading = Instant::now();
     // Slowly, until the budget filled (the kernel's buffers fill first).

@@ -418,3 +418,78 @@ async fn a_body_in_several_chunks_is_read_whole_and_held_to_the_limit() {
     );
     server.stop().await;
 }
+
+/// Open event streams cannot starve the health checks (issue 24 item 8):
+/// streams have their own cap (`limits.event_streams_max`, taking effect
+/// up to `connections_max - 1`); one more is `503 unavailable` with
+/// `Retry-After`, and `/healthz` and `/readyz` still answer. Before the
+/// cap, `connections_max` streams held every connection and the health
+/// routes got no answer at all.
+#[tokio::test]
+async fn open_event_streams_leave_room_for_the_health_checks() {
+    for (connections_max, streams_max, cap) in [(3, 256, 2), (8, 3, 3)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path());
+        s.limits.connections_max = connections_max;
+        s.limits.event_streams_max = streams_max;
+        let server = TestServer::start_with(s).await;
+        let open_stream = || async {
+            reqwest::Client::new()
+                .get(server.url("/api/events?after=0"))
+                .send()
+                .await
+                .unwrap()
+        };
+        let mut streams = Vec::new();
+        for _ in 0..cap {
+            let stream = open_stream().await;
+            assert_eq!(stream.status().as_u16(), 200);
+            streams.push(stream);
+        }
+        let refused = open_stream().await;
+        assert_eq!(refused.status().as_u16(), 503);
+        assert_eq!(refused.headers()["retry-after"], "5");
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert_eq!(body["code"], "unavailable", "{body}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("limits.event_streams_max"),
+            "{body}"
+        );
+        for path in ["/healthz", "/readyz"] {
+            let answer = tokio::time::timeout(
+                Duration::from_secs(10),
+                reqwest::Client::new().get(server.url(path)).send(),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{path} answers with {cap} streams open"))
+            .unwrap();
+            assert_eq!(answer.status().as_u16(), 200, "{path}");
+        }
+        // A stream that closes gives its place back.
+        streams.pop();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let stream = open_stream().await;
+            if stream.status().as_u16() == 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no place freed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(streams);
+        server.stop().await;
+    }
+}
+
+#[test]
+fn the_event_streams_cap_is_a_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    assert_eq!(s.limits.event_streams_max, 256);
+    s.limits.event_streams_max = 0;
+    let error = s.validate().unwrap_err().to_string();
+    assert!(error.contains("limits.event_streams_max"), "{error}");
+}

@@ -11,6 +11,7 @@ mod access;
 mod brain_local;
 mod brain_openai;
 mod concurrency;
+mod events_history;
 mod events_slow;
 mod headers;
 mod limits;

@@ -240,7 +240,7 @@ async fn threads_page_in_id_order() {
 }
 
 /// Reads server-sent events until `want` data events came (or 10 s).
-async fn read_events(response: reqwest::Response, want: usize) -> Vec<(String, Value)> {
+pub(crate) async fn read_events(response: reqwest::Response, want: usize) -> Vec<(String, Value)> {
     let mut stream = response.bytes_stream();
     let mut buffer = String::new();
     let mut events = Vec::new();
@@ -307,9 +307,11 @@ async fn the_change_stream_catches_up_then_follows_and_resumes() {
         .call("DELETE", &format!("/api/moments/{t}"), None, &[])
         .await; // 4
     let events = read_events(response, 4).await;
+    // Each id is the op's cursor: its seq, a dot and 16 hex digits of the
+    // chain value at the end of its batch.
     let seqs: Vec<_> = events
         .iter()
-        .map(|(id, v)| (id.clone(), v["seq"].clone()))
+        .map(|(id, v)| (id.split_once('.').unwrap().0.to_owned(), v["seq"].clone()))
         .collect();
     assert_eq!(
         seqs,
@@ -320,30 +322,39 @@ async fn the_change_stream_catches_up_then_follows_and_resumes() {
             ("4".into(), json!(4))
         ]
     );
+    assert!(events
+        .iter()
+        .all(|(id, _)| id.split_once('.').unwrap().1.len() == 16));
+    let ids: Vec<String> = events.iter().map(|(id, _)| id.clone()).collect();
     assert_eq!(events[0].1["kind"], "moment.create");
     assert_eq!(events[0].1["upserted"], json!([t]));
     assert_eq!(events[2].1["kind"], "message.post");
     assert_eq!(events[2].1["upserted"], json!([m, t]));
     assert_eq!(events[3].1["removed"], json!([t]));
-    // Last-Event-ID resumes after that seq.
+    // Last-Event-ID resumes after that event.
     let response = server
         .client
         .get(server.url("/api/events"))
-        .header("Last-Event-ID", "2")
+        .header("Last-Event-ID", ids[1].as_str())
         .send()
         .await
         .unwrap();
     let events = read_events(response, 2).await;
     assert_eq!(
         events.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
-        vec!["3", "4"]
+        vec![ids[2].as_str(), ids[3].as_str()]
     );
     let (s, _) = server.get("/api/events?after=soon").await;
     assert_eq!(s, 400);
+    // A bare seq names no history: refused, the head named to resume.
+    let (s, body) = server.get("/api/events?after=2").await;
+    assert_eq!(s, 409, "{body}");
+    assert_eq!(body["code"], "cursor_unknown");
+    assert_eq!(body["head_cursor"], json!(ids[3]));
     // At the head: nothing to send yet, a stream all the same.
     let at_head = server
         .client
-        .get(server.url("/api/events?after=4"))
+        .get(server.url(&format!("/api/events?after={}", ids[3])))
         .send()
         .await
         .unwrap();

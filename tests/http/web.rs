@@ -171,6 +171,16 @@ async fn the_page_and_its_assets_are_served_with_types_and_etags() {
     server.stop().await;
 }
 
+/// A new session made with `token`: its cookie pair (`spark_session=…`).
+async fn new_session(server: &TestServer, token: &str) -> String {
+    let bearer = format!("Bearer {token}");
+    let (status, _, headers) = server
+        .call("POST", "/api/session", None, &[("Authorization", &bearer)])
+        .await;
+    assert_eq!(status, 201);
+    cookie_of(&headers).0
+}
+
 fn cookie_of(headers: &reqwest::header::HeaderMap) -> (String, String) {
     let set = headers["set-cookie"].to_str().unwrap().to_owned();
     let pair = set.split(';').next().unwrap().trim().to_owned();
@@ -402,17 +412,6 @@ async fn sessions_expire_and_are_revoked_with_the_cookie_or_the_token() {
 
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(with_tokens(dir.path(), 60_000)).await;
-    let new_session = |token: &'static str| {
-        let server = &server;
-        async move {
-            let bearer = format!("Bearer {token}");
-            let (status, _, headers) = server
-                .call("POST", "/api/session", None, &[("Authorization", &bearer)])
-                .await;
-            assert_eq!(status, 201);
-            cookie_of(&headers).0
-        }
-    };
     let reads = |cookie: String| {
         let server = &server;
         async move {
@@ -423,9 +422,9 @@ async fn sessions_expire_and_are_revoked_with_the_cookie_or_the_token() {
         }
     };
     // Signing out with the cookie ends that session only.
-    let a = new_session(TOKEN).await;
-    let b = new_session(TOKEN).await;
-    let other = new_session(OTHER_TOKEN).await;
+    let a = new_session(&server, TOKEN).await;
+    let b = new_session(&server, TOKEN).await;
+    let other = new_session(&server, OTHER_TOKEN).await;
     let (status, body, headers) = server
         .call(
             "DELETE",
@@ -440,7 +439,7 @@ async fn sessions_expire_and_are_revoked_with_the_cookie_or_the_token() {
     assert_eq!(reads(a).await, 401);
     assert_eq!(reads(b.clone()).await, 200);
     // With the token: every session made with it, and no other.
-    let c = new_session(TOKEN).await;
+    let c = new_session(&server, TOKEN).await;
     let (status, body, _) = server
         .call(
             "DELETE",
@@ -524,4 +523,129 @@ fn the_session_life_is_a_setting() {
     s.access.session_ttl_ms = 0;
     let error = s.validate().unwrap_err().to_string();
     assert!(error.contains("access.session_ttl_ms"), "{error}");
+}
+
+/// Reads `stream` until it ends; panics if it has not within `within`.
+async fn ends_within(stream: &mut reqwest::Response, within: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.chunk()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) | Ok(Err(_)) => return,
+            Err(_) => panic!("the stream was still open after {within:?}"),
+        }
+    }
+}
+
+/// Reads `stream` until `text` arrives.
+async fn receives(stream: &mut reqwest::Response, text: &str) {
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !seen.contains(text) {
+        let chunk = tokio::time::timeout_at(deadline, stream.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("no {text:?} in {seen:?}"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("the stream ended before {text:?}: {seen:?}"));
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+/// An event stream opened with a session cookie ends with its session
+/// (issue 24 item 10): signed out with that cookie, every session of its
+/// token revoked, or expired. Streams of other sessions and of a bearer
+/// token go on. Before, the stream kept delivering every change notice to
+/// a client whose requests were all answered 401.
+#[tokio::test]
+async fn an_event_stream_ends_with_the_session_that_opened_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(with_tokens(dir.path(), 60_000)).await;
+    let open = |auth: (&'static str, String)| {
+        let server = &server;
+        async move {
+            let stream = server
+                .client
+                .get(server.url("/api/events?after=0"))
+                .header(auth.0, auth.1)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(stream.status(), 200);
+            stream
+        }
+    };
+    let create = |text: &'static str| {
+        let server = &server;
+        async move {
+            let id = ulid();
+            let (status, body, _) = server
+                .call(
+                    "POST",
+                    "/api/moments",
+                    Some(json!({ "id": id, "text": text })),
+                    &[("Authorization", &format!("Bearer {OTHER_TOKEN}"))],
+                )
+                .await;
+            assert_eq!(status, 201, "{body}");
+            id
+        }
+    };
+    let a = new_session(&server, TOKEN).await;
+    let b = new_session(&server, TOKEN).await;
+    let mut by_a = open(("Cookie", a.clone())).await;
+    let mut by_b = open(("Cookie", b.clone())).await;
+    let mut by_token = open(("Authorization", format!("Bearer {OTHER_TOKEN}"))).await;
+    let first = create("first").await;
+    for stream in [&mut by_a, &mut by_b, &mut by_token] {
+        receives(stream, &first).await;
+    }
+    // Signing out with cookie A ends A's stream, not B's.
+    let (status, body, _) = server
+        .call(
+            "DELETE",
+            "/api/session",
+            None,
+            &[("Cookie", &a), ("X-Spark-Client", "web")],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    ends_within(&mut by_a, std::time::Duration::from_secs(10)).await;
+    let second = create("second").await;
+    receives(&mut by_b, &second).await;
+    // Revoking every session of the token ends B's stream too.
+    let (status, body, _) = server
+        .call(
+            "DELETE",
+            "/api/session",
+            None,
+            &[("Authorization", &format!("Bearer {TOKEN}"))],
+        )
+        .await;
+    assert_eq!((status, body["revoked"].clone()), (200, json!(1)));
+    ends_within(&mut by_b, std::time::Duration::from_secs(10)).await;
+    // The bearer token's stream goes on.
+    let third = create("third").await;
+    receives(&mut by_token, &third).await;
+    drop(by_token);
+    server.stop().await;
+
+    // A session that expires ends its stream within a second or so of it.
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(with_tokens(dir.path(), 1_500)).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, _, headers) = server
+        .call("POST", "/api/session", None, &[("Authorization", &bearer)])
+        .await;
+    assert_eq!(status, 201);
+    let short = cookie_of(&headers).0;
+    let mut stream = server
+        .client
+        .get(server.url("/api/events?after=0"))
+        .header("Cookie", &short)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    ends_within(&mut stream, std::time::Duration::from_secs(20)).await;
+    server.stop().await;
 }

@@ -52,6 +52,14 @@ pub const REQUEST_TIMEOUT: &str = "request_timeout";
 /// behind what the client saw (issue 15 item 5); members
 /// [`CursorAheadMembers`]. The client resynchronises from `head_seq`.
 pub const CURSOR_AHEAD: &str = "cursor_ahead";
+/// `409` on `GET /api/events`: the cursor (`after` or `Last-Event-ID`) is
+/// not known to name a point of this server's history: its chain value is
+/// not this log's at its seq (another history shares the seq: a restore
+/// and a take-over, another server's log), or it is a bare seq above 0,
+/// which cannot be checked (issue 24). Members [`CursorAheadMembers`] (the
+/// cursor refused and the head). The client resynchronises: it refetches
+/// what it derived from the stream and follows after `head_cursor`.
+pub const CURSOR_UNKNOWN: &str = "cursor_unknown";
 /// `503`: no answer within the request time limit (a write already
 /// accepted still commits).
 pub const TIMEOUT: &str = "timeout";
@@ -96,6 +104,7 @@ pub const CODES: &[(&str, &str)] = &[
     (UNAVAILABLE, "Unavailable"),
     (INSUFFICIENT_STORAGE, "Insufficient storage"),
     (CURSOR_AHEAD, "Cursor ahead of the log"),
+    (CURSOR_UNKNOWN, "Cursor of another history"),
     (FENCED, "Fenced"),
     (READ_ONLY, "Read-only replica"),
     (HOST_NOT_ALLOWED, "Host not allowed"),
@@ -152,13 +161,18 @@ pub struct ClockSkewMembers {
     pub skew_ms: i64,
 }
 
-/// The members `cursor_ahead` adds (issue 15 item 5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The members `cursor_ahead` and `cursor_unknown` add (issue 15 item 5,
+/// issue 24).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CursorAheadMembers {
     /// The seq the client asked to follow after.
     pub after: u64,
     /// The log's head: the last committed seq the server has.
     pub head_seq: u64,
+    /// The head's cursor (`SEQ.CHAIN`, or `0` for an empty log): follow
+    /// after it once resynchronised.
+    #[serde(default)]
+    pub head_cursor: String,
 }
 
 #[cfg(test)]

@@ -309,25 +309,25 @@ fn every_get(
 fn events(
     http: &reqwest::blocking::Client,
     base: &str,
-    after: u64,
+    after: &str,
     last_event_id: bool,
     upto: u64,
-) -> Vec<(u64, String)> {
+) -> Vec<(String, String)> {
     let request = if last_event_id {
         http.get(format!("{base}/api/events"))
-            .header("Last-Event-ID", after.to_string())
+            .header("Last-Event-ID", after)
     } else {
         http.get(format!("{base}/api/events?after={after}"))
     };
     let response = request.send().unwrap();
     assert_eq!(response.status().as_u16(), 200);
     let mut lines = BufReader::new(response).lines();
-    let mut out = Vec::new();
+    let mut out: Vec<(String, String)> = Vec::new();
     let (mut id, mut data) = (None, None);
-    while out.last().map_or(after, |(seq, _)| *seq) < upto {
+    while out.last().map_or(seq_of(after), |(id, _)| seq_of(id)) < upto {
         let line = lines.next().expect("the stream ended early").unwrap();
         if let Some(value) = line.strip_prefix("id:") {
-            id = Some(value.trim().parse::<u64>().unwrap());
+            id = Some(value.trim().to_owned());
         } else if let Some(value) = line.strip_prefix("data:") {
             data = Some(value.trim().to_owned());
         } else if line.is_empty() {
@@ -339,10 +339,30 @@ fn events(
     out
 }
 
+/// The seq of an event cursor (`SEQ.CHAIN`, or `0`).
+fn seq_of(cursor: &str) -> u64 {
+    cursor.split('.').next().unwrap().parse().unwrap()
+}
+
+/// The status and problem code of `GET /api/events` with `Last-Event-ID:
+/// cursor`.
+fn events_refusal(http: &reqwest::blocking::Client, base: &str, cursor: &str) -> (u16, Value) {
+    let response = http
+        .get(format!("{base}/api/events"))
+        .header("Last-Event-ID", cursor)
+        .send()
+        .unwrap();
+    let status = response.status().as_u16();
+    if status == 200 {
+        return (status, Value::Null);
+    }
+    (status, response.json().unwrap())
+}
+
 /// Seqs `after+1..=upto`, each once, in order.
-fn assert_gapless(events: &[(u64, String)], after: u64, upto: u64) {
-    let seqs: Vec<u64> = events.iter().map(|(seq, _)| *seq).collect();
-    let expected: Vec<u64> = (after + 1..=upto).collect();
+fn assert_gapless(events: &[(String, String)], after: &str, upto: u64) {
+    let seqs: Vec<u64> = events.iter().map(|(id, _)| seq_of(id)).collect();
+    let expected: Vec<u64> = (seq_of(after) + 1..=upto).collect();
     assert_eq!(seqs, expected, "events after {after} up to {upto}");
 }
 
@@ -425,9 +445,9 @@ fn replica_answers_every_read_as_the_writer_does() {
     assert!(rh["lag_ms"].as_u64().unwrap() < 3000, "{rh}");
     assert!(wh.get("lag_ms").is_none(), "{wh}");
     // The same events from the start.
-    let from_writer = events(&http, &writer.base, 0, false, seq);
-    let from_replica = events(&http, &replica.base, 0, false, seq);
-    assert_gapless(&from_replica, 0, seq);
+    let from_writer = events(&http, &writer.base, "0", false, seq);
+    let from_replica = events(&http, &replica.base, "0", false, seq);
+    assert_gapless(&from_replica, "0", seq);
     assert_eq!(from_writer, from_replica);
 
     // Writes answer 421 read_only, naming the writer.
@@ -512,7 +532,18 @@ fn replica_answers_every_read_as_the_writer_does() {
 
     // A restart on the cache while the writer goes on: the stream resumes
     // after the last event seen, every seq once.
-    let seen = wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(30));
+    wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(30));
+    // The cursor a follower of the replica holds: the same on the writer
+    // (the replica's log is the writer's bytes), so a failover either way
+    // goes on.
+    let seen = get_json(&http, &format!("{}/api/log/head", replica.base))["cursor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        seen,
+        get_json(&http, &format!("{}/api/log/head", writer.base))["cursor"]
+    );
     let mut replica = replica;
     replica.terminate();
     // Nothing new in the archive: a restart on the cache probes for the
@@ -535,9 +566,9 @@ fn replica_answers_every_read_as_the_writer_does() {
     workload(&http, &writer.base, 4, 4, &mut written);
     settle_turns(&http, &writer.base, &written);
     let upto = wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(30));
-    let resumed = events(&http, &replica.base, seen, true, upto);
-    assert_gapless(&resumed, seen, upto);
-    assert_eq!(resumed, events(&http, &writer.base, seen, true, upto));
+    let resumed = events(&http, &replica.base, &seen, true, upto);
+    assert_gapless(&resumed, &seen, upto);
+    assert_eq!(resumed, events(&http, &writer.base, &seen, true, upto));
     let on_writer = every_get(&http, &writer.base, &written);
     let on_replica = every_get(&http, &replica.base, &written);
     assert!(
@@ -635,8 +666,18 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
     let taken = work.path().join("taken");
     let (code, out, err) = crate::s3_common::restore(&url, &taken, &endpoint, &[]);
     assert_eq!(code, 0, "{out}{err}");
+    // The restore's point: in both histories.
+    let shared = get_json(&http, &format!("{}/api/log/head", replica.base))["cursor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let mut new_writer =
         EngineProcess::start_args(&engine, &["serve", "--take-over"], &taken, &writer_toml);
+    // Where the new history starts.
+    let base = get_json(&http, &format!("{}/api/log/head", new_writer.base))["cursor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     // The old writer's writes after the take-over are never acknowledged
     // once it knows (its chunks past the take-over point are orphans).
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -656,6 +697,12 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
         assert!(Instant::now() < deadline, "the old writer was never fenced");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A follower of the old writer, at its last acknowledged op: past the
+    // take-over point when the old writer acknowledged writes (async mode)
+    // before it learnt it was fenced; their seqs go to other ops now.
+    let old_head = get_json(&http, &format!("{}/api/log/head", writer.base));
+    let lost = old_head["cursor"].as_str().unwrap().to_owned();
+    eprintln!("take-over at {base}; the fenced writer's head {lost}");
     workload(&http, &new_writer.base, 3, 3, &mut written);
     settle_turns(&http, &new_writer.base, &written);
     let seq = wait_caught_up(
@@ -664,6 +711,25 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
         &replica.base,
         Duration::from_secs(30),
     );
+    // That follower comes back to the new writer or fails over to the
+    // replica: its cursor names the lost history, so 409 cursor_unknown
+    // naming the head (before: 200 and the ops after its seq, the new
+    // writer's ops under the lost seqs never delivered).
+    assert!(seq > seq_of(&lost), "the new history passed {lost}: {seq}");
+    for server in [&new_writer.base, &replica.base] {
+        if lost == base {
+            // Fenced before it acknowledged anything more: one history.
+            assert_gapless(&events(&http, server, &lost, true, seq), &lost, seq);
+        } else {
+            let (status, problem) = events_refusal(&http, server, &lost);
+            assert_eq!(status, 409, "{server}: {problem}");
+            assert_eq!(problem["code"], "cursor_unknown", "{problem}");
+            assert_eq!(problem["head_seq"], seq, "{problem}");
+        }
+        // The restore's point is in both: it goes on from there.
+        let from_shared = events(&http, server, &shared, true, seq);
+        assert_gapless(&from_shared, &shared, seq);
+    }
     let on_new = every_get(&http, &new_writer.base, &written);
     let on_replica = every_get(&http, &replica.base, &written);
     assert!(
@@ -675,8 +741,8 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
     });
     assert_eq!(ready["replica"]["epoch"], 2, "{ready}");
     assert_eq!(
-        events(&http, &replica.base, 0, false, seq),
-        events(&http, &new_writer.base, 0, false, seq)
+        events(&http, &replica.base, "0", false, seq),
+        events(&http, &new_writer.base, "0", false, seq)
     );
     drop(writer);
 
@@ -877,8 +943,8 @@ fn replica_follows_a_sync_mode_writer_through_chunk_merges() {
         (&rh["chain"], &rh["segment"])
     );
     assert_eq!(
-        events(&http, &replica.base, 0, false, seq),
-        events(&http, &writer.base, 0, false, seq)
+        events(&http, &replica.base, "0", false, seq),
+        events(&http, &writer.base, "0", false, seq)
     );
     let log = std::fs::read_to_string(work.path().join("replica.log")).unwrap();
     assert!(log.contains("fetched whole"), "no merge was met: {log}");

@@ -44,6 +44,8 @@ export interface ClientOptions {
   tabs?: boolean;
   /** Open the event stream in the sending tab (default on when `EventSource` exists). */
   events?: boolean;
+  /** The `EventSource` constructor (default the page's; tests give a stand-in). */
+  eventSource?: EventSourceConstructor;
   backoff?: Backoff;
   random?: () => number;
   /** BroadcastChannel and Web Lock name. */
@@ -61,7 +63,30 @@ export interface PassReport {
   wait: WaitCause | null;
 }
 
-type Broadcast = { type: "change"; notice: ChangeNotice } | { type: "outbox" } | { type: "kick" } | { type: "sender"; sender: boolean };
+type Broadcast = { type: "change"; notice: ChangeNotice } | { type: "resync"; resync: Resync } | { type: "outbox" } | { type: "kick" } | { type: "sender"; sender: boolean };
+
+/** What an `EventSource` constructor takes and gives, as far as the client uses it. */
+export type EventSourceConstructor = new (url: string, init?: EventSourceInit) => EventSource;
+
+/**
+ * The detail of a `resync` event: the server's log is not the history the
+ * stream followed (`409 cursor_unknown`: a restore and a take-over, a
+ * failover to another archive's replica) or ends before what it saw
+ * (`409 cursor_ahead`). What the page derived from the stream may hold ops
+ * the server does not: refetch it. The stream follows after `head_cursor`.
+ */
+export interface Resync {
+  /** The code of the refusal: `cursor_unknown` or `cursor_ahead`. */
+  code: string;
+  /** The cursor the stream asked for. */
+  after: string;
+  /** The server's head, which the stream follows after from now on. */
+  head_cursor: string;
+  head_seq: number;
+}
+
+/** The problem codes of `GET /api/events` that call for a resynchronisation. */
+const RESYNC_CODES = ["cursor_unknown", "cursor_ahead"];
 
 /** The header every request carries: a cross-site form cannot send it, so a cookie-authenticated write with it is the page's own (SPEC section 12). */
 export const CLIENT_HEADER = "X-Spark-Client";
@@ -70,7 +95,7 @@ function rfc3339(ms: number): string {
   return new Date(ms).toISOString();
 }
 
-/** The client. Make one with {@link SparkClient.open}; it emits `ready`, `outbox` (the outbox changed), `change` (detail: a ChangeNotice), `sender` (detail: whether this tab sends) and `status`. */
+/** The client. Make one with {@link SparkClient.open}; it emits `ready`, `outbox` (the outbox changed), `change` (detail: a ChangeNotice), `resync` (detail: a {@link Resync}: refetch what the changes built), `sender` (detail: whether this tab sends) and `status`. */
 export class SparkClient extends EventTarget {
   readonly baseUrl: string;
   readonly clock: Clock;
@@ -82,6 +107,8 @@ export class SparkClient extends EventTarget {
   readonly ready: Promise<void>;
   /** The last seq heard on the event stream. */
   lastSeq = 0;
+  /** The cursor of the last change heard (its event's id, `SEQ.CHAIN`; `"0"` before any): where the stream resumes. */
+  cursor = "0";
 
   private readonly fetchFn: typeof fetch;
   private readonly options: ClientOptions;
@@ -157,6 +184,7 @@ export class SparkClient extends EventTarget {
 
   private heard(message: Broadcast): void {
     if (message.type === "change") this.noticeArrived(message.notice, false);
+    else if (message.type === "resync") this.resynced(message.resync, false);
     else if (message.type === "outbox") this.dispatchEvent(new Event("outbox"));
     else if (message.type === "kick" && this.isSender) this.kick();
     else if (message.type === "sender") this.dispatchEvent(new Event("status"));
@@ -177,40 +205,86 @@ export class SparkClient extends EventTarget {
     if (fromStream) this.post({ type: "change", notice });
   }
 
+  private resynced(resync: Resync, fromStream: boolean): void {
+    this.lastSeq = resync.head_seq;
+    this.dispatchEvent(new CustomEvent<Resync>("resync", { detail: resync }));
+    if (fromStream) this.post({ type: "resync", resync });
+  }
+
+  private eventsUrl(): string {
+    return `${this.baseUrl}/api/events?after=${encodeURIComponent(this.cursor)}`;
+  }
+
   private async openEvents(): Promise<void> {
     if (this.closed) return;
-    if (this.lastSeq === 0) {
+    if (this.cursor === "0") {
       try {
         const head = (await this.get("/api/log/head")) as Schemas["LogHead"];
-        this.lastSeq = head.seq;
+        this.cursor = head.cursor;
+        this.lastSeq = Math.max(this.lastSeq, head.seq);
       } catch {
         // Offline: follow from the start of what the stream gives.
       }
     }
-    const source = new EventSource(`${this.baseUrl}/api/events?after=${this.lastSeq}`, { withCredentials: true });
+    const Source = this.options.eventSource ?? EventSource;
+    const source = new Source(this.eventsUrl(), { withCredentials: true });
     this.source = source;
     source.onmessage = (e) => {
       try {
-        this.noticeArrived(JSON.parse(e.data) as ChangeNotice, true);
+        const notice = JSON.parse(e.data) as ChangeNotice;
+        // The id is the change's cursor; the browser sends it back as
+        // Last-Event-ID when it reconnects by itself.
+        if (e.lastEventId) this.cursor = e.lastEventId;
+        this.noticeArrived(notice, true);
       } catch {
         // Not a notice: ignore.
       }
     };
-    const reopen = (after: number) => {
+    const reopen = () => {
       source.close();
       if (this.source === source) this.source = null;
-      this.lastSeq = Math.max(this.lastSeq, after);
       if (!this.closed) setTimeout(() => void this.openEvents(), 1000 + Math.random() * 2000);
     };
     source.addEventListener("overflow", (e) => {
-      const data = JSON.parse((e as MessageEvent).data) as { resume_after: number };
-      reopen(data.resume_after);
+      const data = JSON.parse((e as MessageEvent).data) as { resume_after: number; resume_cursor?: string };
+      if (data.resume_cursor && data.resume_after >= this.lastSeq) this.cursor = data.resume_cursor;
+      reopen();
     });
     source.onerror = () => {
       // The browser retries by itself (with Last-Event-ID) unless the
-      // answer was not a stream (401, 409 cursor_ahead): then reopen.
-      if (source.readyState === EventSource.CLOSED) reopen(this.lastSeq);
+      // answer was not a stream (401, 503, a 409 that calls for a
+      // resynchronisation): then ask why, and reopen.
+      if (source.readyState === 2 /* CLOSED */) {
+        source.close();
+        void this.checkCursor().finally(reopen);
+      }
     };
+  }
+
+  /**
+   * Asks the server once whether the cursor is still a point of its history
+   * (an EventSource cannot see why it was refused): a `409 cursor_unknown`
+   * or `cursor_ahead` moves the cursor to the head it names and emits
+   * `resync`; any other answer changes nothing (a stream that opened is
+   * dropped unread).
+   */
+  private async checkCursor(): Promise<void> {
+    const abort = new AbortController();
+    try {
+      const h: Record<string, string> = { [CLIENT_HEADER]: "web" };
+      if (this.options.token) h["Authorization"] = `Bearer ${this.options.token}`;
+      const answer = await this.fetchFn(this.eventsUrl(), { headers: h, credentials: "include", cache: "no-store", signal: abort.signal });
+      if (answer.status !== 409) return;
+      const problem = (await answer.json().catch(() => null)) as { code?: string; head_cursor?: string; head_seq?: number } | null;
+      if (!problem || !RESYNC_CODES.includes(problem.code ?? "") || typeof problem.head_cursor !== "string") return;
+      const after = this.cursor;
+      this.cursor = problem.head_cursor;
+      this.resynced({ code: problem.code!, after, head_cursor: problem.head_cursor, head_seq: problem.head_seq ?? 0 }, true);
+    } catch {
+      // Offline: the reopen tries again.
+    } finally {
+      abort.abort();
+    }
   }
 
   /** Sends a kick: the sender drains now (from another tab, over the channel). */

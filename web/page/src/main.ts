@@ -356,6 +356,14 @@ async function main(): Promise<void> {
   if (!(await signedIn())) await askForToken();
   client = await SparkClient.open();
   client.addEventListener("change", (e) => onChange((e as CustomEvent<ChangeNotice>).detail));
+  // The server's log is another history than the stream followed (a
+  // restore and a take-over, a failover): what the changes built may hold
+  // ops it does not have. Load it all again.
+  client.addEventListener("resync", () => {
+    moments.clear();
+    void loadFeed();
+    if (openMoment) void renderThread();
+  });
   client.addEventListener("outbox", () => {
     void renderOutbox();
     void setStatus();

@@ -229,7 +229,7 @@ export interface paths {
         };
         /**
          * The change stream, as server-sent events
-         * @description Each committed op is one event with `id: <seq>` and the data of a `ChangeNotice` (`{seq, kind, upserted, removed}`). The stream first catches up from the log (ops after `after`, or after `Last-Event-ID`, which wins), then follows live commits, with keep-alive comments; it does not end on its own. A subscriber that falls behind gets an `overflow` event whose data is `{"resume_after": seq}` and the stream ends. A log that cannot be read gives an `error` event and the stream ends. A cursor beyond the head is refused with `409 cursor_ahead`.
+         * @description Each committed op is one event with `id: <cursor>` and the data of a `ChangeNotice` (`{seq, kind, upserted, removed}`). The cursor (`SEQ.CHAIN`) is the op's seq, a dot and the first 16 hex digits of the log's chain value at the end of the batch that holds it (after its commit mark): it names one history of the log, since two logs that share a seq but not the ops up to it (a restore then another writer, a failover to another archive's replica) have other chain values there. The stream first catches up from the log (ops after `after`, or after `Last-Event-ID`, which wins), then follows live commits, with keep-alive comments; it does not end on its own, but ends when the session that opened it (the cookie of `POST /api/session`) ends or expires, and when the server stops. A subscriber that falls behind gets an `overflow` event whose data is `{"resume_after": seq, "resume_cursor": cursor}` and the stream ends. A log that cannot be read gives an `error` event and the stream ends. A cursor beyond the head is refused with `409 cursor_ahead`; a cursor that is not a point of this log's history (its chain value differs, or a bare seq above 0, which names no history) with `409 cursor_unknown`. At most `limits.event_streams_max` streams are open at once; past it `503 unavailable` with `Retry-After`.
          */
         get: operations["streamEvents"];
         put?: never;
@@ -647,6 +647,8 @@ export interface components {
             segment: string;
             /** @description The BLAKE3 chain value, 64 lower-case hex characters. */
             chain: string;
+            /** @description The head's event cursor (`SEQ.CHAIN`: the seq and the first 16 hex digits of `chain`; `0` for an empty log): `GET /api/events?after=<cursor>` follows the ops committed after this answer. */
+            cursor: string;
             /** @description Present only with `[archive]` (SPEC section 11): the last seq named by a manifest stored in the archive (what a restore gets now). Left out without an archive, so that the answer is what it was before archives existed. */
             archived_seq?: number;
             /**
@@ -702,7 +704,7 @@ export interface components {
             };
         };
         /** @enum {string} */
-        ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "unsupported_media_type" | "clock_skew" | "precondition_failed" | "unauthorized" | "forbidden" | "unavailable" | "insufficient_storage" | "fenced" | "cursor_ahead" | "read_only" | "request_timeout" | "timeout" | "host_not_allowed";
+        ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "unsupported_media_type" | "clock_skew" | "precondition_failed" | "unauthorized" | "forbidden" | "unavailable" | "insufficient_storage" | "fenced" | "cursor_ahead" | "cursor_unknown" | "read_only" | "request_timeout" | "timeout" | "host_not_allowed";
         /** @description RFC 9457 problem details with a stable `code`. Some codes add members: `clock_skew` adds `server_time_ms`, `id_time_ms` and `skew_ms`; `request_id_too_long` adds `limit_bytes`; `precondition_failed` adds the current `version`; `digest_mismatch` adds `declared_sha256` and `actual_sha256`. `conflict` adds `conflict`, the kind of conflict, and the members that name what conflicted (see `conflict`). */
         Problem: {
             /** @description `urn:spark:problem:<code>`. */
@@ -1845,11 +1847,11 @@ export interface operations {
     streamEvents: {
         parameters: {
             query?: {
-                /** @description Send the ops after this seq (0, the default, sends all). */
-                after?: number;
+                /** @description Send the ops after this cursor: `0` (the default) sends all; otherwise an event's id (`SEQ.CHAIN`) or the `cursor` of `GET /api/log/head`. A bare seq above 0 is refused with `409 cursor_unknown`. */
+                after?: string;
             };
             header?: {
-                /** @description What a reconnecting EventSource sends: the seq of the last event it saw. Wins over `after`. */
+                /** @description What a reconnecting EventSource sends: the id (cursor) of the last event it saw. Wins over `after`. */
                 "Last-Event-ID"?: string;
             };
             path?: never;
@@ -1864,7 +1866,7 @@ export interface operations {
                 };
                 content: {
                     /**
-                     * @example id: 1
+                     * @example id: 1.5d0c6ab2e4f1a93b
                      *     data: {"seq":1,"kind":"moment.create","upserted":["01JDQ3ZC9W4G8Y7E6QJ2KX5N3M"],"removed":[]}
                      */
                     "text/event-stream": string;
@@ -1872,7 +1874,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
-            /** @description `cursor_ahead`: `after` (or `Last-Event-ID`) is beyond the log's head, as after a restore from an archive that was behind what the client saw. Nothing is streamed; the client resynchronises (its cached state may hold ops this log does not) and follows after `head_seq`. */
+            /** @description `cursor_ahead`: `after` (or `Last-Event-ID`) is beyond the log's head, as after a restore from an archive that was behind what the client saw. `cursor_unknown`: the cursor is not a point of this log's history: this log holds other ops under its seq (a restore and a take-over, another server's log), or it is a bare seq above 0, which cannot be checked. Either way nothing is streamed; the client resynchronises (refetches what it derived from the stream: its cached state may hold ops this log does not) and follows after `head_cursor`. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1881,16 +1883,26 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"] & {
                         /** @constant */
                         status?: 409;
-                        /** @constant */
-                        code?: "cursor_ahead";
+                        /** @enum {unknown} */
+                        code?: "cursor_ahead" | "cursor_unknown";
                         /** @description The cursor asked for. */
                         after: number;
                         /** @description The log's head: the last committed seq. */
                         head_seq: number;
+                        /** @description The head's cursor (`SEQ.CHAIN`, `0` for an empty log): follow after it once resynchronised. */
+                        head_cursor: string;
                     };
                 };
             };
-            503: components["responses"]["Unavailable"];
+            /** @description `unavailable` with `Retry-After`: `limits.event_streams_max` streams are open; try again later. Other causes as for every route. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
         };
     };
     getLogHead: {
