@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as StorePath;
-use futures_util::StreamExt;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use spark_log_format::archive::{
     epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError,
@@ -715,7 +715,21 @@ mod tests {
     #[tokio::test]
     async fn a_missing_number_anywhere_is_a_gap_naming_it() {
         let last = 2 * LIST_RANGE + 100;
-        for missing in [1, 2, 3, 63, 64, 65, 999, 1000, 1001, 1024, 2000, 2001, last - 1] {
+        for missing in [
+            1,
+            2,
+            3,
+            63,
+            64,
+            65,
+            999,
+            1000,
+            1001,
+            1024,
+            2000,
+            2001,
+            last - 1,
+        ] {
             let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
             put_numbers(&store, (1..=last).filter(|&n| n != missing)).await;
             let error = store.latest(key).await.unwrap_err();

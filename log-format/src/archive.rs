@@ -645,7 +645,9 @@ pub enum Fork {
         entries_end: Seq,
     },
     /// `shipped_chain` is not the chain value its last entry ends with.
-    #[error("its shipped_chain {shipped_chain} is not the chain its entries end with ({entries_chain})")]
+    #[error(
+        "its shipped_chain {shipped_chain} is not the chain its entries end with ({entries_chain})"
+    )]
     ShippedChainMismatch {
         /// The manifest's `shipped_chain`.
         shipped_chain: String,

@@ -52,8 +52,8 @@ use parking_lot::Mutex;
 use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
 use spark_log_format::archive::{
     acknowledged_end, blob_key, checkpoint_key, chunk_key, epoch_key, extends, manifest_key,
-    missing_key, segment_key, CheckpointEntry, ChunkEntry, ChunkHeader, EpochDoc, Manifest, MissingBlobDoc,
-    SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
+    missing_key, segment_key, CheckpointEntry, ChunkEntry, ChunkHeader, EpochDoc, Manifest,
+    MissingBlobDoc, SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
 };
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, decode_record, segment_file_name, ChainValue,
@@ -710,13 +710,13 @@ async fn take_epoch(
             claim_epoch(store, data_dir, mine, 1, lease_ms)
                 .await
                 .map_err(|e| match e {
-                ArchiveStartError::TakeOver(_) => ArchiveStartError::Held {
-                    writer: "another writer (taking epoch 1 at the same time)".into(),
-                    epoch: 1,
-                    lease: String::new(),
-                },
-                other => other,
-            })
+                    ArchiveStartError::TakeOver(_) => ArchiveStartError::Held {
+                        writer: "another writer (taking epoch 1 at the same time)".into(),
+                        epoch: 1,
+                        lease: String::new(),
+                    },
+                    other => other,
+                })
         }
     }
 }
@@ -1590,7 +1590,10 @@ impl Shipper {
                     };
                     let current = self.manifest_of(&self.state, stored.written_ms);
                     extends(&current, &stored).map_err(|fork| {
-                        foreign(format!("it does not extend manifest {}: {fork}", current.number))
+                        foreign(format!(
+                            "it does not extend manifest {}: {fork}",
+                            current.number
+                        ))
                     })?;
                     let head_now = self.engine.head();
                     self.renewed_at = instant_of(stored.written_ms);

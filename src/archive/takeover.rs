@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use spark_archive::{ArchiveStore, StoreError};
 use spark_log_format::archive::{
-    acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, ChunkHeader, Manifest, SegmentEntry,
+    acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, ChunkHeader, Manifest,
+    SegmentEntry,
 };
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, parse_segment_file_name, segment_file_name, ChainValue,

@@ -1863,8 +1863,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
                 }
             }
         };
-        spark_log_format::archive::extends(&latest, &forged)
-            .expect_err_if(forge == "rolls back");
+        spark_log_format::archive::extends(&latest, &forged).expect_err_if(forge == "rolls back");
         store
             .put_create(&manifest_key("p", number), Bytes::from(forged.encode()))
             .await
@@ -1929,10 +1928,7 @@ async fn the_writer_refuses_to_start_over_a_gap_naming_it() {
         );
         assert!(refused.err().unwrap().to_string().contains(&key));
         assert!(!store.exists(&key).await.unwrap(), "{key} put again");
-        assert!(!store
-            .exists(&manifest_key("p", latest + 1))
-            .await
-            .unwrap());
+        assert!(!store.exists(&manifest_key("p", latest + 1)).await.unwrap());
         engine.shutdown().await;
     }
 }
