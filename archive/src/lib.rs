@@ -2,8 +2,8 @@
 //! `log-format/ARCHIVE.md`): an [`ArchiveStore`] is a bucket and a prefix
 //! behind `object_store`, with create-only puts that settle "already
 //! exists" by comparing bytes, checked reads of manifests and epochs, and
-//! discovery of the latest numbered object (a probe, then a LIST that finds
-//! any gap: ARCHIVE.md "Gaps"). Used by the engine's shipper and replicas
+//! discovery of the latest numbered object (a LIST that finds any gap,
+//! planned by a probe on long histories: ARCHIVE.md "Gaps"). Used by the engine's shipper and replicas
 //! and by `spark-replay restore` / `verify` / `audit archive`.
 
 #![warn(missing_docs)]
@@ -390,24 +390,31 @@ impl ArchiveStore {
     /// `key_of` must sort as its numbers do (the archive's keys: 20
     /// digits, zero-padded) and put every number under one directory.
     ///
-    /// Cost: about 2·log2(n) HEAD requests (the probe `1, 2, 4, …` then a
-    /// binary search, which finds `n` when nothing is missing), then one
-    /// LIST page per [`LIST_RANGE`] numbers, [`LISTS_AT_ONCE`] pages at a
-    /// time (a history of a million manifests: 1000 pages), the last one
-    /// reaching past `n` so that nothing after it can hide behind a gap.
+    /// Cost: one LIST page when the family holds fewer than
+    /// [`LIST_RANGE`] numbers (most archives; an epoch family always).
+    /// Past that, a probe (`HEAD` of 2000, 4000, 8000, … then a binary
+    /// search: about 2·log2(n) requests) plans one LIST page per
+    /// [`LIST_RANGE`] numbers, [`LISTS_AT_ONCE`] at a time (a million
+    /// manifests: 1000 pages), the last one reaching past what the probe
+    /// found so that nothing after it can hide behind a gap.
     pub async fn latest(&self, key_of: impl Fn(u64) -> String) -> Result<u64, StoreError> {
         let key_of = &key_of;
-        let probed = self.probe(key_of).await?;
+        let first = self.list_run(key_of, 0, Some(LIST_RANGE)).await?;
+        if first < LIST_RANGE {
+            // The listing ended there: nothing after it.
+            return Ok(first);
+        }
+        let probed = self.probe_from(key_of, first).await?;
         let bounded = probed / LIST_RANGE;
         let later = || format!("{} exists", key_of(probed));
-        let ranges = (0..=bounded).map(|i| {
+        let ranges = (1..=bounded).map(|i| {
             let upto = (i < bounded).then_some((i + 1) * LIST_RANGE);
             (i * LIST_RANGE, upto)
         });
         let mut runs = std::pin::pin!(futures_util::stream::iter(ranges)
             .map(|(after, upto)| async move { (upto, self.list_run(key_of, after, upto).await) })
             .buffered(LISTS_AT_ONCE));
-        let mut latest = 0;
+        let mut latest = first;
         while let Some((upto, run)) = runs.next().await {
             latest = run?;
             if latest < upto.unwrap_or(probed) {
@@ -477,15 +484,16 @@ impl ArchiveStore {
         Ok(last)
     }
 
-    /// The highest `n` the probe `1, 2, 4, …` and a binary search find
-    /// (0 when number 1 does not exist): the latest when no number is
-    /// missing, else somewhere below the first gap it stepped on.
-    async fn probe(&self, key_of: &impl Fn(u64) -> String) -> Result<u64, StoreError> {
-        if !self.exists(&key_of(1)).await? {
-            return Ok(0);
-        }
-        let mut low = 1u64; // exists
-        let mut step = 1u64;
+    /// The highest `n` a probe from `low` (which exists) finds: `HEAD` of
+    /// `low + 1000`, then steps doubling (from 1000: 2000, 4000, 8000, …)
+    /// until one is missing, then a binary search. The latest when no number is missing, else
+    /// somewhere below a gap it stepped on (the LIST after it finds that).
+    async fn probe_from(
+        &self,
+        key_of: &impl Fn(u64) -> String,
+        mut low: u64,
+    ) -> Result<u64, StoreError> {
+        let mut step = LIST_RANGE;
         let mut high = low.saturating_add(step);
         while self.exists(&key_of(high)).await? {
             low = high;

@@ -515,10 +515,11 @@ fn replica_answers_every_read_as_the_writer_does() {
     let seen = wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(30));
     let mut replica = replica;
     replica.terminate();
-    // Nothing new in the archive: a restart on the cache probes for the
-    // latest manifest (HEADs, which the store counts as GETs) and reads it,
-    // and fetches no segment, chunk or blob (a first start fetched 12 blobs
-    // and every log object).
+    // Nothing new in the archive: a restart on the cache finds the latest
+    // manifest (a LIST of the manifest and epoch keys, which the store
+    // counts as GETs) and reads it with the one before it and the epoch
+    // object, and fetches no segment, chunk or blob (a first start
+    // fetched 12 blobs and every log object).
     let gets_before = store_gets(&http, &weed);
     let mut replica = start_replica(&engine, &replica_data, &replica_toml, &url, &endpoint);
     let restart_gets = store_gets(&http, &weed) - gets_before;
