@@ -2,8 +2,9 @@
 //! `log-format/ARCHIVE.md`): an [`ArchiveStore`] is a bucket and a prefix
 //! behind `object_store`, with create-only puts that settle "already
 //! exists" by comparing bytes, checked reads of manifests and epochs, and
-//! discovery of the latest numbered object by probing (no LIST). Used by the
-//! engine's shipper and by `spark-replay restore` / `verify`.
+//! discovery of the latest numbered object (a LIST that finds any gap,
+//! planned by a probe on long histories: ARCHIVE.md "Gaps"). Used by the engine's shipper and replicas
+//! and by `spark-replay restore` / `verify` / `audit archive`.
 
 #![warn(missing_docs)]
 
@@ -11,10 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
-use spark_log_format::archive::{epoch_key, manifest_key, EpochDoc, Manifest, ObjectError};
+use spark_log_format::archive::{
+    epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError,
+};
 
 pub use object_store;
 
@@ -53,17 +57,32 @@ pub enum StoreError {
         /// The object key.
         key: String,
     },
+    /// A numbered object (a manifest, an epoch) is missing while a later
+    /// one exists or names it: numbers are created one after another, so
+    /// this is damage (ARCHIVE.md "Gaps"), never an older state to read.
+    #[error(
+        "object {key} is missing, yet {later}: a gap in the archive's numbered objects \
+         (deleted, or lost by the store); the archive is damaged there and is not read past it. \
+         Put the object back (a bucket with versioning keeps it) or ship to a new prefix"
+    )]
+    Gap {
+        /// The first missing key.
+        key: String,
+        /// What shows it is missing: a later key that exists, or the
+        /// manifest that names its epoch.
+        later: String,
+    },
 }
 
 impl StoreError {
     /// The failure kind as a metric label: `unreachable`, `conflict`,
-    /// `damaged`, `missing`.
+    /// `damaged`, `missing` (a gap too).
     pub fn kind(&self) -> &'static str {
         match self {
             StoreError::Unreachable { .. } => "unreachable",
             StoreError::Conflict { .. } => "conflict",
             StoreError::Damaged { .. } => "damaged",
-            StoreError::Missing { .. } => "missing",
+            StoreError::Missing { .. } | StoreError::Gap { .. } => "missing",
         }
     }
 }
@@ -127,11 +146,12 @@ pub struct StoreConfig {
     pub region: String,
 }
 
-/// The latest number [`ArchiveStore::latest`] found, by the key of number
-/// 1 (one entry per prefix and kind of numbered object): where its next
-/// probe starts.
-static LATEST_FOUND: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
-    std::sync::Mutex::new(std::collections::BTreeMap::new());
+/// Numbers per LIST request when [`ArchiveStore::latest`] checks a
+/// family for gaps (one S3 LIST page holds 1000 keys).
+pub const LIST_RANGE: u64 = 1000;
+/// LIST requests in flight at once while a family is checked for gaps.
+pub const LISTS_AT_ONCE: usize = 8;
+
 /// Checks a store endpoint: `http://` or `https://`, then a host, an
 /// optional `:PORT` and an optional path (`http://127.0.0.1:8333`,
 /// `https://s3.example.com`). The one rule for the engine's
@@ -362,29 +382,118 @@ impl ArchiveStore {
     }
 
     /// The highest `n >= 1` whose `key_of(n)` exists, 0 when none does,
-    /// by probing (ARCHIVE.md "Manifest": 1, 2, 4, … then a binary search;
-    /// numbers are gapless since every one is created after the one
-    /// before). About 2·log2(n) HEAD requests, at start-up only. The
-    /// probe starts from the latest this process found before for the same
-    /// keys, when that object still exists (objects are never deleted):
-    /// then about 2·log2(what was added since) requests.
+    /// once every number `1..=n` was found to exist (ARCHIVE.md "Gaps"):
+    /// numbers are created one after another, so a number missing below
+    /// one that exists is damage (a deleted object, or one the store
+    /// lost), a [`StoreError::Gap`] naming the first missing key.
+    ///
+    /// `key_of` must sort as its numbers do (the archive's keys: 20
+    /// digits, zero-padded) and put every number under one directory.
+    ///
+    /// Cost: one LIST page when the family holds fewer than
+    /// [`LIST_RANGE`] numbers (most archives; an epoch family always).
+    /// Past that, a probe (`HEAD` of 2000, 4000, 8000, … then a binary
+    /// search: about 2·log2(n) requests) plans one LIST page per
+    /// [`LIST_RANGE`] numbers, [`LISTS_AT_ONCE`] at a time (a million
+    /// manifests: 1000 pages), the last one reaching past what the probe
+    /// found so that nothing after it can hide behind a gap.
     pub async fn latest(&self, key_of: impl Fn(u64) -> String) -> Result<u64, StoreError> {
-        let family = key_of(1);
-        let hint = LATEST_FOUND
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&family)
-            .copied();
-        let mut low = match hint {
-            Some(hint) if hint > 1 && self.exists(&key_of(hint)).await? => hint,
-            _ => {
-                if !self.exists(&family).await? {
-                    return Ok(0);
-                }
-                1
+        let key_of = &key_of;
+        let first = self.list_run(key_of, 0, Some(LIST_RANGE)).await?;
+        if first < LIST_RANGE {
+            // The listing ended there: nothing after it.
+            return Ok(first);
+        }
+        let probed = self.probe_from(key_of, first).await?;
+        let bounded = probed / LIST_RANGE;
+        let later = || format!("{} exists", key_of(probed));
+        let ranges = (1..=bounded).map(|i| {
+            let upto = (i < bounded).then_some((i + 1) * LIST_RANGE);
+            (i * LIST_RANGE, upto)
+        });
+        let mut runs = std::pin::pin!(futures_util::stream::iter(ranges)
+            .map(|(after, upto)| async move { (upto, self.list_run(key_of, after, upto).await) })
+            .buffered(LISTS_AT_ONCE));
+        let mut latest = first;
+        while let Some((upto, run)) = runs.next().await {
+            latest = run?;
+            if latest < upto.unwrap_or(probed) {
+                // The range stopped short of what the probe found.
+                return Err(StoreError::Gap {
+                    key: key_of(latest + 1),
+                    later: later(),
+                });
             }
-        }; // exists
-        let mut step = 1u64;
+        }
+        Ok(latest)
+    }
+
+    /// Whether nothing is stored after number `number` of `key_of`'s
+    /// family (one LIST page; the replica's check when `number + 1` was
+    /// not found): `Ok(true)` when nothing is, `Ok(false)` when `number +
+    /// 1` is there (created since), a [`StoreError::Gap`] when a later
+    /// number is there but not `number + 1`.
+    pub async fn nothing_after(
+        &self,
+        key_of: impl Fn(u64) -> String,
+        number: u64,
+    ) -> Result<bool, StoreError> {
+        let run = self.list_run(&key_of, number, Some(number + 1)).await?;
+        Ok(run == number)
+    }
+
+    /// Lists `key_of`'s family after number `after` (up to `upto`, when
+    /// given): the listed numbers must be `after + 1, after + 2, …`; the
+    /// first one skipped is a [`StoreError::Gap`]. Returns the last number
+    /// of the run (`after` when none is listed). Keys of the family's
+    /// directory that are not numbered keys of it are ignored.
+    async fn list_run(
+        &self,
+        key_of: &impl Fn(u64) -> String,
+        after: u64,
+        upto: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        let first = key_of(1);
+        let dir = first.rsplit_once('/').map(|(dir, _)| StorePath::from(dir));
+        let mut listed = self
+            .store
+            .list_with_offset(dir.as_ref(), &StorePath::from(key_of(after)));
+        let mut last = after;
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| Self::unreachable(&first, e))?;
+            let location = meta.location.as_ref();
+            let Some(number) = location
+                .rsplit('/')
+                .next()
+                .and_then(|name| name.parse::<u64>().ok())
+                .filter(|&n| key_of(n) == location)
+            else {
+                continue;
+            };
+            if number != last + 1 {
+                return Err(StoreError::Gap {
+                    key: key_of(last + 1),
+                    later: format!("{location} exists"),
+                });
+            }
+            last = number;
+            if upto == Some(number) {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
+    /// The highest `n` a probe from `low` (which exists) finds: `HEAD` of
+    /// `low + 1000`, then steps doubling (from 1000: 2000, 4000, 8000, …)
+    /// until one is missing, then a binary search. The latest when no number is missing, else
+    /// somewhere below a gap it stepped on (the LIST after it finds that).
+    async fn probe_from(
+        &self,
+        key_of: &impl Fn(u64) -> String,
+        mut low: u64,
+    ) -> Result<u64, StoreError> {
+        let mut step = LIST_RANGE;
         let mut high = low.saturating_add(step);
         while self.exists(&key_of(high)).await? {
             low = high;
@@ -400,20 +509,51 @@ impl ArchiveStore {
                 high = mid;
             }
         }
-        LATEST_FOUND
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(family, low);
         Ok(low)
     }
 
-    /// The latest manifest, checked, or `None` for an empty archive.
+    /// The latest manifest, checked, or `None` for an empty archive: the
+    /// manifest family has no gap ([`ArchiveStore::latest`]), the latest
+    /// and the one before it decode, the latest extends it ([`extends`],
+    /// ARCHIVE.md "Manifest history"), and the epoch that wrote it is on
+    /// record ([`ArchiveStore::latest_epoch`] decodes and is at least
+    /// its epoch). The rule every reader
+    /// and the writer start from; older manifests are read by `verify
+    /// --from` only (a restore's result does not depend on them).
     pub async fn latest_manifest(&self) -> Result<Option<Manifest>, StoreError> {
         let number = self.latest(|n| manifest_key(&self.prefix, n)).await?;
         if number == 0 {
             return Ok(None);
         }
-        self.manifest(number).await.map(Some)
+        let (latest, prev) = futures_util::future::try_join(self.manifest(number), async {
+            match number {
+                1 => Ok(None),
+                _ => self.manifest(number - 1).await.map(Some),
+            }
+        })
+        .await?;
+        if let Some(prev) = prev {
+            extends(&prev, &latest).map_err(|fork| StoreError::Damaged {
+                key: manifest_key(&self.prefix, number),
+                source: ObjectError::Mismatch(format!(
+                    "it does not extend manifest {} ({}): {fork}; the archive's history forks there",
+                    prev.number,
+                    manifest_key(&self.prefix, prev.number)
+                )),
+            })?;
+        }
+        let epochs = self.latest_epoch().await?.map_or(0, |doc| doc.epoch);
+        if epochs < latest.epoch {
+            return Err(StoreError::Gap {
+                key: epoch_key(&self.prefix, epochs + 1),
+                later: format!(
+                    "manifest {number} ({}) was written by epoch {}",
+                    manifest_key(&self.prefix, number),
+                    latest.epoch
+                ),
+            });
+        }
+        Ok(Some(latest))
     }
 
     /// Manifest `number`, checked.
@@ -424,7 +564,7 @@ impl ArchiveStore {
     }
 
     /// The latest epoch object, checked, or `None` when no writer took the
-    /// prefix yet.
+    /// prefix yet; the epoch family has no gap ([`ArchiveStore::latest`]).
     pub async fn latest_epoch(&self) -> Result<Option<EpochDoc>, StoreError> {
         let epoch = self.latest(|n| epoch_key(&self.prefix, n)).await?;
         if epoch == 0 {
@@ -539,16 +679,165 @@ mod tests {
         assert!(!format!("{all:?}").contains("SECRET"));
     }
 
-    #[tokio::test]
-    async fn latest_finds_the_last_of_a_gapless_run() {
-        let store = ArchiveStore::new(Arc::new(InMemory::new()), String::new());
-        assert_eq!(store.latest(|n| format!("m/{n}")).await.unwrap(), 0);
-        for n in 1..=37u64 {
+    fn key(n: u64) -> String {
+        manifest_key("p", n)
+    }
+
+    async fn put_numbers(store: &ArchiveStore, numbers: impl IntoIterator<Item = u64>) {
+        for n in numbers {
             store
-                .put_create(&format!("m/{n}"), Bytes::from_static(b"x"))
+                .put_create(&key(n), Bytes::from_static(b"x"))
                 .await
                 .unwrap();
-            assert_eq!(store.latest(|n| format!("m/{n}")).await.unwrap(), n);
         }
+    }
+
+    #[tokio::test]
+    async fn latest_finds_the_last_of_a_gapless_run() {
+        let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        assert_eq!(store.latest(key).await.unwrap(), 0);
+        for n in 1..=37u64 {
+            put_numbers(&store, [n]).await;
+            assert_eq!(store.latest(key).await.unwrap(), n);
+        }
+        // Across LIST ranges, ending on a range's last number and after it.
+        put_numbers(&store, 38..=2 * LIST_RANGE).await;
+        assert_eq!(store.latest(key).await.unwrap(), 2 * LIST_RANGE);
+        put_numbers(&store, [2 * LIST_RANGE + 1]).await;
+        assert_eq!(store.latest(key).await.unwrap(), 2 * LIST_RANGE + 1);
+        // Another family and stray keys in the directory are not numbers.
+        store
+            .put_create("p/manifest/notes.txt", Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        store
+            .put_create(&epoch_key("p", 5), Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        assert_eq!(store.latest(key).await.unwrap(), 2 * LIST_RANGE + 1);
+    }
+
+    /// Issue 24: a missing number anywhere below the latest is a gap
+    /// naming it, wherever the probe and the LIST ranges fall; before,
+    /// the probe stopped at the gap and the archive rolled back silently.
+    #[tokio::test]
+    async fn a_missing_number_anywhere_is_a_gap_naming_it() {
+        let last = 2 * LIST_RANGE + 100;
+        for missing in [
+            1,
+            2,
+            3,
+            63,
+            64,
+            65,
+            999,
+            1000,
+            1001,
+            1024,
+            2000,
+            2001,
+            last - 1,
+        ] {
+            let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+            put_numbers(&store, (1..=last).filter(|&n| n != missing)).await;
+            let error = store.latest(key).await.unwrap_err();
+            assert!(
+                matches!(&error, StoreError::Gap { key: k, .. } if *k == key(missing)),
+                "{missing}: {error}"
+            );
+            assert_eq!(error.kind(), "missing");
+            assert!(error.to_string().contains(&key(missing)), "{error}");
+        }
+        // The latest gone leaves no gap: the one before it is the latest.
+        let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        put_numbers(&store, 1..last).await;
+        assert_eq!(store.latest(key).await.unwrap(), last - 1);
+    }
+
+    #[tokio::test]
+    async fn nothing_after_tells_a_new_number_from_a_gap() {
+        let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        assert!(store.nothing_after(key, 0).await.unwrap());
+        put_numbers(&store, 1..=3).await;
+        assert!(store.nothing_after(key, 3).await.unwrap());
+        assert!(!store.nothing_after(key, 2).await.unwrap());
+        put_numbers(&store, [5]).await;
+        let error = store.nothing_after(key, 3).await.unwrap_err();
+        assert!(
+            matches!(&error, StoreError::Gap { key: k, later } if *k == key(4) && later.contains(&key(5))),
+            "{error}"
+        );
+    }
+
+    fn manifest(number: u64, epoch: u64) -> Manifest {
+        Manifest {
+            number,
+            epoch,
+            written_ms: 1,
+            shipped_seq: 0,
+            shipped_chain: "0".repeat(64),
+            segments: Vec::new(),
+            chunks: Vec::new(),
+            lease_ms: 0,
+            checkpoints: Vec::new(),
+        }
+    }
+
+    async fn put_manifest(store: &ArchiveStore, m: &Manifest) {
+        store
+            .put_create(&key(m.number), Bytes::from(m.encode()))
+            .await
+            .unwrap();
+    }
+
+    async fn put_epoch(store: &ArchiveStore, epoch: u64) {
+        let doc = EpochDoc {
+            epoch,
+            writer: "w".into(),
+            taken_ms: 1,
+            lease_ms: 0,
+        };
+        store
+            .put_create(&epoch_key("p", epoch), Bytes::from(doc.encode()))
+            .await
+            .unwrap();
+    }
+
+    /// Issue 24: the latest manifest is read with the one before it and
+    /// must extend it, and the epoch that wrote it must be on record.
+    #[tokio::test]
+    async fn the_latest_manifest_extends_its_predecessor_and_its_epoch_exists() {
+        let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        assert_eq!(store.latest_manifest().await.unwrap(), None);
+        put_manifest(&store, &manifest(1, 1)).await;
+        // No epoch object: epoch 1 is missing.
+        let error = store.latest_manifest().await.unwrap_err();
+        assert!(
+            matches!(&error, StoreError::Gap { key: k, .. } if *k == epoch_key("p", 1)),
+            "{error}"
+        );
+        put_epoch(&store, 1).await;
+        put_manifest(&store, &manifest(2, 1)).await;
+        assert_eq!(store.latest_manifest().await.unwrap().unwrap().number, 2);
+        // A manifest of epoch 2 with no epoch/2.
+        put_manifest(&store, &manifest(3, 2)).await;
+        let error = store.latest_manifest().await.unwrap_err();
+        assert!(
+            matches!(&error, StoreError::Gap { key: k, later } if *k == epoch_key("p", 2) && later.contains("manifest 3")),
+            "{error}"
+        );
+        put_epoch(&store, 2).await;
+        assert_eq!(store.latest_manifest().await.unwrap().unwrap().number, 3);
+        // A well-formed manifest that does not extend the one before it.
+        let mut forged = manifest(4, 2);
+        forged.shipped_seq = 7;
+        put_manifest(&store, &forged).await;
+        let error = store.latest_manifest().await.unwrap_err();
+        let text = error.to_string();
+        assert_eq!(error.kind(), "damaged", "{text}");
+        assert!(
+            text.contains(&key(4)) && text.contains(&key(3)) && text.contains("does not extend"),
+            "{text}"
+        );
     }
 }

@@ -644,6 +644,17 @@ pub enum Fork {
         /// The last seq of its last entry (0 when it lists none).
         entries_end: Seq,
     },
+    /// `shipped_chain` is not the chain value its last entry ends with.
+    #[error(
+        "its shipped_chain {shipped_chain} is not the chain its entries end with ({entries_chain})"
+    )]
+    ShippedChainMismatch {
+        /// The manifest's `shipped_chain`.
+        shipped_chain: String,
+        /// The last chunk's `chain_after`, else the last segment's
+        /// `chain_end`, else 64 zeros.
+        entries_chain: String,
+    },
 }
 
 /// Whether manifest `next` extends manifest `prev` (its predecessor in the
@@ -658,7 +669,10 @@ pub enum Fork {
 /// 4. every added entry after that starts at the seq after the one before
 ///    it (after `prev.shipped_seq`, or after the folded segment), and every
 ///    added chunk carries `next.epoch`;
-/// 5. `next.shipped_seq` is the last seq of its last entry.
+/// 5. `next.shipped_seq` is the last seq of its last entry, and
+///    `next.shipped_chain` the chain value it ends with (its `chain_after`,
+///    or a segment's `chain_end`; 64 zeros when it lists none), so the
+///    chain goes on from `prev`'s, whose entries it keeps.
 ///
 /// A takeover manifest lists exactly its predecessor's entries under a newer
 /// epoch, which extends it. Only the manifests are compared: the objects'
@@ -747,6 +761,17 @@ pub fn extends(prev: &Manifest, next: &Manifest) -> Result<(), Fork> {
             entries_end: end,
         });
     }
+    let entries_chain = match (next.chunks.last(), next.segments.last()) {
+        (Some(chunk), _) => chunk.chain_after.clone(),
+        (None, Some(segment)) => segment.chain_end.clone(),
+        (None, None) => chain_hex(&[0; 32]),
+    };
+    if next.shipped_chain != entries_chain {
+        return Err(Fork::ShippedChainMismatch {
+            shipped_chain: next.shipped_chain.clone(),
+            entries_chain,
+        });
+    }
     Ok(())
 }
 
@@ -819,12 +844,17 @@ mod tests {
             .map(|c| c.last_seq)
             .or(segments.last().map(|s| s.last_seq))
             .unwrap_or(0);
+        let shipped_chain = chunks
+            .last()
+            .map(|c| c.chain_after.clone())
+            .or(segments.last().map(|s| s.chain_end.clone()))
+            .unwrap_or_else(|| chain_hex(&[0; 32]));
         Manifest {
             number,
             epoch,
             written_ms: 0,
             shipped_seq,
-            shipped_chain: "f".repeat(64),
+            shipped_chain,
             segments,
             chunks,
             lease_ms: 0,
@@ -1055,6 +1085,30 @@ mod tests {
                 shipped_seq: 16,
                 entries_end: 15
             })
+        ));
+        // The same entries with another head chain: the chain does not go
+        // on from the one before (a renewal of another history, say).
+        let mut m2 = Manifest {
+            number: 2,
+            ..m1.clone()
+        };
+        m2.shipped_chain = "9".repeat(64);
+        assert!(matches!(
+            extends(&m1, &m2),
+            Err(Fork::ShippedChainMismatch { ref shipped_chain, ref entries_chain })
+                if *shipped_chain == "9".repeat(64) && *entries_chain == "e".repeat(64)
+        ));
+        // None listed: the chain is 64 zeros.
+        let empty = manifest(1, 1, vec![], vec![]);
+        let mut m2 = Manifest {
+            number: 2,
+            ..empty.clone()
+        };
+        assert_eq!(extends(&empty, &m2), Ok(()));
+        m2.shipped_chain = "9".repeat(64);
+        assert!(matches!(
+            extends(&empty, &m2),
+            Err(Fork::ShippedChainMismatch { .. })
         ));
     }
 }

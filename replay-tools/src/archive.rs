@@ -865,22 +865,14 @@ pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: 
     Ok(exit::OK)
 }
 
-/// Reads manifests 1..=latest (numbers are gapless; the latest is found
-/// by probing, ARCHIVE.md "Manifest") and checks that each one's epoch is
-/// at least the previous one's and that each extends it
-/// ([`extends`], ARCHIVE.md "Manifest history"). Returns the latest and
-/// how many were read.
+/// Reads manifests 1..=latest (the latest as every reader finds it:
+/// [`latest_manifest`], which refuses a gap in the numbers, ARCHIVE.md
+/// "Gaps") and checks that each one's epoch is at least the previous
+/// one's and that each extends it ([`extends`], ARCHIVE.md "Manifest
+/// history"). Returns the latest and how many were read.
 async fn walk_history(store: &ArchiveStore) -> Result<(Manifest, u64), Failure> {
     let prefix = store.prefix().to_owned();
-    let latest = store
-        .latest(|n| manifest_key(&prefix, n))
-        .await
-        .map_err(store_failure)?;
-    if latest == 0 {
-        return Err(Failure::damage(format!(
-            "no manifest under {prefix:?}: an empty archive"
-        )));
-    }
+    let latest = latest_manifest(store).await?.number;
     let mut fetched = std::pin::pin!(in_order(1..=latest, |number| {
         let store = store.clone();
         async move { store.manifest(number).await.map_err(store_failure) }

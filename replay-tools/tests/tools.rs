@@ -3,6 +3,8 @@
 
 #[path = "tools/archive_checkpoint.rs"]
 mod archive_checkpoint;
+#[path = "tools/archive_gaps.rs"]
+mod archive_gaps;
 #[path = "tools/archive_kill9.rs"]
 mod archive_kill9;
 #[path = "tools/archive_lease.rs"]

@@ -51,9 +51,9 @@ use futures_util::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
 use spark_log_format::archive::{
-    acknowledged_end, blob_key, checkpoint_key, chunk_key, epoch_key, manifest_key, missing_key,
-    segment_key, CheckpointEntry, ChunkEntry, ChunkHeader, EpochDoc, Manifest, MissingBlobDoc,
-    SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
+    acknowledged_end, blob_key, checkpoint_key, chunk_key, epoch_key, extends, manifest_key,
+    missing_key, segment_key, CheckpointEntry, ChunkEntry, ChunkHeader, EpochDoc, Manifest,
+    MissingBlobDoc, SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
 };
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, decode_record, segment_file_name, ChainValue,
@@ -145,6 +145,12 @@ enum ShipError {
     Blob { path: String, message: String },
     #[error("fenced: {0}")]
     Fenced(String),
+    /// A manifest of this writer's epoch under the number it needs that
+    /// it did not store (it does not extend the state, or its last entry
+    /// is not the local log's): never adopted; retried, as it may be
+    /// removed.
+    #[error("{0}")]
+    Foreign(String),
 }
 
 impl ShipError {
@@ -154,6 +160,7 @@ impl ShipError {
             ShipError::Local(_) => "local",
             ShipError::Blob { .. } => "blob",
             ShipError::Fenced(_) => "fenced",
+            ShipError::Foreign(_) => "conflict",
         }
     }
 }
@@ -690,16 +697,27 @@ async fn take_epoch(
                 lease: String::new(),
             }),
         },
-        None => claim_epoch(store, data_dir, mine, 1, lease_ms)
-            .await
-            .map_err(|e| match e {
-                ArchiveStartError::TakeOver(_) => ArchiveStartError::Held {
-                    writer: "another writer (taking epoch 1 at the same time)".into(),
-                    epoch: 1,
-                    lease: String::new(),
-                },
-                other => other,
-            }),
+        None => {
+            // Manifests with no epoch object: epoch 1 was lost (a gap,
+            // which `latest_manifest` names), never an untouched prefix.
+            if let Some(m) = store.latest_manifest().await? {
+                return Err(StoreError::Gap {
+                    key: epoch_key(store.prefix(), 1),
+                    later: format!("manifest {} exists", m.number),
+                }
+                .into());
+            }
+            claim_epoch(store, data_dir, mine, 1, lease_ms)
+                .await
+                .map_err(|e| match e {
+                    ArchiveStartError::TakeOver(_) => ArchiveStartError::Held {
+                        writer: "another writer (taking epoch 1 at the same time)".into(),
+                        epoch: 1,
+                        lease: String::new(),
+                    },
+                    other => other,
+                })
+        }
     }
 }
 
@@ -843,7 +861,10 @@ fn state_after(
 
 /// Where shipping goes on after `manifest`: after its last chunk (whose
 /// bytes the local log must still hold, giving the same chain), or at the
-/// segment after its last sealed one.
+/// segment after its last sealed one (which the local log must hold
+/// byte for byte: length and BLAKE3). Either way a manifest whose last
+/// entry is not this log's (another history's, under this writer's
+/// epoch) is refused.
 fn resume_tail(
     log_dir: &Path,
     manifest: &Manifest,
@@ -885,7 +906,24 @@ fn resume_tail(
                 hasher,
             }
         }
-        (None, Some(segment)) => Tail::fresh(segment.last_seq + 1, shipped_chain),
+        (None, Some(segment)) => {
+            let path = log_dir.join(segment_file_name(segment.first_seq));
+            let bytes = read_range(&path, 0, Some(segment.bytes))
+                .map_err(|e| diverged(format!("{}: {e}", path.display())))?;
+            let hash = blake3::hash(&bytes).to_hex();
+            if bytes.len() as u64 != segment.bytes || hash.as_str() != segment.blake3 {
+                return Err(diverged(format!(
+                    "the local {} differs from the archive's {} up to seq {} (its first {} bytes \
+                     have BLAKE3 {hash}, {} archived)",
+                    path.display(),
+                    segment.key,
+                    segment.last_seq,
+                    segment.bytes,
+                    segment.blake3
+                )));
+            }
+            Tail::fresh(segment.last_seq + 1, shipped_chain)
+        }
         (None, None) => Tail::fresh(1, [0; 32]),
     })
 }
@@ -1515,17 +1553,7 @@ impl Shipper {
         }
         let lease_ms = self.lease.map_or(0, |l| l.as_millis() as u64);
         let started = Instant::now();
-        let manifest = Manifest {
-            number: next.number,
-            epoch: self.status.epoch,
-            written_ms: spark_log_format::system_now_ms(),
-            shipped_seq: next.shipped_seq,
-            shipped_chain: chain_hex(&next.shipped_chain),
-            segments: next.segments.clone(),
-            chunks: next.chunks.clone(),
-            lease_ms,
-            checkpoints: next.checkpoints.clone(),
-        };
+        let manifest = self.manifest_of(&next, spark_log_format::system_now_ms());
         let key = manifest_key(self.store.prefix(), next.number);
         match self.put(kind, &key, manifest.encode()).await {
             Ok(()) => {}
@@ -1547,12 +1575,31 @@ impl Shipper {
                 {
                     // An earlier try of this writer landed, its answer lost:
                     // go on from what it says (a newer epoch's manifest
-                    // after it is found at the next put).
+                    // after it is found at the next put), once it is
+                    // known to be this writer's: it extends the manifest
+                    // the state is at, and its last entry is the local
+                    // log's (a well-formed manifest of another history
+                    // under this epoch number is never adopted).
+                    let (number, epoch) = (stored.number, self.status.epoch);
+                    let foreign = |why: String| {
+                        ShipError::Foreign(format!(
+                            "manifest {number} ({key}) carries this writer's epoch {epoch} but is not one this \
+                             writer stored: {why}; the archive's history forks there, and this \
+                             writer ships nothing more to the prefix until it is removed"
+                        ))
+                    };
+                    let current = self.manifest_of(&self.state, stored.written_ms);
+                    extends(&current, &stored).map_err(|fork| {
+                        foreign(format!(
+                            "it does not extend manifest {}: {fork}",
+                            current.number
+                        ))
+                    })?;
                     let head_now = self.engine.head();
                     self.renewed_at = instant_of(stored.written_ms);
                     self.advertised_lease_ms = stored.lease_ms;
                     self.state = state_after(&self.log_dir, &head_now, stored)
-                        .map_err(|e| ShipError::Local(e.to_string()))?;
+                        .map_err(|e| foreign(e.to_string()))?;
                     self.checkpoint_listed();
                     return Ok(());
                 }
@@ -1565,6 +1612,22 @@ impl Shipper {
         self.advertised_lease_ms = lease_ms;
         self.checkpoint_listed();
         Ok(())
+    }
+
+    /// The manifest naming `state` (its number, this writer's epoch and
+    /// lease), written at `written_ms`.
+    fn manifest_of(&self, state: &ShipState, written_ms: u64) -> Manifest {
+        Manifest {
+            number: state.number,
+            epoch: self.status.epoch,
+            written_ms,
+            shipped_seq: state.shipped_seq,
+            shipped_chain: chain_hex(&state.shipped_chain),
+            segments: state.segments.clone(),
+            chunks: state.chunks.clone(),
+            lease_ms: self.lease.map_or(0, |l| l.as_millis() as u64),
+            checkpoints: state.checkpoints.clone(),
+        }
     }
 
     /// Forgets the stored checkpoint once the state's manifest lists it.

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use spark_archive::{ArchiveStore, StoreError};
 use spark_log_format::archive::{
-    acknowledged_end, blob_key, manifest_key, ChunkEntry, ChunkHeader, Manifest, SegmentEntry,
+    acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, ChunkHeader, Manifest,
+    SegmentEntry,
 };
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, parse_segment_file_name, segment_file_name, ChainValue,
@@ -194,8 +195,19 @@ pub async fn take_over_leased(
             }
             Err(StoreError::Conflict { .. }) => {
                 // The old writer (or a try of ours whose answer was lost)
-                // stored this number first: go on from what is there.
-                latest = Some(store.manifest(manifest.number).await?);
+                // stored this number first: go on from what is there, if
+                // it extends what the local log was checked against.
+                let stored = store.manifest(manifest.number).await?;
+                if let Some(prev) = &latest {
+                    extends(prev, &stored).map_err(|fork| {
+                        ArchiveStartError::Diverged(format!(
+                            "manifest {} ({key}) does not extend manifest {}: {fork}; the \
+                             archive's history forks there, nothing more is taken",
+                            stored.number, prev.number
+                        ))
+                    })?;
+                }
+                latest = Some(stored);
             }
             Err(e) => return Err(e.into()),
         }

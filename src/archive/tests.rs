@@ -380,11 +380,12 @@ async fn a_manifest_of_a_newer_epoch_fences_the_shipper() {
     })
     .await;
     assert_eq!(shipping.status.shipped_seq(), 0);
-    // The same data directory is refused at its next start.
+    // The same data directory is refused at its next start: a manifest
+    // of epoch 2 with no epoch/2 object is a gap (damage).
     shipping.stop().await;
     let again = ship_every_20_ms(store, dir.path(), &engine).await;
     assert!(
-        matches!(again, Err(ArchiveStartError::Diverged(_))),
+        matches!(&again, Err(ArchiveStartError::Store(StoreError::Gap { key, .. })) if key == "epoch/00000000000000000002"),
         "{:?}",
         again.err()
     );
@@ -1794,4 +1795,131 @@ async fn a_take_over_keeps_the_archived_checkpoints_and_ships_its_own() {
     shipping.stop().await;
     new.shutdown().await;
     old.shutdown().await;
+}
+
+/// A writer of creates `1..=40` shipped in two rounds (so at least two
+/// manifests), on `store` over `inner`.
+async fn writer_of_two_rounds(store: &ArchiveStore) -> (tempfile::TempDir, Arc<Engine>, Shipping) {
+    let (dir, engine, shipping) = shipped_writer(store, 20).await;
+    for n in 21..=40 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    (dir, engine, shipping)
+}
+
+/// Issue 24 item 1: a well-formed manifest under this writer's epoch at the
+/// number it needs, which it did not store, is never adopted: one that
+/// does not extend the manifest the state is at (before: adopted when its
+/// shipped_seq was not above the ship's, rolling the state back), and one
+/// that extends it but whose last entry is not the local log's (before:
+/// a sealed segment last was adopted unchecked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
+    for forge in ["rolls back", "another segment"] {
+        let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        let (_dir, engine, shipping) = writer_of_two_rounds(&store).await;
+        let latest = store.latest_manifest().await.unwrap().unwrap();
+        let number = latest.number + 1;
+        let forged = match forge {
+            "rolls back" => Manifest {
+                number,
+                epoch: 1,
+                written_ms: 1,
+                shipped_seq: 0,
+                shipped_chain: chain_hex(&[0; 32]),
+                segments: Vec::new(),
+                chunks: Vec::new(),
+                lease_ms: 0,
+                checkpoints: Vec::new(),
+            },
+            _ => {
+                let first_seq = latest
+                    .chunks
+                    .first()
+                    .map_or(latest.shipped_seq + 1, |c| c.segment_first_seq);
+                let mut segments = latest.segments.clone();
+                segments.push(SegmentEntry {
+                    key: segment_key("p", first_seq, 1),
+                    first_seq,
+                    last_seq: latest.shipped_seq + 1,
+                    bytes: 200,
+                    blake3: "ab".repeat(32),
+                    chain_end: "cd".repeat(32),
+                });
+                Manifest {
+                    number,
+                    epoch: 1,
+                    written_ms: 1,
+                    shipped_seq: latest.shipped_seq + 1,
+                    shipped_chain: "cd".repeat(32),
+                    segments,
+                    chunks: Vec::new(),
+                    lease_ms: 0,
+                    checkpoints: Vec::new(),
+                }
+            }
+        };
+        // The forgery is the kind meant: not extending, or extending.
+        let extending = spark_log_format::archive::extends(&latest, &forged).is_ok();
+        assert_eq!(extending, forge == "another segment", "{forge}");
+        store
+            .put_create(&manifest_key("p", number), Bytes::from(forged.encode()))
+            .await
+            .unwrap();
+        engine.submit(create(41)).await.unwrap();
+        until("the refusal", || {
+            shipping
+                .status
+                .failing()
+                .is_some_and(|e| e.contains("is not one this writer stored"))
+        })
+        .await;
+        let failing = shipping.status.failing().unwrap();
+        assert!(
+            failing.contains(&manifest_key("p", number)),
+            "{forge}: {failing}"
+        );
+        assert_eq!(shipping.status.shipped_seq(), latest.shipped_seq, "{forge}");
+        assert!(
+            !store.exists(&manifest_key("p", number + 1)).await.unwrap(),
+            "{forge}: shipped past the forged manifest"
+        );
+        shipping.stop().await;
+        engine.shutdown().await;
+    }
+}
+
+/// Issue 24 item 1: the writer refuses to start over a gap, naming the
+/// missing manifest (before: it resumed from the manifest before the gap,
+/// stored a new one there and adopted the old ones after it), and over a
+/// lost epoch object (before: it claimed epoch 1 again), creating nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_refuses_to_start_over_a_gap_naming_it() {
+    for lost in ["manifest", "epoch"] {
+        let inner = Arc::new(InMemory::new());
+        let store = ArchiveStore::new(inner.clone(), "p".into());
+        let (dir, engine, shipping) = writer_of_two_rounds(&store).await;
+        shipping.stop().await;
+        let latest = store.latest_manifest().await.unwrap().unwrap().number;
+        assert!(latest >= 2, "{latest}");
+        let key = match lost {
+            "manifest" => manifest_key("p", latest / 2),
+            _ => epoch_key("p", 1),
+        };
+        inner.delete(&StorePath::from(key.as_str())).await.unwrap();
+        let refused = ship_every_20_ms(store.clone(), dir.path(), &engine).await;
+        assert!(
+            matches!(&refused, Err(ArchiveStartError::Store(StoreError::Gap { key: k, .. })) if *k == key),
+            "{lost}: {:?}",
+            refused.err()
+        );
+        assert!(refused.err().unwrap().to_string().contains(&key));
+        assert!(!store.exists(&key).await.unwrap(), "{key} put again");
+        assert!(!store.exists(&manifest_key("p", latest + 1)).await.unwrap());
+        engine.shutdown().await;
+    }
 }

@@ -15,7 +15,9 @@
 //! damaged) is set aside and fetched again.
 //!
 //! Following: every `replica.poll_interval_ms` the replica GETs the next
-//! manifest's predicted key (`manifest/N+1`; never a LIST). A manifest
+//! manifest's predicted key (`manifest/N+1`); when it is not there, one
+//! LIST page after `manifest/N` tells "caught up" from a gap (a later
+//! manifest with `N+1` missing: damage, named in `/readyz`). A manifest
 //! found is checked ([`Manifest::decode`], and [`extends`] against the one
 //! before), the new objects are fetched and appended to the local log by the
 //! same catch-up, the blobs its new `media.put` ops name are fetched, and
@@ -170,7 +172,8 @@ impl ReplicaStatus {
         self.failing.lock().clone()
     }
 
-    /// Why `/readyz` should answer `503`: following fails, or the lag is
+    /// Why `/readyz` should answer `503`: following fails, no manifest
+    /// was read yet (an empty prefix, or a wrong `--from`), or the lag is
     /// above `replica.ready_lag_max_ms`; `None` when ready.
     pub fn not_ready(&self) -> Option<String> {
         if let Some(failing) = self.failing() {
@@ -178,6 +181,13 @@ impl ReplicaStatus {
                 "the replica cannot follow the archive {} ({failing}); it serves what it has, {} ms behind",
                 self.url,
                 self.lag_ms()
+            ));
+        }
+        if self.manifest.load(Ordering::Acquire) == 0 {
+            return Some(format!(
+                "no manifest under {} yet: the replica serves nothing until the writer stores \
+                 one (is --from the writer's [archive] url?)",
+                self.url
             ));
         }
         let lag_ms = self.lag_ms();
@@ -286,8 +296,10 @@ fn set_cache_aside(data_dir: &Path, why: &str) -> Result<(), ReplicaStartError> 
 }
 
 /// `spark-engine replica`, before the engine opens: connects to the
-/// archive of `--from`, finds its latest manifest (probing, ARCHIVE.md
-/// "Manifest") and brings the cache's log to it. With the store
+/// archive of `--from`, finds its latest manifest (checked for gaps and
+/// against the one before it, ARCHIVE.md "Gaps") and brings the cache's
+/// log to it. A prefix with no manifest starts with a WARN, and `/readyz`
+/// answers `503` until one is read. With the store
 /// unreachable, a cache that holds a log is served as it is (following
 /// starts once the store answers); an empty one refuses the start.
 ///
@@ -337,6 +349,11 @@ pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError>
         }
         Err(e) => return Err(e.into()),
     };
+    if latest.is_none() {
+        tracing::warn!(url = %url,
+            "replica: no manifest under this prefix: nothing to serve, and /readyz answers 503, \
+             until the writer stores one (is --from the writer's [archive] url?)");
+    }
     // An empty cache starts from the archive's checkpoint, if any.
     let mut fresh = cached.is_none();
     crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
@@ -611,10 +628,21 @@ impl Follower {
         let number = self.number + 1;
         let key = manifest_key(self.store.prefix(), number);
         let Some(bytes) = self.store.get(&key).await? else {
-            self.status
-                .caught_up_at_ms
-                .store(sent_ms, Ordering::Release);
-            return Ok(false);
+            // Caught up only if no later manifest exists either: one
+            // missing while a later one exists is a gap (damage), which
+            // names it and keeps the replica where it is.
+            let prefix = self.store.prefix().to_owned();
+            let nothing_after = self
+                .store
+                .nothing_after(|n| manifest_key(&prefix, n), self.number)
+                .await?;
+            if nothing_after {
+                self.status
+                    .caught_up_at_ms
+                    .store(sent_ms, Ordering::Release);
+            }
+            // Else it was stored since the GET: fetch it at once.
+            return Ok(!nothing_after);
         };
         let next = Manifest::decode(&bytes, number).map_err(|source| StoreError::Damaged {
             key: key.clone(),

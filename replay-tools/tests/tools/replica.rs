@@ -43,7 +43,7 @@ use crate::weed::{raw_store, Weed};
 /// The writer's address as the replica's `421` names it.
 const WRITER_URL: &str = "http://writer.example:8080";
 
-fn client() -> reqwest::blocking::Client {
+pub(crate) fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -60,7 +60,7 @@ fn writer_config(dir: &Path, url: &str, endpoint: &str) -> std::path::PathBuf {
 
 /// A replica's settings: polls every 100 ms, `min_seq` waits 700 ms,
 /// `/readyz` says not ready past 3 s of lag.
-fn replica_config(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn replica_config(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("replica.toml");
     std::fs::write(
         &path,
@@ -73,7 +73,7 @@ fn replica_config(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-fn start_replica(
+pub(crate) fn start_replica(
     engine: &Path,
     data: &Path,
     config: &Path,
@@ -98,7 +98,7 @@ fn ulid_now(salt: u128) -> String {
     spark_engine::Id::from_parts(ms, salt * 7919 + 13).to_string()
 }
 
-fn get(http: &reqwest::blocking::Client, url: &str) -> (u16, Option<String>, Vec<u8>) {
+pub(crate) fn get(http: &reqwest::blocking::Client, url: &str) -> (u16, Option<String>, Vec<u8>) {
     let r = http.get(url).send().unwrap();
     let status = r.status().as_u16();
     let etag = r
@@ -546,10 +546,11 @@ fn replica_answers_every_read_as_the_writer_does() {
     );
     let mut replica = replica;
     replica.terminate();
-    // Nothing new in the archive: a restart on the cache probes for the
-    // latest manifest (HEADs, which the store counts as GETs) and reads it,
-    // and fetches no segment, chunk or blob (a first start fetched 12 blobs
-    // and every log object).
+    // Nothing new in the archive: a restart on the cache finds the latest
+    // manifest (a LIST of the manifest and epoch keys, which the store
+    // counts as GETs) and reads it with the one before it and the epoch
+    // object, and fetches no segment, chunk or blob (a first start
+    // fetched 12 blobs and every log object).
     let gets_before = store_gets(&http, &weed);
     let mut replica = start_replica(&engine, &replica_data, &replica_toml, &url, &endpoint);
     let restart_gets = store_gets(&http, &weed) - gets_before;
@@ -580,7 +581,7 @@ fn replica_answers_every_read_as_the_writer_does() {
 
 /// Waits until `check` holds for the JSON `/readyz` of `base` answers
 /// (status, body), panicking with the last answer after `within`.
-fn wait_ready(
+pub(crate) fn wait_ready(
     http: &reqwest::blocking::Client,
     base: &str,
     within: Duration,
