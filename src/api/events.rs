@@ -9,8 +9,10 @@
 //! another history that shares the seq (a restore and a take-over, a
 //! failover to a replica of another archive) gets `409 cursor_unknown`
 //! naming the head, never the ops after its seq in this history. A bare
-//! seq above 0 cannot be checked and is refused the same way; `0` is the
-//! start of every history. The stream first catches up from the log on
+//! seq above 0 in `Last-Event-ID` cannot be checked and is refused the same
+//! way; a bare `?after=SEQ` (SPEC section 4) names a seq of this server's
+//! log as it is now and is served from there; `0` is the start of every
+//! history. The stream first catches up from the log on
 //! disk, then follows live commits. A subscriber that falls behind the live buffer
 //! (`log.change_buffer_batches`) gets an `overflow` event naming the seq to
 //! resume after, and the stream ends; the writer never waits for anyone.
@@ -230,15 +232,22 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
             ))
         })
     };
-    // Last-Event-ID (a reconnecting EventSource) wins over `after`.
-    let after = match req.header("last-event-id")? {
-        Some(id) => parse("Last-Event-ID", id)?,
-        None => query
-            .after
-            .as_deref()
-            .map(|a| parse("after", a))
-            .transpose()?
-            .unwrap_or(EventCursor::START),
+    // Last-Event-ID (a reconnecting EventSource) wins over `after`. Only
+    // `after` may be a bare seq (SPEC section 4, `?after={seq}`): a caller
+    // that names a seq of this server's log as it is now, not a point of a
+    // history it followed. This server only ever hands out `SEQ.CHAIN` ids,
+    // so a bare Last-Event-ID is a resumption that cannot be checked.
+    let (after, bare_allowed) = match req.header("last-event-id")? {
+        Some(id) => (parse("Last-Event-ID", id)?, false),
+        None => (
+            query
+                .after
+                .as_deref()
+                .map(|a| parse("after", a))
+                .transpose()?
+                .unwrap_or(EventCursor::START),
+            true,
+        ),
     };
     // Subscribe before reading the committed seq: every op after it comes
     // live, every op up to it comes from the log.
@@ -251,7 +260,9 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
     }
     let log_dir = state.settings.log_dir();
     let max_record_bytes = state.settings.log.max_record_bytes;
-    check_history(&log_dir, max_record_bytes, after, &head.chain, head_cursor).await?;
+    if !(bare_allowed && after.chain.is_none()) {
+        check_history(&log_dir, max_record_bytes, after, &head.chain, head_cursor).await?;
+    }
     let (tx, mut events) = subscriber(state.shutdown.clone());
     events.1 = Some(permit);
     if let Some(secret) = session::authenticating_secret(&state, &req.headers) {

@@ -82,12 +82,24 @@ async fn a_cursor_from_another_history_that_shares_its_seq_is_refused() {
             (409, json!("cursor_unknown"))
         );
     }
-    // A bare seq cannot be checked: refused too.
-    let (status, body) = b.get("/api/events?after=5").await;
-    assert_eq!(
-        (status, body["code"].clone()),
-        (409, json!("cursor_unknown"))
-    );
+    // A bare seq as Last-Event-ID cannot be checked (this server only
+    // hands out SEQ.CHAIN ids): refused too.
+    let response = events_answer(&b, "5").await;
+    assert_eq!(response.status().as_u16(), 409);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "cursor_unknown", "{body}");
+    // A bare `?after=SEQ` (SPEC section 4) names a seq of B's log as it is
+    // now: B's own op after it, whatever another log holds there.
+    let response = b
+        .client
+        .get(b.url("/api/events?after=5"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let after_bare = read_events(response, 1).await;
+    assert_eq!(after_bare[0].0, b_ids[5]);
+    assert_eq!(after_bare[0].1["seq"], 6);
     // A cursor of the shared prefix is in both histories: B goes on from
     // there with its own ops.
     let rest = events_after(&b, &a_ids[2], 3).await;
