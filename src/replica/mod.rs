@@ -50,7 +50,9 @@ use spark_log_format::format::{
 };
 use spark_log_format::{Head, HEADER_LEN};
 
-use crate::archive::{catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch};
+use crate::archive::{
+    catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch, DIVERGED_ADVICE,
+};
 use crate::config::Settings;
 use crate::engine::Engine;
 use crate::op::{Op, OpBody};
@@ -684,9 +686,15 @@ impl Follower {
         .await
         {
             Ok(()) => {}
-            // In `sync` mode the writer merges runs of chunks (ARCHIVE.md
-            // "Sync mode"): the cached tail may end inside a merged chunk.
-            Err(ArchiveStartError::Diverged(why)) => self.refetch_tail(manifest, &why).await?,
+            Err(ArchiveStartError::Diverged(why)) => {
+                let why = why.strip_suffix(DIVERGED_ADVICE).unwrap_or(&why);
+                return Err(FollowError::Retry(format!(
+                    "{why}: the archive's history forks from what this replica holds (manifest \
+                     {}), and the replica stays at seq {}",
+                    manifest.number,
+                    self.engine.head().seq
+                )));
+            }
             Err(e) => return Err(e.into()),
         }
         let after = self.engine.head().seq;
@@ -715,83 +723,6 @@ impl Follower {
             .apply_replicated(ops, head)
             .map_err(FollowError::Stop)?;
         metrics::get().seq.set(seq as i64);
-        Ok(())
-    }
-}
-
-impl Follower {
-    /// Brings the cache to `manifest` when its tail segment ends where no
-    /// listed chunk ends (a `sync`-mode writer merged the chunks it came
-    /// from): in a scratch directory holding hard links of the cache's
-    /// sealed segments, the same catch-up fetches the tail segment whole
-    /// from the manifest's chunks (each checked); every file it wrote must
-    /// start with the bytes the cache holds of it (else the archive forked,
-    /// and nothing changes); then each replaces the cache's file (rename,
-    /// directory fsync), so a reader of the cache sees the old file or the
-    /// new one, never neither.
-    async fn refetch_tail(&self, manifest: &Manifest, why: &str) -> Result<(), FollowError> {
-        let io =
-            |path: &Path, e: std::io::Error| FollowError::Retry(format!("{}: {e}", path.display()));
-        let log_dir = spark_core::layout::log_dir(&self.data_dir);
-        let scratch = self.data_dir.join("replica-scratch");
-        if scratch.exists() {
-            std::fs::remove_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
-        }
-        std::fs::create_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
-        let mut firsts = segment_firsts(&log_dir).map_err(FollowError::Retry)?;
-        let tail = firsts.pop();
-        for first in &firsts {
-            let name = segment_file_name(*first);
-            std::fs::hard_link(log_dir.join(&name), scratch.join(&name))
-                .map_err(|e| io(&scratch.join(&name), e))?;
-        }
-        catch_up(
-            &self.store,
-            &scratch,
-            Some(manifest),
-            self.max_record_bytes,
-            false,
-        )
-        .await?;
-        let mut written: Vec<u64> = segment_firsts(&scratch)
-            .map_err(FollowError::Retry)?
-            .into_iter()
-            .filter(|first| !firsts.contains(first))
-            .collect();
-        written.sort_unstable();
-        if let Some(tail) = tail {
-            let path = log_dir.join(segment_file_name(tail));
-            let old = std::fs::read(&path).map_err(|e| io(&path, e))?;
-            let end = spark_log_format::archive::acknowledged_end(
-                &old,
-                HEADER_LEN,
-                tail.saturating_sub(1),
-                u64::MAX,
-                self.max_record_bytes,
-            )
-            .offset;
-            let new_path = scratch.join(segment_file_name(tail));
-            let new = std::fs::read(&new_path).map_err(|e| io(&new_path, e))?;
-            if end > HEADER_LEN && !new.starts_with(&old[..end]) {
-                return Err(FollowError::Retry(format!(
-                    "{why}; fetched whole, the archive's segment {} differs from the {end} bytes                      this replica holds of it: the archive's history forks, and the replica stays                      where it is",
-                    segment_file_name(tail)
-                )));
-            }
-        }
-        for first in written {
-            let name = segment_file_name(first);
-            std::fs::rename(scratch.join(&name), log_dir.join(&name))
-                .map_err(|e| io(&log_dir.join(&name), e))?;
-        }
-        std::fs::File::open(&log_dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|e| io(&log_dir, e))?;
-        let _ = std::fs::remove_dir_all(&scratch);
-        tracing::info!(
-            manifest = manifest.number,
-            "replica: the archive merged the chunks the cached tail came from; the tail was fetched whole"
-        );
         Ok(())
     }
 }
