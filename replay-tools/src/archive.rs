@@ -45,7 +45,8 @@ pub struct From {
     #[arg(long = "from", value_name = "URL")]
     pub url: String,
     /// The store's endpoint for stores other than AWS (e.g.
-    /// `http://127.0.0.1:8333`).
+    /// `http://127.0.0.1:8333`); without it (and without
+    /// `SPARK_ARCHIVE_ENDPOINT`), `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`.
     #[arg(long, value_name = "URL", env = "SPARK_ARCHIVE_ENDPOINT")]
     pub endpoint: Option<String>,
     /// The store's region.

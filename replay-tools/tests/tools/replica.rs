@@ -886,3 +886,74 @@ fn replica_follows_a_sync_mode_writer_through_chunk_merges() {
         "no merge was met: {log}"
     );
 }
+
+/// The archive's endpoint from `AWS_ENDPOINT_URL` (the AWS CLI's and SDKs'
+/// variable) when the settings and the command line name none: the writer,
+/// a replica and `spark-replay verify` reach the store by it alone; an
+/// endpoint given (`--endpoint`) wins over a wrong one in the variable.
+#[test]
+fn the_endpoint_comes_from_aws_endpoint_url_unless_one_is_given() {
+    let test = "the_endpoint_comes_from_aws_endpoint_url_unless_one_is_given";
+    let Some((weed_bin, engine)) = engine_or_skip(test) else {
+        return;
+    };
+    set_credentials();
+    let weed = Weed::start(weed_bin);
+    let endpoint = weed.endpoint();
+    // Nothing listens there.
+    let wrong = "http://127.0.0.1:9";
+    let url = unique_prefix("aws-endpoint-url");
+    let work = tempfile::tempdir().unwrap();
+    let http = client();
+    let toml = work.path().join("writer.toml");
+    std::fs::write(
+        &toml,
+        format!("[archive]\nurl = \"{url}\"\nship_interval_ms = 100\n"),
+    )
+    .unwrap();
+    let env = [("AWS_ENDPOINT_URL", endpoint.as_str())];
+    let writer = EngineProcess::start_env(&engine, &[], &work.path().join("writer"), &toml, &env);
+    let r = http
+        .post(format!("{}/api/moments", writer.base))
+        .json(&json!({"text": "by AWS_ENDPOINT_URL"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    wait_archived(&http, &writer.base);
+    let replica_toml = replica_config(work.path());
+    let by_env = EngineProcess::start_env(
+        &engine,
+        &["replica", "--from", &url],
+        &work.path().join("replica-env"),
+        &replica_toml,
+        &env,
+    );
+    let given = EngineProcess::start_env(
+        &engine,
+        &["replica", "--from", &url, "--endpoint", &endpoint],
+        &work.path().join("replica-given"),
+        &replica_toml,
+        &[("AWS_ENDPOINT_URL", wrong)],
+    );
+    for replica in [&by_env, &given] {
+        wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(60));
+    }
+    let verify = |args: &[&str], aws_endpoint: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spark-replay"))
+            .args(args)
+            .env_remove("SPARK_ARCHIVE_ENDPOINT")
+            .env("AWS_ENDPOINT_URL", aws_endpoint)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?} with AWS_ENDPOINT_URL={aws_endpoint}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    verify(&["verify", "--from", &url], &endpoint);
+    verify(&["verify", "--from", &url, "--endpoint", &endpoint], wrong);
+    drop((writer, by_env, given));
+    drop(weed);
+}
