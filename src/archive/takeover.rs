@@ -117,6 +117,7 @@ pub async fn take_over_leased(
         path: data_dir.display().to_string(),
         source: std::io::Error::other(e.to_string()),
     })?;
+    refuse_a_cut_restore(data_dir)?;
     let log_dir = spark_core::layout::log_dir(data_dir);
     crate::engine::create_dir_durably(&log_dir).map_err(|source| ArchiveStartError::Local {
         path: log_dir.display().to_string(),
@@ -204,6 +205,33 @@ pub async fn take_over_leased(
         "the writer that held the prefix stored {MANIFEST_TRIES} manifests while this engine \
          tried to take over after them; this directory holds epoch {epoch}: start again with \
          --take-over"
+    )))
+}
+
+/// Refuses a directory `spark-replay restore --at` cut short of the
+/// archive ([`spark_core::layout::restored_at_file`]), before anything is
+/// read or taken: the catch-up would fetch the ops the cut left out back,
+/// undoing the `--at` without a word, and the archive cannot be rolled
+/// back. The same answer wherever the cut falls in a chunk.
+fn refuse_a_cut_restore(data_dir: &Path) -> Result<(), ArchiveStartError> {
+    let path = spark_core::layout::restored_at_file(data_dir);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(local(&path, source)),
+    };
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let seq = doc["seq"].as_u64().map_or("?".to_owned(), |s| s.to_string());
+    let archived = doc["archived_seq"]
+        .as_u64()
+        .map_or("?".to_owned(), |s| s.to_string());
+    Err(ArchiveStartError::TakeOver(format!(
+        "{} says this directory was restored with `--at` to seq {seq}, leaving out the ops \
+         up to seq {archived} the archive held: a take-over brings the local log to the \
+         archive's end and would fetch them back, and the archive cannot be rolled back. To \
+         go on from seq {seq}, ship this directory to a new prefix (`[archive] url`); to take \
+         the prefix over, restore without `--at` into an empty directory (nothing was taken)",
+        path.display()
     )))
 }
 

@@ -661,3 +661,88 @@ async fn sync_take_overs_under_load_start_over_merged_chunks() {
     assert_eq!(code, 0, "{out}{err}");
     drop(weed);
 }
+
+/// Issue 24: `restore --at` then `--take-over` had two outcomes by where
+/// the cut fell in a chunk (accepted, the ops past the cut fetched back
+/// without a word, or refused with advice to do what was just done). Now
+/// one, wherever the cut falls: refused before anything is taken, saying
+/// why and what to do instead; the writer goes on. A restore without
+/// `--at` takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls() {
+    let test = "a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls";
+    let Some(weed) = weed_for(test).await else {
+        return;
+    };
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("sync-at-takeover");
+    let work = tempfile::tempdir().unwrap();
+    // One write at a time: every seq a batch's end, a chunk per ship, runs
+    // of 16 merged, so cuts fall at chunk ends and inside merged chunks.
+    let (engine, shipping) = open_archived_in(
+        &work.path().join("original"),
+        &url,
+        &endpoint,
+        ArchiveMode::Sync,
+        1 << 20,
+    )
+    .await;
+    for n in 1..=60 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    let archive = ArchiveSettings {
+        url: url.clone(),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+        ship_interval_ms: 50,
+        mode: ArchiveMode::Sync,
+        lease_ms: 0,
+    };
+    let store = spark_archive::ArchiveStore::connect(&spark_archive::StoreConfig {
+        url: url.clone(),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+    })
+    .unwrap();
+    let max_record_bytes = Settings::default().log.max_record_bytes;
+    for at in [1u64, 7, 16, 17, 33, 48, 59] {
+        let data = work.path().join(format!("at-{at}"));
+        let (code, out, err) = {
+            let (url, endpoint, data) = (url.clone(), endpoint.clone(), data.clone());
+            tokio::task::spawn_blocking(move || {
+                restore(&url, &data, &endpoint, &["--at", &at.to_string()])
+            })
+            .await
+            .unwrap()
+        };
+        assert_eq!(code, 0, "--at {at}: {out}{err}");
+        let refusal = spark_engine::archive::take_over(&archive, &data, max_record_bytes)
+            .await
+            .map(|taken| taken.shipped_seq)
+            .expect_err("a take-over of a directory restored with --at");
+        let message = refusal.to_string();
+        assert!(
+            message.contains(&format!("restored with `--at` to seq {at}"))
+                && message.contains("restore without `--at`"),
+            "--at {at}: {message}"
+        );
+        assert_eq!(store.latest_epoch().await.unwrap().unwrap().epoch, 1);
+        engine.submit(create(100 + at)).await.unwrap();
+    }
+    let data = work.path().join("whole");
+    let (code, out, err) = {
+        let (url, endpoint, data) = (url.clone(), endpoint.clone(), data.clone());
+        tokio::task::spawn_blocking(move || restore(&url, &data, &endpoint, &[]))
+            .await
+            .unwrap()
+    };
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!spark_core::layout::restored_at_file(&data).exists());
+    let taken = spark_engine::archive::take_over(&archive, &data, max_record_bytes)
+        .await
+        .unwrap();
+    assert_eq!(taken.epoch, 2);
+    shipping.stop().await;
+    engine.shutdown().await;
+    drop(weed);
+}
