@@ -167,7 +167,9 @@ pub enum ArchiveMode {
     /// shows an op at its local fdatasync, before it is acknowledged. While
     /// the store is unreachable writes wait (a request answers `503
     /// timeout` after `limits.request_timeout_ms`, and its write is still
-    /// acknowledged to a retry once archived) and `/readyz` answers `503`.
+    /// acknowledged to a retry once archived) and `/readyz` answers `503`,
+    /// as it does once a write has waited more than 3 ship intervals (a
+    /// store that hangs).
     Sync,
 }
 

@@ -746,3 +746,88 @@ async fn a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls() {
     engine.shutdown().await;
     drop(weed);
 }
+
+/// Issue 24: `sync` mode with a store that hangs (SIGSTOPped: connections
+/// open, nothing answered). `/readyz` answered `200 ready` for about 30 s
+/// (until a request to the store timed out) while every write waited. It
+/// answers `503` once a write has waited longer than a few ship intervals
+/// (3 x 1 s here), naming the wait, and `200` again once the store answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_readyz_is_not_ready_while_the_store_hangs() {
+    let test = "sync_readyz_is_not_ready_while_the_store_hangs";
+    let Some(weed) = weed_for(test).await else {
+        return;
+    };
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("sync-hung");
+    let work = tempfile::tempdir().unwrap();
+    let settings = server_settings(work.path(), &url, &endpoint);
+    let server = spark_engine::server::start(settings).await.unwrap();
+    let addr = server.addr;
+    let now_ms = now_ms();
+    let post = move |n: u64| {
+        let body = format!(
+            r#"{{"id": "{}", "client_request_id": "hung-{n}", "text": "moment {n}"}}"#,
+            Id::from_parts(now_ms, n.into())
+        );
+        tokio::task::spawn_blocking(move || http(addr, "POST", "/api/moments", &body))
+    };
+    let readyz = move || tokio::task::spawn_blocking(move || http(addr, "GET", "/readyz", ""));
+    let (status, answer) = post(1).await.unwrap();
+    assert_eq!(status, 201, "{answer}");
+
+    let pid = weed.pid().unwrap().to_string();
+    let signal = |name: &str| {
+        let ok = Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {name} {pid}");
+    };
+    signal("-STOP");
+    let waiting = post(2);
+    let stopped = Instant::now();
+    // Well under the store requests' 30 s timeout, well over 3 intervals.
+    let deadline = stopped + Duration::from_secs(20);
+    let answer = loop {
+        let (status, answer) = readyz().await.unwrap();
+        if status == 503 {
+            break answer;
+        }
+        assert_eq!(status, 200, "{answer}");
+        if Instant::now() > deadline {
+            signal("-CONT");
+            panic!(
+                "/readyz still said ready {:?} after the store hung: {answer}",
+                stopped.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "{test}: not ready {:?} after the store hung",
+        stopped.elapsed()
+    );
+    assert!(answer.contains("waited"), "{answer}");
+    signal("-CONT");
+    let (status, answer) = tokio::time::timeout(HANG_GUARD, waiting)
+        .await
+        .expect("the waiting write was never answered")
+        .unwrap();
+    assert!(
+        status == 201 || status == 503,
+        "the write answers when archived, or 503 timeout: {answer}"
+    );
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        let (status, answer) = readyz().await.unwrap();
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready again: {answer}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.shutdown().await;
+    drop(weed);
+}

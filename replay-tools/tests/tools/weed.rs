@@ -122,7 +122,6 @@ impl Weed {
     }
 
     /// The server process's id while it runs.
-    #[allow(dead_code)] // Only the bench reads its CPU time.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
