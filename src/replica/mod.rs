@@ -15,9 +15,10 @@
 //! damaged) is set aside and fetched again.
 //!
 //! Following: every `replica.poll_interval_ms` the replica GETs the next
-//! manifest's predicted key (`manifest/N+1`; never a LIST). A manifest
+//! manifest's predicted key (`manifest/N+1`; never a LIST), and once one
+//! is found reads ahead (the keys after it, several at once). Each manifest
 //! found is checked ([`Manifest::decode`], and [`extends`] against the one
-//! before), the new objects are fetched and appended to the local log by the
+//! before); for the last of the run, the new objects are fetched and appended to the local log by the
 //! same catch-up, the blobs its new `media.put` ops name are fetched, and
 //! only then are the ops folded and published
 //! ([`Engine::apply_replicated`]): the head, the committed seq and the
@@ -476,6 +477,12 @@ impl Prepared {
     }
 }
 
+/// Manifest keys a follower GETs at once once it found one more (each
+/// checked, only the last one applied: [`Follower::step`]).
+const READ_AHEAD: u64 = 16;
+/// At most this many manifests are read and checked before one is applied.
+const MOST_PER_STEP: usize = 256;
+
 /// Blobs fetched at once (each is checked in memory before it is written).
 const BLOB_FETCHES_AT_ONCE: usize = 8;
 
@@ -602,43 +609,110 @@ impl Follower {
         }
     }
 
-    /// One poll: GETs the next manifest's key; applies it when found
-    /// (`Ok(true)`: look for the next one at once), else records that the
-    /// replica is caught up as of the GET's send (`Ok(false)`).
+    /// One poll: GETs the next manifest's key. When found, reads on (the
+    /// next [`READ_AHEAD`] keys at once, while each window is found whole,
+    /// up to [`MOST_PER_STEP`] manifests), checks each manifest (frame,
+    /// number) and that it extends the one before, and applies only the
+    /// last one: a writer that stores manifests faster than one catch-up
+    /// per manifest is followed by one catch-up per step. Every manifest
+    /// is still read and checked; the ops folded are the same. A manifest
+    /// that does not extend the one before stops the run there: the ones
+    /// before it are applied, then the step fails naming it.
+    ///
+    /// `Ok(true)`: more may be stored, look again at once; `Ok(false)`: a
+    /// key was not found, and the replica is caught up as of that GET's
+    /// send.
     async fn step(&mut self) -> Result<bool, FollowError> {
         let sent_ms = now_ms();
         if self.prev.is_none() && self.number > 0 {
             return self.step_to_latest(sent_ms).await;
         }
-        let number = self.number + 1;
-        let key = manifest_key(self.store.prefix(), number);
-        let Some(bytes) = self.store.get(&key).await? else {
+        let Some(first) = self.read_manifest(self.number + 1).await? else {
             self.status
                 .caught_up_at_ms
                 .store(sent_ms, Ordering::Release);
             return Ok(false);
         };
-        let next = Manifest::decode(&bytes, number).map_err(|source| StoreError::Damaged {
-            key: key.clone(),
-            source,
-        })?;
-        if let Some(prev) = &self.prev {
-            extends(prev, &next).map_err(|fork| {
-                FollowError::Retry(format!(
-                    "manifest {number} ({key}) does not extend manifest {}: {fork}; the archive's history forks there, and the replica stays at seq {}",
-                    prev.number,
-                    self.engine.head().seq
-                ))
-            })?;
+        let mut run = vec![first];
+        let mut caught_up_at = None;
+        // A manifest that cannot be read or checked ends the run: the ones
+        // before it are applied, then the step fails with it.
+        let mut failure = None;
+        while caught_up_at.is_none() && failure.is_none() && run.len() < MOST_PER_STEP {
+            let from = self.number + run.len() as u64 + 1;
+            let sent_ms = now_ms();
+            use futures_util::StreamExt;
+            let mut window = futures_util::stream::iter(from..from + READ_AHEAD)
+                .map(|number| self.read_manifest(number))
+                .buffered(READ_AHEAD as usize);
+            while let Some(found) = window.next().await {
+                match found {
+                    Ok(Some(manifest)) => run.push(manifest),
+                    Ok(None) => {
+                        caught_up_at = Some(sent_ms);
+                        break;
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
         }
-        self.apply(&next).await?;
-        self.number = number;
-        self.status.applied(&next);
-        self.prev = Some(next);
-        if let Err(e) = write_cache_file(&self.data_dir, &self.url, number) {
-            tracing::warn!(error = %e, "replica: cannot record the manifest applied; a restart checks the cache against the archive");
+        let mut fork = None;
+        let mut good = 0;
+        for (i, next) in run.iter().enumerate() {
+            let prev = if i == 0 { self.prev.as_ref() } else { run.get(i - 1) };
+            if let Some(prev) = prev {
+                if let Err(why) = extends(prev, next) {
+                    fork = Some((next.number, prev.number, why.to_string()));
+                    break;
+                }
+            }
+            good = i + 1;
         }
-        Ok(true)
+        run.truncate(good);
+        if let Some(last) = run.pop() {
+            self.apply(&last).await?;
+            self.number = last.number;
+            self.status.applied(&last);
+            if let Err(e) = write_cache_file(&self.data_dir, &self.url, last.number) {
+                tracing::warn!(error = %e, "replica: cannot record the manifest applied; a restart checks the cache against the archive");
+            }
+            self.prev = Some(last);
+        }
+        if let Some((number, prev, why)) = fork {
+            return Err(FollowError::Retry(format!(
+                "manifest {number} ({}) does not extend manifest {prev}: {why}; the archive's \
+                 history forks there, and the replica stays at seq {}",
+                manifest_key(self.store.prefix(), number),
+                self.engine.head().seq
+            )));
+        }
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        match caught_up_at {
+            Some(sent_ms) => {
+                self.status
+                    .caught_up_at_ms
+                    .store(sent_ms, Ordering::Release);
+                Ok(false)
+            }
+            None => Ok(true),
+        }
+    }
+
+    /// Manifest `number`, checked (frame, number); `None` when no object
+    /// has its key.
+    async fn read_manifest(&self, number: u64) -> Result<Option<Manifest>, FollowError> {
+        let key = manifest_key(self.store.prefix(), number);
+        let Some(bytes) = self.store.get(&key).await? else {
+            return Ok(None);
+        };
+        let manifest =
+            Manifest::decode(&bytes, number).map_err(|source| StoreError::Damaged { key, source })?;
+        Ok(Some(manifest))
     }
 
     /// The first step after a start on the cache alone (the store was
