@@ -535,7 +535,10 @@ mod tests {
             Some("http://s3:2")
         );
         assert_eq!(
-            endpoint_from_env(vars(&[("AWS_ENDPOINT_URL_S3", ""), ("AWS_ENDPOINT_URL", "")])),
+            endpoint_from_env(vars(&[
+                ("AWS_ENDPOINT_URL_S3", ""),
+                ("AWS_ENDPOINT_URL", "")
+            ])),
             None
         );
     }

@@ -221,7 +221,9 @@ fn refuse_a_cut_restore(data_dir: &Path) -> Result<(), ArchiveStartError> {
         Err(source) => return Err(local(&path, source)),
     };
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    let seq = doc["seq"].as_u64().map_or("?".to_owned(), |s| s.to_string());
+    let seq = doc["seq"]
+        .as_u64()
+        .map_or("?".to_owned(), |s| s.to_string());
     let archived = doc["archived_seq"]
         .as_u64()
         .map_or("?".to_owned(), |s| s.to_string());

@@ -662,7 +662,11 @@ impl Follower {
         let mut fork = None;
         let mut good = 0;
         for (i, next) in run.iter().enumerate() {
-            let prev = if i == 0 { self.prev.as_ref() } else { run.get(i - 1) };
+            let prev = if i == 0 {
+                self.prev.as_ref()
+            } else {
+                run.get(i - 1)
+            };
             if let Some(prev) = prev {
                 if let Err(why) = extends(prev, next) {
                     fork = Some((next.number, prev.number, why.to_string()));
@@ -710,8 +714,8 @@ impl Follower {
         let Some(bytes) = self.store.get(&key).await? else {
             return Ok(None);
         };
-        let manifest =
-            Manifest::decode(&bytes, number).map_err(|source| StoreError::Damaged { key, source })?;
+        let manifest = Manifest::decode(&bytes, number)
+            .map_err(|source| StoreError::Damaged { key, source })?;
         Ok(Some(manifest))
     }
 
