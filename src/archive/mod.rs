@@ -984,9 +984,14 @@ impl Shipper {
                 }
                 return;
             }
+            let started = Instant::now();
             match self.tick().await {
                 Ok(()) => {
-                    wait = interval;
+                    // The next ship starts an interval after this one
+                    // started, not after it ended: a slow ship (puts
+                    // taking hundreds of ms under load) would otherwise
+                    // add its own time to the async window twice.
+                    wait = interval.saturating_sub(started.elapsed());
                     healthy = true;
                 }
                 Err(ShipError::Fenced(reason)) => {

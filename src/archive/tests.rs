@@ -1795,3 +1795,61 @@ async fn a_take_over_keeps_the_archived_checkpoints_and_ships_its_own() {
     new.shutdown().await;
     old.shutdown().await;
 }
+
+/// Issue 24 (async RPO under load): the shipper slept a whole interval
+/// after each ship, so with slow puts ships started `interval + ship time`
+/// apart and an op acknowledged just after a ship read the head waited up
+/// to twice the ship time plus the interval. Ships now start an interval
+/// after the last one started. A store whose every put takes 150 ms (a
+/// ship: chunk and manifest, 300 ms) and a 400 ms interval: in 6 s of
+/// steady writes the old cadence (700 ms) stores at most 9 manifests, the
+/// new one (400 ms) about 15.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ships_start_an_interval_apart_however_long_a_ship_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let slow = Arc::new(flaky());
+    let store = ArchiveStore::new(slow.clone(), "p".into());
+    let shipping = start_on(
+        store,
+        dir.path(),
+        Arc::clone(&engine),
+        spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        Duration::from_millis(400),
+    )
+    .await
+    .unwrap();
+    slow.put_delay_ms.store(150, Ordering::SeqCst);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let (engine, stop) = (Arc::clone(&engine), Arc::clone(&stop));
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                n += 1;
+                engine.submit(create(n)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    let manifests = || {
+        slow.keys
+            .lock()
+            .iter()
+            .filter(|k| k.contains("manifest/"))
+            .count()
+    };
+    // Let the first ship land, then count over 6 s.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let before = manifests();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let stored = manifests() - before;
+    stop.store(true, Ordering::SeqCst);
+    writer.await.unwrap();
+    assert!(
+        stored >= 12,
+        "{stored} manifests in 6 s: ships start further apart than the interval"
+    );
+    shipping.stop().await;
+    engine.shutdown().await;
+}
