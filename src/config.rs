@@ -95,7 +95,8 @@ pub struct ReplicaSettings {
     /// (the default): the answer names none.
     pub writer_url: String,
     /// The store's endpoint for stores other than AWS, e.g.
-    /// `http://127.0.0.1:8333`. Empty (the default): AWS. Credentials come
+    /// `http://127.0.0.1:8333`. Empty (the default): `AWS_ENDPOINT_URL_S3`
+    /// or `AWS_ENDPOINT_URL` when set, else AWS. Credentials come
     /// from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` only.
     pub endpoint: String,
     /// The store's region. Default `us-east-1`.
@@ -166,7 +167,9 @@ pub enum ArchiveMode {
     /// shows an op at its local fdatasync, before it is acknowledged. While
     /// the store is unreachable writes wait (a request answers `503
     /// timeout` after `limits.request_timeout_ms`, and its write is still
-    /// acknowledged to a retry once archived) and `/readyz` answers `503`.
+    /// acknowledged to a retry once archived) and `/readyz` answers `503`,
+    /// as it does once a write has waited more than 3 ship intervals (a
+    /// store that hangs).
     Sync,
 }
 
@@ -179,7 +182,9 @@ pub struct ArchiveSettings {
     /// `s3://BUCKET/PREFIX` (the prefix may be empty).
     pub url: String,
     /// The store's endpoint for stores other than AWS, e.g.
-    /// `http://127.0.0.1:8333`; absent: AWS.
+    /// `http://127.0.0.1:8333`; absent: `AWS_ENDPOINT_URL_S3` or
+    /// `AWS_ENDPOINT_URL` when set ([`spark_archive::endpoint_from_env`]),
+    /// else AWS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// The region; default `us-east-1`.

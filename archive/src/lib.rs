@@ -152,6 +152,16 @@ pub const LIST_RANGE: u64 = 1000;
 /// LIST requests in flight at once while a family is checked for gaps.
 pub const LISTS_AT_ONCE: usize = 8;
 
+/// The endpoint the environment names for S3, the AWS CLI's and SDKs'
+/// convention: `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL`, each only
+/// when set and not empty (`var` reads a variable). `None`: AWS. What
+/// [`ArchiveStore::connect`] uses when its settings name no endpoint.
+pub fn endpoint_from_env(var: impl Fn(&str) -> Option<String>) -> Option<String> {
+    ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"]
+        .into_iter()
+        .find_map(|name| var(name).filter(|v| !v.is_empty()))
+}
+
 /// Checks a store endpoint: `http://` or `https://`, then a host, an
 /// optional `:PORT` and an optional path (`http://127.0.0.1:8333`,
 /// `https://s3.example.com`). The one rule for the engine's
@@ -265,9 +275,23 @@ impl ArchiveStore {
     /// Errors (in words, before any request): a bad URL, an endpoint
     /// [`check_endpoint`] refuses, or no credentials ([`Credentials::from_env`];
     /// the client never falls back to the EC2 instance metadata service).
+    ///
+    /// A `config` with no endpoint takes the one of the environment
+    /// ([`endpoint_from_env`]), so an endpoint in the settings or on the
+    /// command line wins over it.
     pub fn connect(config: &StoreConfig) -> Result<ArchiveStore, String> {
         let credentials = Credentials::from_env(|name| std::env::var(name).ok())?;
-        ArchiveStore::connect_with(config, credentials)
+        let endpoint = config
+            .endpoint
+            .clone()
+            .or_else(|| endpoint_from_env(|name| std::env::var(name).ok()));
+        ArchiveStore::connect_with(
+            &StoreConfig {
+                endpoint,
+                ..config.clone()
+            },
+            credentials,
+        )
     }
 
     /// [`ArchiveStore::connect`] with the credentials given.
@@ -625,6 +649,38 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.kind(), "conflict");
+    }
+
+    #[test]
+    fn the_environment_names_the_endpoint_by_the_aws_convention() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(endpoint_from_env(vars(&[])), None);
+        assert_eq!(
+            endpoint_from_env(vars(&[("AWS_ENDPOINT_URL", "http://a:1")])).as_deref(),
+            Some("http://a:1")
+        );
+        assert_eq!(
+            endpoint_from_env(vars(&[
+                ("AWS_ENDPOINT_URL", "http://a:1"),
+                ("AWS_ENDPOINT_URL_S3", "http://s3:2")
+            ]))
+            .as_deref(),
+            Some("http://s3:2")
+        );
+        assert_eq!(
+            endpoint_from_env(vars(&[
+                ("AWS_ENDPOINT_URL_S3", ""),
+                ("AWS_ENDPOINT_URL", "")
+            ])),
+            None
+        );
     }
 
     #[test]

@@ -13,3 +13,13 @@ pub fn log_dir(data_dir: &Path) -> PathBuf {
 pub fn media_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("media")
 }
+
+/// `<data_dir>/restored-at`: written by `spark-replay restore --at` when
+/// the cut left out ops the archive holds, JSON `{"url": "s3://…", "seq":
+/// N, "archived_seq": M}` (the restored log ends at seq N; the archive held
+/// up to M). `spark-engine serve --take-over` refuses a directory that has
+/// it: a take-over brings the local log to the archive's end, which would
+/// fetch the ops the cut left out back (log-format/ARCHIVE.md "Epoch").
+pub fn restored_at_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("restored-at")
+}

@@ -45,7 +45,8 @@ pub struct From {
     #[arg(long = "from", value_name = "URL")]
     pub url: String,
     /// The store's endpoint for stores other than AWS (e.g.
-    /// `http://127.0.0.1:8333`).
+    /// `http://127.0.0.1:8333`); without it (and without
+    /// `SPARK_ARCHIVE_ENDPOINT`), `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`.
     #[arg(long, value_name = "URL", env = "SPARK_ARCHIVE_ENDPOINT")]
     pub endpoint: Option<String>,
     /// The store's region.
@@ -832,6 +833,7 @@ pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: 
     let existed = data.exists();
     let result = runtime()?.block_on(async {
         let manifest = latest_manifest(&store).await?;
+        let archived_seq = manifest.shipped_seq;
         if let Some(At::Seq(seq)) = at {
             if seq > manifest.shipped_seq {
                 return Err(scan::usage(format!(
@@ -842,7 +844,16 @@ pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: 
         }
         std::fs::create_dir_all(data)
             .map_err(|e| Failure::unreadable(format!("cannot create {}: {e}", data.display())))?;
-        materialize(&store, manifest, at, data, from_checkpoint).await
+        let summary = materialize(&store, manifest, at, data, from_checkpoint).await?;
+        if let Some(seq) = summary["seq"].as_u64().filter(|&seq| seq < archived_seq) {
+            // The cut left ops out: a take-over of the prefix from here
+            // would fetch them back, so it refuses this directory.
+            let doc = json!({"url": from.url, "seq": seq, "archived_seq": archived_seq});
+            let path = spark_core::layout::restored_at_file(data);
+            write_file(&path, doc.to_string().as_bytes())?;
+            sync_dir(data)?;
+        }
+        Ok(summary)
     });
     let summary = match result {
         Ok(summary) => summary,

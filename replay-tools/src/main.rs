@@ -87,7 +87,9 @@ enum Cmd {
         /// first fault names the object.
         #[arg(long = "from", value_name = "URL")]
         from: Option<String>,
-        /// The archive store's endpoint (with `--from`).
+        /// The archive store's endpoint (with `--from`); without it (and
+        /// without `SPARK_ARCHIVE_ENDPOINT`), `AWS_ENDPOINT_URL_S3` or
+        /// `AWS_ENDPOINT_URL`.
         #[arg(long, value_name = "URL", env = "SPARK_ARCHIVE_ENDPOINT")]
         endpoint: Option<String>,
         /// The archive store's region (with `--from`).

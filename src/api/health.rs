@@ -30,8 +30,10 @@ pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, Ap
 /// lost (`blobs_missing`, `missing_blobs`) (SPEC section 11; see
 /// [`crate::archive::ArchiveStatus::to_json`]); once another engine took
 /// the prefix over, `503 fenced` (not ready, until a restart).
-/// In `sync` mode a failing archive (writes wait for it) or a closed
-/// archive gate answers `503 unavailable`, saying why. On a read replica
+/// In `sync` mode a failing archive (writes wait for it), a write that has
+/// waited for the archive longer than a few ship intervals (a store that
+/// hangs: [`crate::archive::ArchiveStatus::writes_waiting_too_long`]) or a
+/// closed archive gate answers `503 unavailable`, saying why. On a read replica
 /// the body has a `replica` member ([`crate::replica::ReplicaStatus::to_json`]),
 /// and the answer is `503 unavailable` while it cannot follow the archive
 /// (the store unreachable, a damaged object, named) or lags more than
@@ -64,6 +66,15 @@ pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
         if let Some(failing) = state.archive.as_ref().and_then(|a| a.failing()) {
             return Err(ApiError::from(crate::engine::EngineError::Unavailable(
                 format!("archive mode \"sync\": writes wait for the archive, whose shipping fails: {failing}"),
+            )));
+        }
+        if let Some(waiting) = state
+            .archive
+            .as_ref()
+            .and_then(|a| a.writes_waiting_too_long())
+        {
+            return Err(ApiError::from(crate::engine::EngineError::Unavailable(
+                waiting,
             )));
         }
     }

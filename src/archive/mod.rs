@@ -36,7 +36,7 @@ pub mod metrics;
 mod takeover;
 
 pub use lease::{take_over_if_expired, take_over_if_expired_on, LeaseView};
-pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch};
+pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch, DIVERGED_ADVICE};
 pub use takeover::{take_over, take_over_leased, take_over_on, TakenOver};
 
 use std::collections::HashSet;
@@ -291,6 +291,31 @@ impl ArchiveStatus {
         metrics::get().shipped_seq.set(state.shipped_seq as i64);
     }
 
+    /// How long the oldest unshipped op may wait before shipping is
+    /// `behind`: [`BEHIND_AFTER_INTERVALS`] ship intervals.
+    pub fn behind_after(&self) -> Duration {
+        self.interval * BEHIND_AFTER_INTERVALS
+    }
+
+    /// In `sync` mode, every unshipped op's write waits for the archive:
+    /// when the oldest has waited longer than [`ArchiveStatus::behind_after`]
+    /// (a store that hangs, or one too slow for the load), why writes are
+    /// not answered in time, else `None`. `/readyz` answers `503` with it.
+    /// A hung store is seen here within a few intervals, long before a
+    /// request to it times out (object puts get a long timeout: a large
+    /// blob or segment on a slow link needs it).
+    pub fn writes_waiting_too_long(&self) -> Option<String> {
+        let waited = self.lag_seconds();
+        let limit = self.behind_after().as_secs_f64();
+        (waited > limit).then(|| {
+            format!(
+                "archive mode \"sync\": the oldest write not archived has waited {waited:.1} s \
+                 for the archive, more than {BEHIND_AFTER_INTERVALS} ship intervals ({limit:.1} \
+                 s): the store answers slowly or not at all, and writes wait for it"
+            )
+        })
+    }
+
     /// Why shipping fails, if its last try failed.
     pub fn failing(&self) -> Option<String> {
         self.failing.lock().clone()
@@ -322,7 +347,7 @@ impl ArchiveStatus {
             "fenced"
         } else if self.failing.lock().is_some() {
             "failing"
-        } else if self.lag_seconds() > (self.interval * BEHIND_AFTER_INTERVALS).as_secs_f64() {
+        } else if self.lag_seconds() > self.behind_after().as_secs_f64() {
             "behind"
         } else {
             "shipping"
@@ -997,9 +1022,14 @@ impl Shipper {
                 }
                 return;
             }
+            let started = Instant::now();
             match self.tick().await {
                 Ok(()) => {
-                    wait = interval;
+                    // The next ship starts an interval after this one
+                    // started, not after it ended: a slow ship (puts
+                    // taking hundreds of ms under load) would otherwise
+                    // add its own time to the async window twice.
+                    wait = interval.saturating_sub(started.elapsed());
                     healthy = true;
                 }
                 Err(ShipError::Fenced(reason)) => {

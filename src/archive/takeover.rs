@@ -118,6 +118,7 @@ pub async fn take_over_leased(
         path: data_dir.display().to_string(),
         source: std::io::Error::other(e.to_string()),
     })?;
+    refuse_a_cut_restore(data_dir)?;
     let log_dir = spark_core::layout::log_dir(data_dir);
     crate::engine::create_dir_durably(&log_dir).map_err(|source| ArchiveStartError::Local {
         path: log_dir.display().to_string(),
@@ -216,6 +217,35 @@ pub async fn take_over_leased(
         "the writer that held the prefix stored {MANIFEST_TRIES} manifests while this engine \
          tried to take over after them; this directory holds epoch {epoch}: start again with \
          --take-over"
+    )))
+}
+
+/// Refuses a directory `spark-replay restore --at` cut short of the
+/// archive ([`spark_core::layout::restored_at_file`]), before anything is
+/// read or taken: the catch-up would fetch the ops the cut left out back,
+/// undoing the `--at` without a word, and the archive cannot be rolled
+/// back. The same answer wherever the cut falls in a chunk.
+fn refuse_a_cut_restore(data_dir: &Path) -> Result<(), ArchiveStartError> {
+    let path = spark_core::layout::restored_at_file(data_dir);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(local(&path, source)),
+    };
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let seq = doc["seq"]
+        .as_u64()
+        .map_or("?".to_owned(), |s| s.to_string());
+    let archived = doc["archived_seq"]
+        .as_u64()
+        .map_or("?".to_owned(), |s| s.to_string());
+    Err(ArchiveStartError::TakeOver(format!(
+        "{} says this directory was restored with `--at` to seq {seq}, leaving out the ops \
+         up to seq {archived} the archive held: a take-over brings the local log to the \
+         archive's end and would fetch them back, and the archive cannot be rolled back. To \
+         go on from seq {seq}, ship this directory to a new prefix (`[archive] url`); to take \
+         the prefix over, restore without `--at` into an empty directory (nothing was taken)",
+        path.display()
     )))
 }
 
@@ -385,12 +415,14 @@ fn local(path: &Path, source: std::io::Error) -> ArchiveStartError {
     }
 }
 
+/// What [`diverged`] appends to its message: the advice for a take-over.
+pub(crate) const DIVERGED_ADVICE: &str =
+    "; the local log is not a prefix of the archive, so this directory cannot take the prefix \
+     over: restore it from the archive into an empty directory (`spark-replay restore`) and \
+     take over from there";
+
 fn diverged(message: String) -> ArchiveStartError {
-    ArchiveStartError::Diverged(format!(
-        "{message}; the local log is not a prefix of the archive, so this directory cannot \
-         take the prefix over: restore it from the archive into an empty directory \
-         (`spark-replay restore`) and take over from there"
-    ))
+    ArchiveStartError::Diverged(format!("{message}{DIVERGED_ADVICE}"))
 }
 
 /// The segment files of the local log, by first seq.
@@ -606,7 +638,10 @@ fn check_sealed(
 
 /// The archive's tail chunks against the local tail segment (`here`, when
 /// the local log has it): the local bytes must end where a chunk ends, with
-/// that chunk's chain; the chunks after are fetched, checked and appended.
+/// that chunk's chain, or inside a chunk (one a `sync`-mode writer merged),
+/// whose start they reach with the chain before it and whose body starts
+/// with the local bytes after that; the chunks after (and that one) are
+/// fetched, checked and appended.
 async fn catch_up_chunks(
     store: &ArchiveStore,
     log_dir: &Path,
@@ -626,6 +661,8 @@ async fn catch_up_chunks(
     }
     let path = log_dir.join(segment_file_name(first.segment_first_seq));
     let mut bytes: Vec<u8> = Vec::new();
+    // The chunk the local bytes end inside, and the local bytes in it.
+    let mut inside: Option<(String, Vec<u8>)> = None;
     if let Some(local) = here.filter(|l| l.has_records || l.sealed) {
         if local.sealed {
             return Err(diverged(format!(
@@ -639,28 +676,49 @@ async fn catch_up_chunks(
                 local.path.display()
             )));
         }
-        let ends_at = chunks
-            .iter()
-            .find(|c| c.offset + body_bytes(c) == local.end as u64);
-        let Some(chunk) = ends_at else {
+        let end = local.end as u64;
+        if end > archived_end {
             return Err(diverged(format!(
-                "the local segment {} ends at byte {}, which no archived chunk ends at (the \
-                 archive holds {archived_end} bytes of it)",
-                local.path.display(),
-                local.end
-            )));
-        };
-        let local_chain = chain_value(chain_start, &local.bytes[..local.end]);
-        if chain_hex(&local_chain) != chunk.chain_after {
-            return Err(diverged(format!(
-                "the local segment {} differs from the archive up to seq {} (chain {}, archived {})",
-                local.path.display(),
-                chunk.last_seq,
-                chain_hex(&local_chain),
-                chunk.chain_after
+                "the local segment {} holds {end} bytes, the archive {archived_end} of it: it \
+                 holds ops after the archive's last",
+                local.path.display()
             )));
         }
-        bytes = local.bytes[..local.end].to_vec();
+        // The listed chunk the local bytes end in (or at the end of): a
+        // `sync`-mode writer merges runs of chunks (ARCHIVE.md "Sync
+        // mode"), so the local tail may end inside one. The local bytes
+        // before it must give the chain it starts from; it is fetched
+        // (checked like any other) and must start with the local bytes
+        // after that.
+        let at = chunks
+            .iter()
+            .position(|c| c.offset + body_bytes(c) >= end)
+            .expect("end is within the archived bytes");
+        let chunk = &chunks[at];
+        let before = chunk.offset as usize;
+        let chain_before = match at {
+            0 => chain_hex(chain_start),
+            _ => chunks[at - 1].chain_after.clone(),
+        };
+        let local_chain = if before == 0 {
+            *chain_start
+        } else {
+            chain_value(chain_start, &local.bytes[..before.min(local.end)])
+        };
+        if chain_hex(&local_chain) != chain_before || before > local.end {
+            return Err(diverged(format!(
+                "the local segment {} differs from the archive before byte {before} (chain {}, \
+                 archived {chain_before})",
+                local.path.display(),
+                chain_hex(&local_chain),
+            )));
+        }
+        if end == chunk.offset + body_bytes(chunk) {
+            bytes = local.bytes[..local.end].to_vec();
+        } else {
+            bytes = local.bytes[..before].to_vec();
+            inside = Some((chunk.key.clone(), local.bytes[before..local.end].to_vec()));
+        }
     }
     let mut hasher = chain_hasher(chain_start);
     hasher.update(&bytes);
@@ -698,6 +756,22 @@ async fn catch_up_chunks(
                 bytes.len(),
                 chain_hex(&running)
             )));
+        }
+        if let Some((key, local_part)) = inside.take() {
+            if key != entry.key || !body.starts_with(&local_part) {
+                return Err(diverged(format!(
+                    "the local segment {} differs from the archive's chunk {} in its {} bytes \
+                     from offset {}",
+                    path.display(),
+                    entry.key,
+                    local_part.len(),
+                    header.offset
+                )));
+            }
+            tracing::info!(
+                chunk = %entry.key,
+                "archive: the local tail ended inside a merged chunk; the chunk was fetched whole"
+            );
         }
         hasher.update(body);
         running = hasher.clone().finalize().into();

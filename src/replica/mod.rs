@@ -17,9 +17,10 @@
 //! Following: every `replica.poll_interval_ms` the replica GETs the next
 //! manifest's predicted key (`manifest/N+1`); when it is not there, one
 //! LIST page after `manifest/N` tells "caught up" from a gap (a later
-//! manifest with `N+1` missing: damage, named in `/readyz`). A manifest
+//! manifest with `N+1` missing: damage, named in `/readyz`). Once one is
+//! found it reads ahead (the keys after it, several at once). Each manifest
 //! found is checked ([`Manifest::decode`], and [`extends`] against the one
-//! before), the new objects are fetched and appended to the local log by the
+//! before); for the last of the run, the new objects are fetched and appended to the local log by the
 //! same catch-up, the blobs its new `media.put` ops name are fetched, and
 //! only then are the ops folded and published
 //! ([`Engine::apply_replicated`]): the head, the committed seq and the
@@ -49,12 +50,13 @@ use spark_archive::{ArchiveStore, StoreConfig, StoreError};
 use spark_core::wire::events::EventCursor;
 use spark_log_format::archive::{extends, manifest_key, Manifest};
 use spark_log_format::format::segment_file_name;
-use spark_log_format::{Head, HEADER_LEN};
+use spark_log_format::Head;
 
-use crate::archive::{catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch};
+use crate::archive::{
+    catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch, DIVERGED_ADVICE,
+};
 use crate::config::Settings;
 use crate::engine::Engine;
-use crate::history::segment_firsts;
 use crate::op::{Op, OpBody};
 
 /// The file in a replica's data directory that names the archive it
@@ -491,6 +493,12 @@ impl Prepared {
     }
 }
 
+/// Manifest keys a follower GETs at once once it found one more (each
+/// checked, only the last one applied: [`Follower::step`]).
+const READ_AHEAD: u64 = 16;
+/// At most this many manifests are read and checked before one is applied.
+const MOST_PER_STEP: usize = 256;
+
 /// Blobs fetched at once (each is checked in memory before it is written).
 const BLOB_FETCHES_AT_ONCE: usize = 8;
 
@@ -617,17 +625,25 @@ impl Follower {
         }
     }
 
-    /// One poll: GETs the next manifest's key; applies it when found
-    /// (`Ok(true)`: look for the next one at once), else records that the
-    /// replica is caught up as of the GET's send (`Ok(false)`).
+    /// One poll: GETs the next manifest's key. When found, reads on (the
+    /// next [`READ_AHEAD`] keys at once, while each window is found whole,
+    /// up to [`MOST_PER_STEP`] manifests), checks each manifest (frame,
+    /// number) and that it extends the one before, and applies only the
+    /// last one: a writer that stores manifests faster than one catch-up
+    /// per manifest is followed by one catch-up per step. Every manifest
+    /// is still read and checked; the ops folded are the same. A manifest
+    /// that does not extend the one before stops the run there: the ones
+    /// before it are applied, then the step fails naming it.
+    ///
+    /// `Ok(true)`: more may be stored, look again at once; `Ok(false)`: a
+    /// key was not found, and the replica is caught up as of that GET's
+    /// send.
     async fn step(&mut self) -> Result<bool, FollowError> {
         let sent_ms = now_ms();
         if self.prev.is_none() && self.number > 0 {
             return self.step_to_latest(sent_ms).await;
         }
-        let number = self.number + 1;
-        let key = manifest_key(self.store.prefix(), number);
-        let Some(bytes) = self.store.get(&key).await? else {
+        let Some(first) = self.read_manifest(self.number + 1).await? else {
             // Caught up only if no later manifest exists either: one
             // missing while a later one exists is a gap (damage), which
             // names it and keeps the replica where it is.
@@ -644,27 +660,99 @@ impl Follower {
             // Else it was stored since the GET: fetch it at once.
             return Ok(!nothing_after);
         };
-        let next = Manifest::decode(&bytes, number).map_err(|source| StoreError::Damaged {
-            key: key.clone(),
-            source,
-        })?;
-        if let Some(prev) = &self.prev {
-            extends(prev, &next).map_err(|fork| {
-                FollowError::Retry(format!(
-                    "manifest {number} ({key}) does not extend manifest {}: {fork}; the archive's history forks there, and the replica stays at seq {}",
-                    prev.number,
-                    self.engine.head().seq
-                ))
-            })?;
+        let mut run = vec![first];
+        let mut caught_up_at = None;
+        // A manifest that cannot be read or checked ends the run: the ones
+        // before it are applied, then the step fails with it.
+        let mut failure = None;
+        while caught_up_at.is_none() && failure.is_none() && run.len() < MOST_PER_STEP {
+            let from = self.number + run.len() as u64 + 1;
+            let sent_ms = now_ms();
+            use futures_util::StreamExt;
+            let mut window = futures_util::stream::iter(from..from + READ_AHEAD)
+                .map(|number| self.read_manifest(number))
+                .buffered(READ_AHEAD as usize);
+            while let Some(found) = window.next().await {
+                match found {
+                    Ok(Some(manifest)) => run.push(manifest),
+                    Ok(None) => {
+                        caught_up_at = Some(sent_ms);
+                        break;
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
         }
-        self.apply(&next).await?;
-        self.number = number;
-        self.status.applied(&next);
-        self.prev = Some(next);
-        if let Err(e) = write_cache_file(&self.data_dir, &self.url, number) {
-            tracing::warn!(error = %e, "replica: cannot record the manifest applied; a restart checks the cache against the archive");
+        let mut fork = None;
+        let mut good = 0;
+        for (i, next) in run.iter().enumerate() {
+            let prev = if i == 0 {
+                self.prev.as_ref()
+            } else {
+                run.get(i - 1)
+            };
+            if let Some(prev) = prev {
+                if let Err(why) = extends(prev, next) {
+                    fork = Some((next.number, prev.number, why.to_string()));
+                    break;
+                }
+            }
+            good = i + 1;
         }
-        Ok(true)
+        run.truncate(good);
+        if let Some(last) = run.pop() {
+            self.apply(&last).await?;
+            self.number = last.number;
+            self.status.applied(&last);
+            if let Err(e) = write_cache_file(&self.data_dir, &self.url, last.number) {
+                tracing::warn!(error = %e, "replica: cannot record the manifest applied; a restart checks the cache against the archive");
+            }
+            self.prev = Some(last);
+        }
+        if let Some((number, prev, why)) = fork {
+            return Err(FollowError::Retry(format!(
+                "manifest {number} ({}) does not extend manifest {prev}: {why}; the archive's \
+                 history forks there, and the replica stays at seq {}",
+                manifest_key(self.store.prefix(), number),
+                self.engine.head().seq
+            )));
+        }
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        match caught_up_at {
+            Some(sent_ms) => {
+                // The run ended at a key not found: caught up only if no
+                // later manifest exists either (else a gap, named).
+                let prefix = self.store.prefix().to_owned();
+                let nothing_after = self
+                    .store
+                    .nothing_after(|n| manifest_key(&prefix, n), self.number)
+                    .await?;
+                if nothing_after {
+                    self.status
+                        .caught_up_at_ms
+                        .store(sent_ms, Ordering::Release);
+                }
+                Ok(!nothing_after)
+            }
+            None => Ok(true),
+        }
+    }
+
+    /// Manifest `number`, checked (frame, number); `None` when no object
+    /// has its key.
+    async fn read_manifest(&self, number: u64) -> Result<Option<Manifest>, FollowError> {
+        let key = manifest_key(self.store.prefix(), number);
+        let Some(bytes) = self.store.get(&key).await? else {
+            return Ok(None);
+        };
+        let manifest = Manifest::decode(&bytes, number)
+            .map_err(|source| StoreError::Damaged { key, source })?;
+        Ok(Some(manifest))
     }
 
     /// The first step after a start on the cache alone (the store was
@@ -712,9 +800,15 @@ impl Follower {
         .await
         {
             Ok(()) => {}
-            // In `sync` mode the writer merges runs of chunks (ARCHIVE.md
-            // "Sync mode"): the cached tail may end inside a merged chunk.
-            Err(ArchiveStartError::Diverged(why)) => self.refetch_tail(manifest, &why).await?,
+            Err(ArchiveStartError::Diverged(why)) => {
+                let why = why.strip_suffix(DIVERGED_ADVICE).unwrap_or(&why);
+                return Err(FollowError::Retry(format!(
+                    "{why}: the archive's history forks from what this replica holds (manifest \
+                     {}), and the replica stays at seq {}",
+                    manifest.number,
+                    self.engine.head().seq
+                )));
+            }
             Err(e) => return Err(e.into()),
         }
         let after = self.engine.head().seq;
@@ -743,83 +837,6 @@ impl Follower {
             .apply_replicated(ops, head)
             .map_err(FollowError::Stop)?;
         metrics::get().seq.set(seq as i64);
-        Ok(())
-    }
-}
-
-impl Follower {
-    /// Brings the cache to `manifest` when its tail segment ends where no
-    /// listed chunk ends (a `sync`-mode writer merged the chunks it came
-    /// from): in a scratch directory holding hard links of the cache's
-    /// sealed segments, the same catch-up fetches the tail segment whole
-    /// from the manifest's chunks (each checked); every file it wrote must
-    /// start with the bytes the cache holds of it (else the archive forked,
-    /// and nothing changes); then each replaces the cache's file (rename,
-    /// directory fsync), so a reader of the cache sees the old file or the
-    /// new one, never neither.
-    async fn refetch_tail(&self, manifest: &Manifest, why: &str) -> Result<(), FollowError> {
-        let io =
-            |path: &Path, e: std::io::Error| FollowError::Retry(format!("{}: {e}", path.display()));
-        let log_dir = spark_core::layout::log_dir(&self.data_dir);
-        let scratch = self.data_dir.join("replica-scratch");
-        if scratch.exists() {
-            std::fs::remove_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
-        }
-        std::fs::create_dir_all(&scratch).map_err(|e| io(&scratch, e))?;
-        let mut firsts = segment_firsts(&log_dir).map_err(FollowError::Retry)?;
-        let tail = firsts.pop();
-        for first in &firsts {
-            let name = segment_file_name(*first);
-            std::fs::hard_link(log_dir.join(&name), scratch.join(&name))
-                .map_err(|e| io(&scratch.join(&name), e))?;
-        }
-        catch_up(
-            &self.store,
-            &scratch,
-            Some(manifest),
-            self.max_record_bytes,
-            false,
-        )
-        .await?;
-        let mut written: Vec<u64> = segment_firsts(&scratch)
-            .map_err(FollowError::Retry)?
-            .into_iter()
-            .filter(|first| !firsts.contains(first))
-            .collect();
-        written.sort_unstable();
-        if let Some(tail) = tail {
-            let path = log_dir.join(segment_file_name(tail));
-            let old = std::fs::read(&path).map_err(|e| io(&path, e))?;
-            let end = spark_log_format::archive::acknowledged_end(
-                &old,
-                HEADER_LEN,
-                tail.saturating_sub(1),
-                u64::MAX,
-                self.max_record_bytes,
-            )
-            .offset;
-            let new_path = scratch.join(segment_file_name(tail));
-            let new = std::fs::read(&new_path).map_err(|e| io(&new_path, e))?;
-            if end > HEADER_LEN && !new.starts_with(&old[..end]) {
-                return Err(FollowError::Retry(format!(
-                    "{why}; fetched whole, the archive's segment {} differs from the {end} bytes                      this replica holds of it: the archive's history forks, and the replica stays                      where it is",
-                    segment_file_name(tail)
-                )));
-            }
-        }
-        for first in written {
-            let name = segment_file_name(first);
-            std::fs::rename(scratch.join(&name), log_dir.join(&name))
-                .map_err(|e| io(&log_dir.join(&name), e))?;
-        }
-        std::fs::File::open(&log_dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|e| io(&log_dir, e))?;
-        let _ = std::fs::remove_dir_all(&scratch);
-        tracing::info!(
-            manifest = manifest.number,
-            "replica: the archive merged the chunks the cached tail came from; the tail was fetched whole"
-        );
         Ok(())
     }
 }

@@ -13,8 +13,10 @@
 //!   as a time window (README "Performance", "Archive shipping"). A write
 //!   acknowledged a little more than one interval before the kill may be
 //!   missing too (counted apart, not asserted): a ship takes time (its
-//!   puts), and the next starts one interval after it ends.
-//!   `SPARK_ARCHIVE_KILLS=N` runs N cycles and sums them up,
+//!   puts), and the next starts one interval after it started (at once
+//!   when it took longer). `SPARK_ARCHIVE_UPLOADS=1` makes one create in
+//!   five also upload 100 B to 60 KiB of media (blobs shipped before their
+//!   ops). `SPARK_ARCHIVE_KILLS=N` runs N cycles and sums them up,
 //!   `SPARK_ARCHIVE_SHIP_INTERVAL_MS` ships at another interval than
 //!   200 ms, `SPARK_ENGINE_BIN` runs another build. A mode is one line:
 //!   [`kill_9_under_load_then_restore`] with `"sync"` also asserts that
@@ -88,8 +90,33 @@ fn ulid() -> String {
     Id::from_parts(now_ms, rand::random::<u128>()).to_string()
 }
 
+/// Whether clients also upload (`SPARK_ARCHIVE_UPLOADS=1`): one create in
+/// five is followed by a media upload of 100 B to 60 KiB to its moment.
+fn uploads() -> bool {
+    std::env::var("SPARK_ARCHIVE_UPLOADS").is_ok_and(|v| v == "1")
+}
+
+/// Uploads 100 B to 60 KiB of media to `moment`; a transport error (the
+/// kill) is returned, any answer but `201` fails the test.
+fn upload(http: &reqwest::blocking::Client, base: &str, moment: &str) -> reqwest::Result<()> {
+    let size = rand::thread_rng().gen_range(100..=60 * 1024);
+    let bytes: Vec<u8> = (0..size).map(|_| rand::random::<u8>()).collect();
+    let r = http
+        .put(format!("{base}/api/media/{}", ulid()))
+        .header("X-Moment-Id", moment)
+        .header("X-Media-Role", "copy")
+        .header("Content-Type", "image/jpeg")
+        .body(bytes)
+        .send()?;
+    let status = r.status().as_u16();
+    let text = r.text()?;
+    assert_eq!(status, 201, "upload answered {status}: {text}");
+    Ok(())
+}
+
 /// Creates moments back to back until `stop` or a transport error; any
-/// answer but `201` fails the test.
+/// answer but `201` fails the test. With [`uploads`], one in five is
+/// followed by an upload to it.
 fn client(base: String, n: usize, stop: Arc<AtomicBool>) -> ClientRun {
     let http = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(120))
@@ -115,7 +142,13 @@ fn client(base: String, n: usize, stop: Arc<AtomicBool>) -> ClientRun {
                     run.ended_by = Some(e.to_string());
                     break;
                 }
-                run.acked.push(Acked { id, at });
+                run.acked.push(Acked { id: id.clone(), at });
+                if uploads() && k.is_multiple_of(5) {
+                    if let Err(e) = upload(&http, &base, &id) {
+                        run.ended_by = Some(e.to_string());
+                        break;
+                    }
+                }
             }
             Ok(r) => panic!(
                 "create answered {}: {}",

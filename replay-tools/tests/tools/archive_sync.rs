@@ -451,3 +451,383 @@ async fn sync_shutdown_answers_a_write_waiting_for_the_archive() {
     assert_eq!(json(&out)["seq"], 1);
     drop(weed);
 }
+
+/// Writes creates from 8 tasks on one engine until stopped or refused (a
+/// fenced engine refuses everything): each acknowledged number is kept.
+struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    acked: Arc<std::sync::Mutex<Vec<u64>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(engine: &Arc<Engine>, next: &Arc<std::sync::atomic::AtomicU64>) -> Load {
+        use std::sync::atomic::Ordering;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let tasks = (0..8)
+            .map(|_| {
+                let (engine, next) = (Arc::clone(engine), Arc::clone(next));
+                let (stop, acked) = (Arc::clone(&stop), Arc::clone(&acked));
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        if engine.submit(create(n)).await.is_err() {
+                            return;
+                        }
+                        acked.lock().unwrap().push(n);
+                    }
+                })
+            })
+            .collect();
+        Load { stop, acked, tasks }
+    }
+
+    fn acked(&self) -> usize {
+        self.acked.lock().unwrap().len()
+    }
+
+    /// Waits until `more` writes beyond those acknowledged now are.
+    async fn wait_for(&self, more: usize) {
+        let target = self.acked() + more;
+        let deadline = Instant::now() + HANG_GUARD;
+        while self.acked() < target {
+            assert!(Instant::now() < deadline, "the load stalled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops it (a task waiting for its answer gets it first): the numbers
+    /// acknowledged.
+    async fn finish(self) -> Vec<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for task in self.tasks {
+            tokio::time::timeout(HANG_GUARD, task)
+                .await
+                .expect("a write was never answered")
+                .unwrap();
+        }
+        let acked = self.acked.lock().unwrap().clone();
+        acked
+    }
+}
+
+/// Issue 24: a `sync`-mode writer under concurrent load merges runs of
+/// chunks, so a directory's local tail (fetched or restored a moment ago)
+/// often ends inside a chunk of a later manifest. Each kind of take-over
+/// must start anyway, with no acknowledged write lost: into an empty
+/// directory while the old writer writes, from a directory restored a
+/// while before (the documented move), and a lease take-over of a writer
+/// gone quiet from a directory restored before its last writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_take_overs_under_load_start_over_merged_chunks() {
+    let test = "sync_take_overs_under_load_start_over_merged_chunks";
+    let Some(weed) = weed_for(test).await else {
+        return;
+    };
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("sync-takeover");
+    let work = tempfile::tempdir().unwrap();
+    let archive = ArchiveSettings {
+        url: url.clone(),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+        ship_interval_ms: 50,
+        mode: ArchiveMode::Sync,
+        lease_ms: 1_500,
+    };
+    let settings_of = |data: &Path| {
+        let mut settings = Settings {
+            data_dir: data.to_owned(),
+            archive: Some(archive.clone()),
+            ..Settings::default()
+        };
+        // One open segment all along: every ship is a chunk of it, and
+        // runs of 16 are merged.
+        settings.log.segment_size_bytes = 1 << 20;
+        settings.validate().unwrap();
+        settings
+    };
+    let max_record_bytes = settings_of(work.path()).log.max_record_bytes;
+    let open_taken = |data: std::path::PathBuf, taken: spark_engine::archive::TakenOver| {
+        let settings = settings_of(&data);
+        let archive = archive.clone();
+        async move {
+            let engine =
+                Arc::new(Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap());
+            taken.fetch_missing_blobs(&engine, &data).await.unwrap();
+            let shipping = taken
+                .start(&archive, &data, Arc::clone(&engine), max_record_bytes)
+                .await
+                .unwrap_or_else(|e| panic!("start after the take-over: {e}"));
+            (engine, shipping)
+        }
+    };
+    let restore_now = |name: &str| {
+        let (url, endpoint) = (url.clone(), endpoint.clone());
+        let data = work.path().join(name);
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let (code, out, err) = restore(&url, &data, &endpoint, &[]);
+                assert_eq!(code, 0, "{out}{err}");
+                data
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let mut acked = Vec::new();
+
+    // The first writer, under load; a directory restored early on.
+    let first = work.path().join("first");
+    let (engine, shipping) = {
+        let settings = settings_of(&first);
+        let engine =
+            Arc::new(Engine::open(&settings, Arc::new(OsFs), Arc::new(SystemClock)).unwrap());
+        let shipping =
+            spark_engine::archive::start(&archive, &first, Arc::clone(&engine), max_record_bytes)
+                .await
+                .unwrap();
+        (engine, shipping)
+    };
+    let load = Load::start(&engine, &next);
+    load.wait_for(150).await;
+    let restored = restore_now("restored-early").await;
+    load.wait_for(300).await;
+
+    // 1. Into an empty directory, the old writer writing all along.
+    let second = work.path().join("second");
+    let taken = spark_engine::archive::take_over(&archive, &second, max_record_bytes)
+        .await
+        .unwrap_or_else(|e| panic!("take-over into an empty directory: {e}"));
+    acked.extend(load.finish().await);
+    shipping.stop().await;
+    engine.shutdown().await;
+    let (engine, shipping) = open_taken(second, taken).await;
+    let load = Load::start(&engine, &next);
+    load.wait_for(300).await;
+
+    // 2. The documented move: a directory restored a while ago (its tail
+    //    since merged into a larger chunk) takes over.
+    let taken = spark_engine::archive::take_over(&archive, &restored, max_record_bytes)
+        .await
+        .unwrap_or_else(|e| panic!("take-over after a restore: {e}"));
+    acked.extend(load.finish().await);
+    shipping.stop().await;
+    engine.shutdown().await;
+    let (engine, shipping) = open_taken(restored, taken).await;
+    let load = Load::start(&engine, &next);
+    load.wait_for(150).await;
+    let standby = restore_now("standby").await;
+    load.wait_for(300).await;
+
+    // 3. The writer goes quiet (stopped) and its lease expires; the
+    //    standby, restored before its last writes, takes over by itself.
+    acked.extend(load.finish().await);
+    shipping.stop().await;
+    engine.shutdown().await;
+    let deadline = Instant::now() + HANG_GUARD;
+    let taken = loop {
+        match spark_engine::archive::take_over_if_expired(&archive, &standby, max_record_bytes)
+            .await
+        {
+            Ok(Some(taken)) => break taken,
+            Err(spark_engine::archive::ArchiveStartError::Held { .. }) => {
+                assert!(Instant::now() < deadline, "the lease never expired");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("lease take-over: {other:?}"),
+        }
+    };
+    let (engine, shipping) = open_taken(standby, taken).await;
+    let load = Load::start(&engine, &next);
+    load.wait_for(50).await;
+    acked.extend(load.finish().await);
+    shipping.stop().await;
+    engine.shutdown().await;
+
+    let last = work.path().join("last");
+    let (code, out, err) = restore(&url, &last, &endpoint, &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let missing = missing_from(&last, acked.iter().copied()).await;
+    eprintln!(
+        "{test}: {} writes acknowledged over four writers, {} missing from the restore",
+        acked.len(),
+        missing.len()
+    );
+    assert!(missing.is_empty(), "acknowledged but lost: {missing:?}");
+    let (code, out, err) = crate::s3_common::replay(&["verify", "--from", &url], &endpoint);
+    assert_eq!(code, 0, "{out}{err}");
+    drop(weed);
+}
+
+/// Issue 24: `restore --at` then `--take-over` had two outcomes by where
+/// the cut fell in a chunk (accepted, the ops past the cut fetched back
+/// without a word, or refused with advice to do what was just done). Now
+/// one, wherever the cut falls: refused before anything is taken, saying
+/// why and what to do instead; the writer goes on. A restore without
+/// `--at` takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls() {
+    let test = "a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls";
+    let Some(weed) = weed_for(test).await else {
+        return;
+    };
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("sync-at-takeover");
+    let work = tempfile::tempdir().unwrap();
+    // One write at a time: every seq a batch's end, a chunk per ship, runs
+    // of 16 merged, so cuts fall at chunk ends and inside merged chunks.
+    let (engine, shipping) = open_archived_in(
+        &work.path().join("original"),
+        &url,
+        &endpoint,
+        ArchiveMode::Sync,
+        1 << 20,
+    )
+    .await;
+    for n in 1..=60 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    let archive = ArchiveSettings {
+        url: url.clone(),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+        ship_interval_ms: 50,
+        mode: ArchiveMode::Sync,
+        lease_ms: 0,
+    };
+    let store = spark_archive::ArchiveStore::connect(&spark_archive::StoreConfig {
+        url: url.clone(),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+    })
+    .unwrap();
+    let max_record_bytes = Settings::default().log.max_record_bytes;
+    for at in [1u64, 7, 16, 17, 33, 48, 59] {
+        let data = work.path().join(format!("at-{at}"));
+        let (code, out, err) = {
+            let (url, endpoint, data) = (url.clone(), endpoint.clone(), data.clone());
+            tokio::task::spawn_blocking(move || {
+                restore(&url, &data, &endpoint, &["--at", &at.to_string()])
+            })
+            .await
+            .unwrap()
+        };
+        assert_eq!(code, 0, "--at {at}: {out}{err}");
+        let refusal = spark_engine::archive::take_over(&archive, &data, max_record_bytes)
+            .await
+            .map(|taken| taken.shipped_seq)
+            .expect_err("a take-over of a directory restored with --at");
+        let message = refusal.to_string();
+        assert!(
+            message.contains(&format!("restored with `--at` to seq {at}"))
+                && message.contains("restore without `--at`"),
+            "--at {at}: {message}"
+        );
+        assert_eq!(store.latest_epoch().await.unwrap().unwrap().epoch, 1);
+        engine.submit(create(100 + at)).await.unwrap();
+    }
+    let data = work.path().join("whole");
+    let (code, out, err) = {
+        let (url, endpoint, data) = (url.clone(), endpoint.clone(), data.clone());
+        tokio::task::spawn_blocking(move || restore(&url, &data, &endpoint, &[]))
+            .await
+            .unwrap()
+    };
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!spark_core::layout::restored_at_file(&data).exists());
+    let taken = spark_engine::archive::take_over(&archive, &data, max_record_bytes)
+        .await
+        .unwrap();
+    assert_eq!(taken.epoch, 2);
+    shipping.stop().await;
+    engine.shutdown().await;
+    drop(weed);
+}
+
+/// Issue 24: `sync` mode with a store that hangs (SIGSTOPped: connections
+/// open, nothing answered). `/readyz` answered `200 ready` for about 30 s
+/// (until a request to the store timed out) while every write waited. It
+/// answers `503` once a write has waited longer than a few ship intervals
+/// (3 x 1 s here), naming the wait, and `200` again once the store answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_readyz_is_not_ready_while_the_store_hangs() {
+    let test = "sync_readyz_is_not_ready_while_the_store_hangs";
+    let Some(weed) = weed_for(test).await else {
+        return;
+    };
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("sync-hung");
+    let work = tempfile::tempdir().unwrap();
+    let settings = server_settings(work.path(), &url, &endpoint);
+    let server = spark_engine::server::start(settings).await.unwrap();
+    let addr = server.addr;
+    let now_ms = now_ms();
+    let post = move |n: u64| {
+        let body = format!(
+            r#"{{"id": "{}", "client_request_id": "hung-{n}", "text": "moment {n}"}}"#,
+            Id::from_parts(now_ms, n.into())
+        );
+        tokio::task::spawn_blocking(move || http(addr, "POST", "/api/moments", &body))
+    };
+    let readyz = move || tokio::task::spawn_blocking(move || http(addr, "GET", "/readyz", ""));
+    let (status, answer) = post(1).await.unwrap();
+    assert_eq!(status, 201, "{answer}");
+
+    let pid = weed.pid().unwrap().to_string();
+    let signal = |name: &str| {
+        let ok = Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {name} {pid}");
+    };
+    signal("-STOP");
+    let waiting = post(2);
+    let stopped = Instant::now();
+    // Well under the store requests' 30 s timeout, well over 3 intervals.
+    let deadline = stopped + Duration::from_secs(20);
+    let answer = loop {
+        let (status, answer) = readyz().await.unwrap();
+        if status == 503 {
+            break answer;
+        }
+        assert_eq!(status, 200, "{answer}");
+        if Instant::now() > deadline {
+            signal("-CONT");
+            panic!(
+                "/readyz still said ready {:?} after the store hung: {answer}",
+                stopped.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "{test}: not ready {:?} after the store hung",
+        stopped.elapsed()
+    );
+    assert!(answer.contains("waited"), "{answer}");
+    signal("-CONT");
+    let (status, answer) = tokio::time::timeout(HANG_GUARD, waiting)
+        .await
+        .expect("the waiting write was never answered")
+        .unwrap();
+    assert!(
+        status == 201 || status == 503,
+        "the write answers when archived, or 503 timeout: {answer}"
+    );
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        let (status, answer) = readyz().await.unwrap();
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready again: {answer}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.shutdown().await;
+    drop(weed);
+}

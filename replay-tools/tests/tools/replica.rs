@@ -948,5 +948,190 @@ fn replica_follows_a_sync_mode_writer_through_chunk_merges() {
         events(&http, &writer.base, "0", false, seq)
     );
     let log = std::fs::read_to_string(work.path().join("replica.log")).unwrap();
-    assert!(log.contains("fetched whole"), "no merge was met: {log}");
+    assert!(
+        log.contains("ended inside a merged chunk"),
+        "no merge was met: {log}"
+    );
+}
+
+/// The archive's endpoint from `AWS_ENDPOINT_URL` (the AWS CLI's and SDKs'
+/// variable) when the settings and the command line name none: the writer,
+/// a replica and `spark-replay verify` reach the store by it alone; an
+/// endpoint given (`--endpoint`) wins over a wrong one in the variable.
+#[test]
+fn the_endpoint_comes_from_aws_endpoint_url_unless_one_is_given() {
+    let test = "the_endpoint_comes_from_aws_endpoint_url_unless_one_is_given";
+    let Some((weed_bin, engine)) = engine_or_skip(test) else {
+        return;
+    };
+    set_credentials();
+    let weed = Weed::start(weed_bin);
+    let endpoint = weed.endpoint();
+    // Nothing listens there.
+    let wrong = "http://127.0.0.1:9";
+    let url = unique_prefix("aws-endpoint-url");
+    let work = tempfile::tempdir().unwrap();
+    let http = client();
+    let toml = work.path().join("writer.toml");
+    std::fs::write(
+        &toml,
+        format!("[archive]\nurl = \"{url}\"\nship_interval_ms = 100\n"),
+    )
+    .unwrap();
+    let env = [("AWS_ENDPOINT_URL", endpoint.as_str())];
+    let writer = EngineProcess::start_env(&engine, &[], &work.path().join("writer"), &toml, &env);
+    let r = http
+        .post(format!("{}/api/moments", writer.base))
+        .json(&json!({"text": "by AWS_ENDPOINT_URL"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    wait_archived(&http, &writer.base);
+    let replica_toml = replica_config(work.path());
+    let by_env = EngineProcess::start_env(
+        &engine,
+        &["replica", "--from", &url],
+        &work.path().join("replica-env"),
+        &replica_toml,
+        &env,
+    );
+    let given = EngineProcess::start_env(
+        &engine,
+        &["replica", "--from", &url, "--endpoint", &endpoint],
+        &work.path().join("replica-given"),
+        &replica_toml,
+        &[("AWS_ENDPOINT_URL", wrong)],
+    );
+    for replica in [&by_env, &given] {
+        wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(60));
+    }
+    let verify = |args: &[&str], aws_endpoint: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spark-replay"))
+            .args(args)
+            .env_remove("SPARK_ARCHIVE_ENDPOINT")
+            .env("AWS_ENDPOINT_URL", aws_endpoint)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?} with AWS_ENDPOINT_URL={aws_endpoint}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    verify(&["verify", "--from", &url], &endpoint);
+    verify(&["verify", "--from", &url, "--endpoint", &endpoint], wrong);
+    drop((writer, by_env, given));
+    drop(weed);
+}
+
+/// Issue 24: a replica keeps up with a `sync`-mode writer under
+/// concurrent load, which stores a manifest per ship (about 100 a second
+/// here). It read and applied each manifest in turn (55-60 a second), so
+/// its lag grew without bound; it now reads ahead and applies the latest
+/// of each run. Measured: the writer's manifests per second against the
+/// replica's, and the lag at the end of the load; the replica must be
+/// caught up within a few seconds of the load's end (a backlog of the
+/// old rate would take longer than the load itself).
+#[test]
+fn replica_keeps_up_with_a_sync_mode_writer_under_load() {
+    let test = "replica_keeps_up_with_a_sync_mode_writer_under_load";
+    let Some((weed_bin, engine)) = engine_or_skip(test) else {
+        return;
+    };
+    set_credentials();
+    let weed = Weed::start(weed_bin);
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("replica-sync-load");
+    let work = tempfile::tempdir().unwrap();
+    let http = client();
+    let toml = work.path().join("writer.toml");
+    crate::s3_common::write_archive_config(&toml, 1 << 20, &url, &endpoint, 100, "sync");
+    let writer = EngineProcess::start(&engine, &work.path().join("writer"), &toml);
+    let replica_toml = work.path().join("replica.toml");
+    std::fs::write(&replica_toml, "[replica]\npoll_interval_ms = 10\n").unwrap();
+    let r = http
+        .post(format!("{}/api/moments", writer.base))
+        .json(&json!({"text": "first"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let replica = start_replica(
+        &engine,
+        &work.path().join("replica"),
+        &replica_toml,
+        &url,
+        &endpoint,
+    );
+    wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(60));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = spark_archive::ArchiveStore::connect(&spark_archive::StoreConfig {
+        url: url.clone(),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+    })
+    .unwrap();
+    let written = || {
+        runtime
+            .block_on(store.latest_manifest())
+            .unwrap()
+            .map_or(0, |m| m.number)
+    };
+    // From the `replica` member, whether `/readyz` answers 200 or 503.
+    let applied = || {
+        let (_, _, body) = get(&http, &format!("{}/readyz", replica.base));
+        serde_json::from_slice::<Value>(&body).unwrap()["replica"]["manifest"]
+            .as_u64()
+            .unwrap()
+    };
+    let load = Duration::from_secs(15);
+    let (w0, r0, start) = (written(), applied(), Instant::now());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..8u128)
+        .map(|t| {
+            let (base, stop) = (writer.base.clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let http = client();
+                let mut n = 0u128;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let id = ulid_now(1_000_000 * (t + 1) + n);
+                    let r = http
+                        .post(format!("{base}/api/moments"))
+                        .json(&json!({"id": id, "text": format!("load {t} {n}")}))
+                        .send()
+                        .unwrap();
+                    assert_eq!(r.status().as_u16(), 201);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut lag_at_end = 0;
+    while start.elapsed() < load {
+        std::thread::sleep(Duration::from_millis(500));
+        lag_at_end = get_json(&http, &format!("{}/api/log/head", replica.base))["lag_ms"]
+            .as_u64()
+            .unwrap();
+    }
+    let (w1, r1, secs) = (written(), applied(), start.elapsed().as_secs_f64());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let creates: u128 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+    let ended = Instant::now();
+    let seq = wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(120));
+    let drained = ended.elapsed();
+    eprintln!(
+        "{test}: {creates} creates in {secs:.1} s ({:.0}/s); the writer stored {:.0} manifests/s, \
+         the replica read and checked {:.0}/s; its lag at the load's end {lag_at_end} ms; caught up \
+         (seq {seq}) {drained:?} after the load",
+        creates as f64 / secs,
+        (w1 - w0) as f64 / secs,
+        (r1 - r0) as f64 / secs,
+    );
+    assert!(
+        drained < Duration::from_secs(8),
+        "the replica took {drained:?} to catch up after {secs:.0} s of load"
+    );
+    drop((writer, replica));
+    drop(weed);
 }

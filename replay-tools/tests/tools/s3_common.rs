@@ -206,12 +206,24 @@ impl EngineProcess {
     /// flags: `["replica", "--from", URL]`, `["serve", "--take-over"]`);
     /// its stderr goes to `<data>.log`.
     pub fn start_args(binary: &Path, args: &[&str], data: &Path, config: &Path) -> EngineProcess {
+        EngineProcess::start_env(binary, args, data, config, &[])
+    }
+
+    /// [`EngineProcess::start_args`] with the variables `env` set too.
+    pub fn start_env(
+        binary: &Path,
+        args: &[&str],
+        data: &Path,
+        config: &Path,
+        env: &[(&str, &str)],
+    ) -> EngineProcess {
         let log = if args.is_empty() {
             config.with_file_name("server.log")
         } else {
             data.with_extension("log")
         };
         let mut child = engine_command(binary, args, data, config)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()

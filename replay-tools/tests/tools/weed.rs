@@ -122,7 +122,7 @@ impl Weed {
     }
 
     /// The server process's id while it runs.
-    #[allow(dead_code)] // Only the bench reads its CPU time.
+    #[allow(dead_code)] // Not every includer (the benches) uses it.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
