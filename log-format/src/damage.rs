@@ -18,23 +18,23 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::LogError;
+use crate::error::{FaultSeq, LogError};
 use crate::format::{
-    decode_record, le_u16, le_u32, le_u64, parse_segment_file_name, RecordDecode, SegmentHeader,
-    Seq, COMMIT_KIND_VERSION, COMMIT_RECORD_BYTES, HEADER_LEN, KIND_SEAL, RECORD_KIND_OFFSET,
-    RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN, RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET,
-    RECORD_TS_OFFSET, SEAL_KIND_VERSION, SEAL_RECORD_BYTES,
+    decode_record, le_u16, le_u32, le_u64, parse_segment_file_name, RecordDecode, RecordRef,
+    SegmentHeader, Seq, HEADER_LEN, KIND_SEAL, RECORD_KIND_OFFSET, RECORD_KIND_VERSION_OFFSET,
+    RECORD_MIN_LEN, RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, RECORD_TS_OFFSET,
 };
 use crate::fs::{Fs, OsFs};
 use crate::reader::{LogReader, ScanOptions};
 use crate::recovery::TornTail;
-use crate::segment::find_valid_record;
+use crate::segment::{find_valid_record, reads_as_own_frame, OwnFrame};
 
 /// A frame inside the damaged range whose header still reads: it may be a
 /// whole record with a flipped bit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SalvagedRecord {
-    /// Its seq, as written.
+    /// Its seq: the one the log expects there (the frame's own `seq` field
+    /// is that seq, unless the field itself is the damaged one).
     pub seq: Seq,
     /// Byte offset in the damaged segment.
     pub offset: u64,
@@ -62,8 +62,9 @@ pub enum DamageKind {
     /// copy; `spark-replay verify` reports it as a fault.
     DamagedOrTornLastFrame {
         /// The frame reads as a seal by the rule of FORMAT.md, "Reading a
-        /// damaged last frame" (a seal's `len`, and two of kind 0,
-        /// kind_version 1, the last record's seq): it holds no record.
+        /// damaged frame" (three of a seal's `len`, kind 0, kind_version 1
+        /// and the last record's seq, the checksum deciding between a seal
+        /// and a record where both read alike): it holds no record.
         seal: bool,
         /// Only zero bytes follow the frame, so its seq is the only one
         /// damaged; otherwise the non-zero bytes after it may be more
@@ -137,21 +138,43 @@ impl DamageReport {
 /// ([`DamageKind::DamagedOrTornLastFrame`]). `Ok(None)` when the log is
 /// whole, or ends in a torn tail that is no whole frame (a torn write,
 /// which `verify` only notes).
+///
+/// The log is read as recovery reads it: no writer may be appending (the
+/// engine's own refusal at startup, a stopped server's data directory).
+/// Beside a running writer use [`damage_report_live`].
 pub fn damage_report(dir: &Path, max_record_bytes: u32) -> Result<Option<DamageReport>, LogError> {
-    damage_report_with(dir, Arc::new(OsFs), max_record_bytes)
+    damage_report_with(dir, Arc::new(OsFs), max_record_bytes, false)
 }
 
-/// [`damage_report`] over another file seam.
+/// [`damage_report`] on a log a writer may be appending to right now (the
+/// tools on a running server's data directory): the log is read as
+/// [`LogReader::open_live`] reads it, the view `spark-replay verify` has
+/// there. A listing that raced with segment rolls (a seq gap) is read
+/// again, and the last segment is read only as far as it continues after
+/// its last valid commit mark: a batch being copied in, a roll in
+/// progress and the zero fill ahead are neither damage nor a torn tail
+/// (FORMAT.md, "Reading a live log"). So no damaged last frame is
+/// reported either: recovery judges the tail at the next start.
+pub fn damage_report_live(
+    dir: &Path,
+    max_record_bytes: u32,
+) -> Result<Option<DamageReport>, LogError> {
+    damage_report_with(dir, Arc::new(OsFs), max_record_bytes, true)
+}
+
+/// [`damage_report`] (or, with `live`, [`damage_report_live`]) over
+/// another file seam.
 pub fn damage_report_with(
     dir: &Path,
     fs: Arc<dyn Fs>,
     max_record_bytes: u32,
+    live: bool,
 ) -> Result<Option<DamageReport>, LogError> {
     // The last record read before the damage: the reader's error names the
     // seq *expected* where the damage is at a segment header, so the last
     // good seq is taken from what was actually read instead.
     let mut last_read: Seq = 0;
-    let verdict = LogReader::open_visiting(dir, fs.clone(), max_record_bytes, false, |record| {
+    let verdict = LogReader::open_visiting(dir, fs.clone(), max_record_bytes, live, |record| {
         last_read = record.seq;
     })
     .and_then(|reader| {
@@ -204,7 +227,13 @@ pub fn damage_report_with(
         // Whole segment files are missing: their records are nowhere to
         // salvage, and this segment's first record is the next good one.
         Some(first_seq) => (Vec::new(), Some(first_seq)),
-        None => walk(bytes, offset, last_good_seq, max_record_bytes),
+        None => walk(
+            bytes,
+            offset,
+            last_good_seq,
+            max_record_bytes,
+            matches!(fault, FaultSeq::Record(_)),
+        ),
     };
     if next_good_seq.is_none() {
         // No valid record after the damage in this segment: the next
@@ -217,6 +246,11 @@ pub fn damage_report_with(
             .filter_map(|p| p.file_name()?.to_str().and_then(parse_segment_file_name))
             .filter(|&first| first > this)
             .min();
+    }
+    if let FaultSeq::Record(seq) = fault {
+        // The reader names the damaged frame a record (FORMAT.md, "Reading
+        // a damaged frame"): its seq is damaged, whatever follows it.
+        next_good_seq = next_good_seq.map(|next| next.max(seq.saturating_add(1)));
     }
     Ok(Some(DamageReport {
         kind: DamageKind::Corrupt,
@@ -271,19 +305,13 @@ fn last_frame_report_with(
         .unwrap_or(&[])
         .iter()
         .all(|&b| b == 0);
-    let fields = FrameFields {
-        len,
-        seq: le_u64(bytes, at.saturating_add(RECORD_SEQ_OFFSET)),
-        kind: le_u16(bytes, at.saturating_add(RECORD_KIND_OFFSET)),
-        kind_version: le_u16(bytes, at.saturating_add(RECORD_KIND_VERSION_OFFSET)),
-    };
     // The commit mark of the tail's batch carries the seq of its last whole
     // record (none: the tail holds no record, so no mark can close it).
     let batch_last = torn
         .seqs
         .map(|(_, last)| last)
         .filter(|_| torn.unacknowledged);
-    let role = damaged_frame_role(fields, last_good_seq, batch_last);
+    let role = damaged_frame_role(bytes, at, last_good_seq, batch_last);
     let seal = role == DamagedFrameRole::Seal;
     let batch_last = batch_last.filter(|_| role == DamagedFrameRole::CommitMark);
     let seq = last_good_seq.saturating_add(1);
@@ -315,7 +343,7 @@ fn last_frame_report_with(
         )
     } else {
         (
-            walk(bytes, torn.offset, last_good_seq, max_record_bytes).0,
+            walk(bytes, torn.offset, last_good_seq, max_record_bytes, true).0,
             format!(
                 "{place}: the last record (seq {seq}) is whole but fails its checksum ({}); it \
                  is either a torn write (never acknowledged) or a damaged acknowledged record \
@@ -339,16 +367,6 @@ fn last_frame_report_with(
     }))
 }
 
-/// The identifying fields of a frame that fails its checksum, as read
-/// (any of them may be damaged; `None` past the end of the file).
-#[derive(Clone, Copy, Debug)]
-struct FrameFields {
-    len: Option<u32>,
-    seq: Option<Seq>,
-    kind: Option<u16>,
-    kind_version: Option<u16>,
-}
-
 /// What a whole last frame that fails its checksum is read as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DamagedFrameRole {
@@ -360,38 +378,23 @@ enum DamagedFrameRole {
     Record,
 }
 
-/// The rule of FORMAT.md, "Reading a damaged last frame": a frame is read
-/// as a seal (or a commit mark) when its `len` field is a seal's, 52 (a
-/// commit mark's, 40), and at least two of its three other identifying
-/// fields hold a seal's values: `kind` 0, `kind_version` 1, `seq` = the
-/// last good seq `L` (a commit mark's: `kind` 0, `kind_version` 2, `seq` =
-/// `batch_last`, the last whole record of the tail's batch, when there is
-/// one). So damage to any one of those three fields never changes what the
-/// frame is read as; anything else is read as a record.
+/// The rule of FORMAT.md, "Reading a damaged frame", for the frame at `at`
+/// of `bytes`: a seal after the last good seq `L`, else (when the tail
+/// holds whole records, the last of them `batch_last`) the commit mark of
+/// that batch, else a record. The same rule the reader names damage by
+/// ([`reads_as_own_frame`]), so damage to any one field never changes what
+/// the frame is read as, and a record is never read as a frame of the
+/// log's own.
 fn damaged_frame_role(
-    fields: FrameFields,
+    bytes: &[u8],
+    at: usize,
     last_good_seq: Seq,
     batch_last: Option<Seq>,
 ) -> DamagedFrameRole {
-    // Casts: a seal frame is 60 bytes, a commit mark 48.
-    let seal_len = (SEAL_RECORD_BYTES - RECORD_SEQ_OFFSET) as u32;
-    let commit_len = (COMMIT_RECORD_BYTES - RECORD_SEQ_OFFSET) as u32;
-    let agree = |kind_version: u16, seq: Option<Seq>| {
-        [
-            fields.kind == Some(KIND_SEAL),
-            fields.kind_version == Some(kind_version),
-            seq.is_some() && fields.seq == seq,
-        ]
-        .iter()
-        .filter(|&&holds| holds)
-        .count()
-            >= 2
-    };
-    if fields.len == Some(seal_len) && agree(SEAL_KIND_VERSION, Some(last_good_seq)) {
+    if reads_as_own_frame(bytes, at, OwnFrame::seal(last_good_seq)) {
         DamagedFrameRole::Seal
-    } else if batch_last.is_some()
-        && fields.len == Some(commit_len)
-        && agree(COMMIT_KIND_VERSION, batch_last)
+    } else if batch_last
+        .is_some_and(|last| reads_as_own_frame(bytes, at, OwnFrame::commit_mark(last)))
     {
         DamagedFrameRole::CommitMark
     } else {
@@ -437,52 +440,85 @@ fn header_gap(name: &str, bytes: &[u8], offset: u64, last_good: Seq) -> Option<S
         .then_some(first_seq)
 }
 
-/// Walks from `offset`: frames whose `len` is plausible and whose `seq` is
-/// the next one are salvaged (CRC or not) and stepped over; at the first
-/// frame that does not read, the next valid record is searched byte by byte.
+/// Walks from `offset` up to the first valid frame after the damage,
+/// searched byte by byte ([`find_valid_record`]), which bounds the damaged
+/// seqs: frames whose `len` is plausible and whose `seq` is the next one are
+/// salvaged (CRC or not) and stepped over. A frame whose `seq` is the next
+/// one but whose `len` runs past that valid frame or is no length (its
+/// `len` is the damaged field), or whose `len` ends right at it but whose
+/// `seq` is not the next one (its `seq` is), is salvaged too, up to that
+/// frame, as the next seq, when it is the frame at `offset` and
+/// `record_at_offset` (the reader read it as a record, not as a frame of
+/// the log's own: FORMAT.md, "Reading a damaged frame"); nothing is
+/// salvaged when the frame at `offset` is no record. A valid frame of the
+/// log's own (a commit mark or a seal) repeats the seq of the record before
+/// it, so the next good seq is the one after it.
 fn walk(
     bytes: &[u8],
     offset: u64,
     last_good: Seq,
     max_record_bytes: u32,
+    record_at_offset: bool,
 ) -> (Vec<SalvagedRecord>, Option<Seq>) {
     let mut salvaged = Vec::new();
     let Ok(mut at) = usize::try_from(offset) else {
         return (salvaged, None);
     };
+    let first = at;
+    if let RecordDecode::Record { record, .. } = decode_record(bytes, at, max_record_bytes) {
+        if record.seq > last_good || record.kind == KIND_SEAL {
+            return (salvaged, Some(next_good_after(&record)));
+        }
+    }
+    let found = find_valid_record(bytes, at.saturating_add(1), last_good, max_record_bytes);
+    let limit = found.map_or(bytes.len(), |(found_at, _)| found_at);
     // The guard bounds a walk over a whole segment of garbage.
     for (expect, _guard) in (last_good + 1..).zip(0..1_000_000u32) {
-        if let RecordDecode::Record { record, .. } = decode_record(bytes, at, max_record_bytes) {
-            if record.kind == KIND_SEAL {
-                // The seal names the segment's last seq: the next one is good.
-                return (salvaged, Some(record.seq + 1));
-            }
-            if record.seq > last_good {
-                return (salvaged, Some(record.seq));
-            }
-        }
         let header = (
             le_u32(bytes, at),
-            le_u64(bytes, at + RECORD_SEQ_OFFSET),
-            le_u64(bytes, at + RECORD_TS_OFFSET),
-            le_u16(bytes, at + RECORD_KIND_OFFSET),
-            le_u16(bytes, at + RECORD_KIND_VERSION_OFFSET),
+            le_u64(bytes, at.saturating_add(RECORD_SEQ_OFFSET)),
+            le_u64(bytes, at.saturating_add(RECORD_TS_OFFSET)),
+            le_u16(bytes, at.saturating_add(RECORD_KIND_OFFSET)),
+            le_u16(bytes, at.saturating_add(RECORD_KIND_VERSION_OFFSET)),
         );
         let (Some(len), Some(seq), Some(ts_ms), Some(kind), Some(kind_version)) = header else {
             break;
         };
-        // Cast: u32 to usize is lossless on the targets we build for.
-        let end = at + RECORD_SEQ_OFFSET + len as usize;
-        if seq != expect || !(RECORD_MIN_LEN..=max_record_bytes).contains(&len) || end > bytes.len()
-        {
+        if at >= limit || !record_at_offset {
             break;
         }
+        if let RecordDecode::Record { record, .. } = decode_record(bytes, at, max_record_bytes) {
+            // A valid frame right after the salvaged ones (the search's seq
+            // bound may have passed it by).
+            if record.seq > last_good || record.kind == KIND_SEAL {
+                return (salvaged, Some(next_good_after(&record)));
+            }
+        }
+        // Only the frame the reader read as a record may have a damaged
+        // `len` or `seq` field; after it, frames are salvaged only whole.
+        let named = at == first;
+        // Cast: u32 to usize is lossless on the targets we build for.
+        let end = at
+            .saturating_add(RECORD_SEQ_OFFSET)
+            .saturating_add(len as usize);
+        let plausible = (RECORD_MIN_LEN..=max_record_bytes).contains(&len);
+        let end = if seq == expect && plausible && end <= limit {
+            end
+        } else if named && found.is_some() && seq == expect {
+            // The `len` field is the damaged one.
+            limit
+        } else if named && found.is_some() && plausible && end == limit {
+            // The `seq` field is the damaged one.
+            limit
+        } else {
+            break;
+        };
         let payload = bytes
             .get(at + RECORD_PAYLOAD_OFFSET..end)
             .unwrap_or(&[])
             .to_vec();
         salvaged.push(SalvagedRecord {
-            seq,
+            seq: expect,
             // Cast: usize is at most 64 bits.
             offset: at as u64,
             ts_ms,
@@ -492,117 +528,133 @@ fn walk(
         });
         at = end;
     }
-    let next = find_valid_record(bytes, at + 1, last_good, max_record_bytes).map(|(_, seq)| seq);
+    let next =
+        found.map(
+            |(found_at, seq)| match decode_record(bytes, found_at, max_record_bytes) {
+                RecordDecode::Record { record, .. } => next_good_after(&record),
+                _ => seq,
+            },
+        );
     (salvaged, next)
+}
+
+/// The first good seq at a valid frame after damage: a record's own; after
+/// a frame of the log's own (a seal, a commit mark), which repeats the seq
+/// of the record before it, the next one.
+fn next_good_after(frame: &RecordRef<'_>) -> Seq {
+    if frame.kind == KIND_SEAL {
+        frame.seq.saturating_add(1)
+    } else {
+        frame.seq
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::{
+        encode_commit, encode_record, encode_seal, CommitMark, RecordIn, COMMIT_KIND_VERSION,
+        SEAL_KIND_VERSION,
+    };
 
-    /// The fields of a seal after seq 7 (`len` 52, kind 0, kind_version 1).
-    fn seal() -> FrameFields {
-        FrameFields {
-            len: Some(52),
-            seq: Some(7),
-            kind: Some(KIND_SEAL),
-            kind_version: Some(SEAL_KIND_VERSION),
-        }
+    /// A seal after seq 7.
+    fn seal() -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_seal(&mut out, 7, 1_000, &[0xAB; 32]);
+        out
     }
 
-    /// The fields of the commit mark of a batch ending at seq 9.
-    fn mark() -> FrameFields {
-        FrameFields {
-            len: Some(40),
-            seq: Some(9),
-            kind: Some(KIND_SEAL),
-            kind_version: Some(COMMIT_KIND_VERSION),
-        }
+    /// The commit mark of a batch ending at seq 9.
+    fn mark() -> Vec<u8> {
+        let mut out = Vec::new();
+        let mark = CommitMark {
+            record_count: 2,
+            batch_bytes: 200,
+            batch_crc: 0xDEAD_BEEF,
+        };
+        encode_commit(&mut out, 9, 1_000, &mark);
+        out
     }
 
+    /// A record of seq `seq`, kind 3, kind_version `kind_version`, with a
+    /// payload of `payload` bytes.
+    fn record(seq: Seq, kind_version: u16, payload: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let payload = vec![0x5A; payload];
+        let record = RecordIn {
+            ts_ms: 1_000,
+            kind: 3,
+            kind_version,
+            payload: &payload,
+        };
+        encode_record(&mut out, seq, &record).unwrap();
+        out
+    }
+
+    /// `frame` with `byte` of its 28-byte header XORed with `mask`.
+    fn flipped(frame: &[u8], byte: usize, mask: u8) -> Vec<u8> {
+        let mut frame = frame.to_vec();
+        frame[byte] ^= mask;
+        frame
+    }
+
+    /// Every byte of the header, flipped: the frame is read as what it is.
     #[test]
-    fn one_damaged_field_never_changes_what_a_frame_is_read_as() {
+    fn one_damaged_header_byte_never_changes_what_a_frame_is_read_as() {
         use DamagedFrameRole::*;
-        let role = |f: FrameFields| damaged_frame_role(f, 7, Some(9));
-        assert_eq!(role(seal()), Seal);
-        assert_eq!(
-            role(FrameFields {
-                kind: Some(4),
-                ..seal()
-            }),
-            Seal
-        );
-        assert_eq!(
-            role(FrameFields {
-                kind_version: Some(9),
-                ..seal()
-            }),
-            Seal
-        );
-        assert_eq!(
-            role(FrameFields {
-                seq: Some(1 << 40),
-                ..seal()
-            }),
-            Seal
-        );
-        assert_eq!(role(mark()), CommitMark);
-        assert_eq!(
-            role(FrameFields {
-                kind: Some(4),
-                ..mark()
-            }),
-            CommitMark
-        );
-        assert_eq!(
-            role(FrameFields {
-                kind_version: Some(1),
-                ..mark()
-            }),
-            CommitMark
-        );
-        assert_eq!(
-            role(FrameFields {
-                seq: Some(3),
-                ..mark()
-            }),
-            CommitMark
-        );
+        let role = |f: &[u8]| damaged_frame_role(f, 0, 7, Some(9));
+        // Records of a seal's and a mark's length and kind_version: their
+        // kind or seq damaged into a seal's or a mark's value reads the
+        // same as a seal or mark whose other field was damaged, and the
+        // checksum tells them apart.
+        let seal_sized = record(8, SEAL_KIND_VERSION, 32);
+        let mark_sized = record(10, COMMIT_KIND_VERSION, 20);
+        for byte in 0..RECORD_PAYLOAD_OFFSET {
+            for mask in [0x01, 0x03, 0x0F, 0x80, 0xFF] {
+                assert_eq!(role(&flipped(&seal(), byte, mask)), Seal, "{byte} {mask}");
+                assert_eq!(
+                    role(&flipped(&mark(), byte, mask)),
+                    CommitMark,
+                    "{byte} {mask}"
+                );
+                assert_eq!(
+                    role(&flipped(&seal_sized, byte, mask)),
+                    Record,
+                    "{byte} {mask}"
+                );
+                assert_eq!(
+                    role(&flipped(&mark_sized, byte, mask)),
+                    Record,
+                    "{byte} {mask}"
+                );
+                assert_eq!(
+                    role(&flipped(&record(8, 1, 100), byte, mask)),
+                    Record,
+                    "{byte} {mask}"
+                );
+            }
+        }
         // A mark needs a batch in the tail to close.
-        assert_eq!(damaged_frame_role(mark(), 7, None), Record);
+        assert_eq!(
+            damaged_frame_role(&flipped(&mark(), 30, 1), 0, 7, None),
+            Record
+        );
     }
 
     #[test]
     fn a_record_of_a_seals_or_marks_length_is_a_record() {
         use DamagedFrameRole::*;
-        // A record (seq L + 1, a non-zero kind, kind_version 1) whose
-        // payload happens to give it a seal's or a mark's length.
-        let record = |len| FrameFields {
-            len: Some(len),
-            seq: Some(8),
-            kind: Some(3),
-            kind_version: Some(1),
-        };
-        assert_eq!(damaged_frame_role(record(52), 7, Some(9)), Record);
-        assert_eq!(damaged_frame_role(record(40), 7, Some(9)), Record);
-        // Two fields damaged into a seal's values: read as a seal.
-        let two = FrameFields {
-            kind: Some(KIND_SEAL),
-            seq: Some(7),
-            ..record(52)
-        };
-        assert_eq!(damaged_frame_role(two, 7, Some(9)), Seal);
-        // A seal's fields with another length: not a seal.
-        assert_eq!(
-            damaged_frame_role(
-                FrameFields {
-                    len: Some(60),
-                    ..seal()
-                },
-                7,
-                None
-            ),
-            Record
-        );
+        // Whole records that fail their checksum (a payload byte flipped)
+        // whose payload gives them a seal's or a mark's length.
+        let seal_sized = flipped(&record(8, SEAL_KIND_VERSION, 32), 40, 1);
+        let mark_sized = flipped(&record(10, COMMIT_KIND_VERSION, 20), 40, 1);
+        assert_eq!(damaged_frame_role(&seal_sized, 0, 7, Some(9)), Record);
+        assert_eq!(damaged_frame_role(&mark_sized, 0, 7, Some(9)), Record);
+        // Two fields damaged into a seal's values (kind 0, seq 7): read as
+        // a seal.
+        let mut two = seal_sized.clone();
+        two[RECORD_KIND_OFFSET..RECORD_KIND_OFFSET + 2].copy_from_slice(&0u16.to_le_bytes());
+        two[RECORD_SEQ_OFFSET..RECORD_SEQ_OFFSET + 8].copy_from_slice(&7u64.to_le_bytes());
+        assert_eq!(damaged_frame_role(&two, 0, 7, Some(9)), Seal);
     }
 }

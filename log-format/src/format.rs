@@ -432,7 +432,7 @@ pub enum RecordDecode<'a> {
 /// CRC32 of a record frame: its 4 `len` bytes, then the `len` bytes from
 /// `seq` on. `frame` starts at the `len` field and holds at least 8 + len
 /// bytes; shorter input hashes what there is.
-fn record_crc(frame: &[u8], len: usize) -> u32 {
+pub(crate) fn record_crc(frame: &[u8], len: usize) -> u32 {
     let mut crc = crc32fast::Hasher::new();
     crc.update(
         frame

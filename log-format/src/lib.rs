@@ -47,7 +47,8 @@ mod segment;
 mod writer;
 
 pub use damage::{
-    damage_report, damage_report_with, last_frame_report, DamageKind, DamageReport, SalvagedRecord,
+    damage_report, damage_report_live, damage_report_with, last_frame_report, DamageKind,
+    DamageReport, SalvagedRecord,
 };
 pub use error::{is_no_space_error, FaultSeq, LogError, OpenError};
 pub use format::{

@@ -191,19 +191,41 @@ impl LogReader {
         max_record_bytes: u32,
         from_seq: Seq,
     ) -> Result<LogReader, LogError> {
+        LogReader::open_live_visiting(dir, fs, max_record_bytes, from_seq, |_| {})
+    }
+
+    /// [`open_live_from`](Self::open_live_from), calling `visit` with every
+    /// whole record the checks read (as
+    /// [`open_visiting`](Self::open_visiting)); an attempt that is opened
+    /// again visits its records again from the start.
+    pub(crate) fn open_live_visiting(
+        dir: &Path,
+        fs: Arc<dyn Fs>,
+        max_record_bytes: u32,
+        from_seq: Seq,
+        mut visit: impl FnMut(RecordRef<'_>),
+    ) -> Result<LogReader, LogError> {
         let mut attempt = 1;
         loop {
-            match LogReader::open_from(dir, fs.clone(), max_record_bytes, true, from_seq, |_| {}) {
+            match LogReader::open_from(
+                dir,
+                fs.clone(),
+                max_record_bytes,
+                true,
+                from_seq,
+                &mut visit,
+            ) {
                 Err(LogError::Corrupt { .. }) if attempt < LIVE_OPEN_ATTEMPTS => attempt += 1,
                 opened => return opened,
             }
         }
     }
 
-    /// [`open_with_limit`](Self::open_with_limit), calling `visit` with every
-    /// whole record the checks read, in seq order (seals excluded): on an
-    /// error, the last one visited is the last record read before the
-    /// damage.
+    /// [`open_with_limit`](Self::open_with_limit) (or, with `live`,
+    /// [`open_live`](Self::open_live), its listing opened again after a
+    /// gap), calling `visit` with every whole record the checks read, in seq
+    /// order (seals excluded): on an error, the last one visited is the last
+    /// record read before the damage.
     pub(crate) fn open_visiting(
         dir: &Path,
         fs: Arc<dyn Fs>,
@@ -211,7 +233,11 @@ impl LogReader {
         live: bool,
         visit: impl FnMut(RecordRef<'_>),
     ) -> Result<LogReader, LogError> {
-        LogReader::open_from(dir, fs, max_record_bytes, live, 0, visit)
+        if live {
+            LogReader::open_live_visiting(dir, fs, max_record_bytes, 0, visit)
+        } else {
+            LogReader::open_from(dir, fs, max_record_bytes, false, 0, visit)
+        }
     }
 
     /// [`open_visiting`](Self::open_visiting) from the segment holding

@@ -15,11 +15,12 @@ use std::path::{Path, PathBuf};
 use crate::error::{FaultSeq, LogError};
 use crate::format::{
     chain_hasher, chain_hex, decode_record, le_u16, le_u32, le_u64, parse_segment_file_name,
-    ChainValue, CommitMark, Damage, HeaderError, RecordDecode, RecordRef, SegmentHeader, Seq,
-    COMMIT_KIND_VERSION, COMMIT_RECORD_BYTES, FORMAT_VERSION, HEADER_CHAIN_START_OFFSET,
-    HEADER_FIRST_SEQ_OFFSET, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, RECORD_KIND_OFFSET,
-    RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN, RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET,
-    SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES, SEGMENT_SUFFIX,
+    record_crc, ChainValue, CommitMark, Damage, HeaderError, RecordDecode, RecordRef,
+    SegmentHeader, Seq, COMMIT_KIND_VERSION, COMMIT_RECORD_BYTES, FORMAT_VERSION,
+    HEADER_CHAIN_START_OFFSET, HEADER_FIRST_SEQ_OFFSET, HEADER_LEN, KIND_SEAL, RECORD_CRC_OFFSET,
+    RECORD_HEADER_LEN, RECORD_KIND_OFFSET, RECORD_KIND_VERSION_OFFSET, RECORD_MIN_LEN,
+    RECORD_PAYLOAD_OFFSET, RECORD_SEQ_OFFSET, SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN,
+    SEAL_RECORD_BYTES, SEGMENT_SUFFIX,
 };
 use crate::fs::Fs;
 
@@ -839,34 +840,23 @@ fn judge_tail(
 /// corrupt, exactly"). The log expects there the record `L + 1` (`L` the
 /// last record walked) or one frame of its own: in version 2 after the
 /// records of a batch no mark closed yet, that batch's commit mark, else a
-/// seal. The frame is read as that frame of the log's own when at least
-/// three of its four identifying fields hold its values (`len` 40 or 52,
-/// `kind` 0, `kind_version` 2 or 1, `seq` `L`), so damage to any one field
-/// never changes the reading; then nothing is damaged but that frame,
-/// which lies after seq `L` ([`FaultSeq::After`]). Else it is record
-/// `L + 1` ([`FaultSeq::Record`]): a record never has `kind` 0 nor seq `L`.
-/// Records without a commit mark where the segment ends lie before a
-/// missing mark, after seq `L`.
+/// seal. The frame is read as that frame of the log's own by
+/// [`reads_as_own_frame`]; then nothing is damaged but that frame, which
+/// lies after seq `L` ([`FaultSeq::After`]). Else it is record `L + 1`
+/// ([`FaultSeq::Record`]). Records without a commit mark where the segment
+/// ends lie before a missing mark, after seq `L`.
 fn damaged_frame(bytes: &[u8], walk: &Walk, committed: bool, damage: Damage) -> (FaultSeq, String) {
     let last = walk.last_seq;
     if damage == Damage::Uncommitted {
         return (FaultSeq::After(last), damage.to_string());
     }
     let open_batch = committed && walk.last_seq > walk.ack_seq;
-    let (frame_bytes, kind_version, what) = if open_batch {
-        (COMMIT_RECORD_BYTES, COMMIT_KIND_VERSION, "commit mark")
+    let (own, what) = if open_batch {
+        (OwnFrame::commit_mark(last), "commit mark")
     } else {
-        (SEAL_RECORD_BYTES, SEAL_KIND_VERSION, "seal")
+        (OwnFrame::seal(last), "seal")
     };
-    let at = walk.offset;
-    let holds = [
-        le_u32(bytes, at).and_then(|len| usize::try_from(len).ok())
-            == Some(frame_bytes - RECORD_SEQ_OFFSET),
-        le_u16(bytes, at + RECORD_KIND_OFFSET) == Some(KIND_SEAL),
-        le_u16(bytes, at + RECORD_KIND_VERSION_OFFSET) == Some(kind_version),
-        le_u64(bytes, at + RECORD_SEQ_OFFSET) == Some(last),
-    ];
-    if holds.iter().filter(|&&h| h).count() >= 3 {
+    if reads_as_own_frame(bytes, walk.offset, own) {
         (
             FaultSeq::After(last),
             format!("{damage} (the damaged frame reads as the {what} after seq {last})"),
@@ -874,6 +864,90 @@ fn damaged_frame(bytes: &[u8], walk: &Walk, committed: bool, damage: Damage) -> 
     } else {
         (FaultSeq::Record(last.wrapping_add(1)), damage.to_string())
     }
+}
+
+/// A frame of the log's own (kind 0) as it would stand at some place: its
+/// size on disk, its `kind_version` and the seq it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OwnFrame {
+    /// Bytes on disk: 60 for a seal, 48 for a commit mark.
+    pub size: usize,
+    /// 1 for a seal, 2 for a commit mark.
+    pub kind_version: u16,
+    /// The seq it repeats: a seal's the segment's last record, a commit
+    /// mark's its batch's last record.
+    pub seq: Seq,
+}
+
+impl OwnFrame {
+    /// The seal after seq `last`.
+    pub(crate) fn seal(last: Seq) -> OwnFrame {
+        OwnFrame {
+            size: SEAL_RECORD_BYTES,
+            kind_version: SEAL_KIND_VERSION,
+            seq: last,
+        }
+    }
+
+    /// The commit mark of the batch whose last record is `batch_last`.
+    pub(crate) fn commit_mark(batch_last: Seq) -> OwnFrame {
+        OwnFrame {
+            size: COMMIT_RECORD_BYTES,
+            kind_version: COMMIT_KIND_VERSION,
+            seq: batch_last,
+        }
+    }
+}
+
+/// Whether the frame at `at`, which fails its checksum, reads as `own`, the
+/// one frame of the log's own that may stand there, rather than as a
+/// record (FORMAT.md, "Reading a damaged frame"). Its four identifying
+/// fields are `len` (own's size - 8), `kind` (0), `kind_version` and `seq`
+/// (own's seq). A record never has `kind` 0, and its seq is after own's, so
+/// a record with one damaged field holds at most one of those two; an own
+/// frame with one damaged field holds at least three of the four. So:
+/// - all four hold, or three with `kind` and `seq` among them: own;
+/// - three, with one of `kind` and `seq` among them: a record of own's
+///   length and `kind_version` whose `kind` or `seq` was damaged into own's
+///   value reads the same as own with the other of the two damaged, so the
+///   frame's own checksum decides: it is own when the frame, with that
+///   field set to own's value, passes its checksum (a single damaged field
+///   restored), else a record;
+/// - fewer: a record.
+pub(crate) fn reads_as_own_frame(bytes: &[u8], at: usize, own: OwnFrame) -> bool {
+    // Cast: an own frame is 48 or 60 bytes.
+    let own_len = (own.size - RECORD_SEQ_OFFSET) as u32;
+    let len = le_u32(bytes, at) == Some(own_len);
+    let kind = le_u16(bytes, at + RECORD_KIND_OFFSET) == Some(KIND_SEAL);
+    let kind_version = le_u16(bytes, at + RECORD_KIND_VERSION_OFFSET) == Some(own.kind_version);
+    let seq = le_u64(bytes, at + RECORD_SEQ_OFFSET) == Some(own.seq);
+    match [len, kind, kind_version, seq]
+        .iter()
+        .filter(|&&h| h)
+        .count()
+    {
+        4 => true,
+        3 if kind && seq => true,
+        3 => restored_checksum_holds(bytes, at, own),
+        _ => false,
+    }
+}
+
+/// Whether the `own.size` bytes at `at`, with their identifying fields set
+/// to `own`'s values, pass the frame checksum they hold.
+fn restored_checksum_holds(bytes: &[u8], at: usize, own: OwnFrame) -> bool {
+    let Some(frame) = at.checked_add(own.size).and_then(|end| bytes.get(at..end)) else {
+        return false;
+    };
+    let mut frame = frame.to_vec();
+    let own_len = own.size - RECORD_SEQ_OFFSET;
+    // Cast: an own frame is 48 or 60 bytes.
+    frame[..RECORD_CRC_OFFSET].copy_from_slice(&(own_len as u32).to_le_bytes());
+    frame[RECORD_SEQ_OFFSET..RECORD_SEQ_OFFSET + 8].copy_from_slice(&own.seq.to_le_bytes());
+    frame[RECORD_KIND_OFFSET..RECORD_KIND_OFFSET + 2].copy_from_slice(&KIND_SEAL.to_le_bytes());
+    frame[RECORD_KIND_VERSION_OFFSET..RECORD_KIND_VERSION_OFFSET + 2]
+        .copy_from_slice(&own.kind_version.to_le_bytes());
+    le_u32(&frame, RECORD_CRC_OFFSET) == Some(record_crc(&frame, own_len))
 }
 
 /// Version 2: the tail after the last valid commit mark is a batch whose

@@ -251,8 +251,7 @@ fn damage(common: &Common) -> Outcome {
     if !dir.is_dir() {
         return Err(Failure::unreadable(format!("no log at {}", dir.display())));
     }
-    let report = spark_log_format::damage_report(&dir, spark_log_format::DEFAULT_MAX_RECORD_BYTES)
-        .map_err(crate::scan::log_failure)?;
+    let report = crate::scan::damage_report(&common.data).map_err(crate::scan::log_failure)?;
     let Some(report) = report else {
         // The bytes verify; like `verify`, every op must also decode and
         // fold with the engine's code, or the engine refuses to start.

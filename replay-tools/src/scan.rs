@@ -47,6 +47,21 @@ pub fn open_log(data: &Path) -> Result<LogReader, LogError> {
     }
 }
 
+/// [`spark_log_format::damage_report`] on the log of the data directory
+/// `data`, in the view [`open_log`] reads it in: beside a running engine,
+/// the live one ([`spark_log_format::damage_report_live`]), so that `audit
+/// damage` never reports a roll or a batch in progress that `verify`
+/// reads past.
+pub fn damage_report(data: &Path) -> Result<Option<spark_log_format::DamageReport>, LogError> {
+    let dir = log_dir(data);
+    let limit = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
+    if engine_running(data) {
+        spark_log_format::damage_report_live(&dir, limit)
+    } else {
+        spark_log_format::damage_report(&dir, limit)
+    }
+}
+
 /// Whether an engine holds `<data>/LOCK` (its exclusive lock while it
 /// runs). A missing or unreadable lock file means no engine.
 fn engine_running(data: &Path) -> bool {

@@ -17,6 +17,8 @@ mod archive_sync;
 mod archive_takeover;
 #[path = "tools/checkpoint.rs"]
 mod checkpoint;
+#[path = "tools/damage_header.rs"]
+mod damage_header;
 #[path = "tools/proxy.rs"]
 mod proxy;
 #[path = "tools/replica.rs"]
@@ -229,6 +231,56 @@ async fn every_subcommand_beside_a_running_engine() {
     assert_eq!(ids_found.as_array().unwrap().len(), 2);
 
     engine.shutdown().await;
+}
+
+/// Beside a running engine (its `LOCK` held), `audit damage` reads the log
+/// as `verify` does there: the last batch as a reader may see it while the
+/// writer copies it in (its first bytes still zero, its commit mark already
+/// there) is a write in progress, not damage. A break-test found `audit
+/// damage` reporting exactly this beside a server under load ("zero bytes
+/// where a record would start, but a valid frame follows ... no hole of
+/// unwritten sectors"). On the stopped server the same bytes are damage,
+/// which the engine would refuse, and both tools say so.
+#[tokio::test]
+async fn audit_damage_beside_a_running_engine_reads_past_a_batch_being_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (segment, whole, end) = one_segment_log(&data).await;
+    // The last batch is seq 5 and its commit mark: its first bytes not
+    // written yet, as a reader racing the writer's copy sees them.
+    let (offset5, _, _) = frames_by_the_tables(&whole)
+        .into_iter()
+        .find(|&(_, seq, kind)| seq == 5 && kind != 0)
+        .unwrap();
+    assert!(offset5 < end);
+    let mut bytes = whole.clone();
+    bytes[offset5..offset5 + 16].fill(0);
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let lock = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(data.join("LOCK"))
+        .unwrap();
+    lock.lock().unwrap();
+    for args in [&["verify"][..], &["audit", "damage"][..]] {
+        let (code, out, err) = run(args, &data);
+        assert_eq!(code, 0, "{args:?} beside a running engine: {out}{err}");
+    }
+    let (code, out, err) = run(&["audit", "damage", "--json"], &data);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(json(&out)["damaged"], false, "{out}");
+
+    // Stopped: read as recovery reads it.
+    lock.unlock().unwrap();
+    drop(lock);
+    let (code, out, err) = run(&["audit", "damage"], &data);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("no hole of unwritten sectors"), "{out}");
+    let (code, out, err) = run(&["verify"], &data);
+    assert_eq!(code, 1, "{out}{err}");
 }
 
 #[tokio::test]

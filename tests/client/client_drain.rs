@@ -511,9 +511,10 @@ async fn the_real_transport_reads_retry_after_problems_and_times_out() {
         // then: no answer at all
     ])
     .await;
+    // Long enough for the fake server (one task, one connection at a time)
+    // to answer on a busy machine: only the unanswered turn may time out.
     let transport = Arc::new(
-        ReqwestTransport::with_timeout(&format!("http://{addr}"), Duration::from_millis(300))
-            .unwrap(),
+        ReqwestTransport::with_timeout(&format!("http://{addr}"), Duration::from_secs(3)).unwrap(),
     );
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::at(START_MS);

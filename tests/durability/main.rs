@@ -15,6 +15,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod audit_live;
 mod checkpoint_start;
 mod crash_kill9;
 mod disk_full;

@@ -164,7 +164,17 @@ async fn the_store_down_for_a_while_loses_nothing_and_the_lag_recovers() {
     .unwrap();
     // Writes go on locally; the lag grows and shows.
     write(&engine, 50, 150, true).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Until a ship has failed and 2 s of lag show (a busy machine may
+    // take longer than the 3 s this needs on an idle one).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while shipping.status.failing().is_none() || shipping.status.lag_seconds() < 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failing ship with 2 s of lag: {}",
+            shipping.status.to_json()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(shipping.status.shipped_seq() < engine.head().seq);
     assert!(
         shipping.status.lag_seconds() >= 2.0,
@@ -186,10 +196,16 @@ async fn the_store_down_for_a_while_loses_nothing_and_the_lag_recovers() {
     .await
     .unwrap();
     wait_shipped(&engine, &shipping, Duration::from_secs(60)).await;
-    // One more look: caught up, healthy.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(shipping.status.lag_seconds(), 0.0);
-    assert!(shipping.status.failing().is_none());
+    // One more look: caught up, healthy (once the next ship has said so).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while shipping.status.lag_seconds() != 0.0 || shipping.status.failing().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not caught up and healthy: {}",
+            shipping.status.to_json()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let (seq, digest) = digest_of(&data, None);
     shipping.stop().await;
     engine.shutdown().await;
