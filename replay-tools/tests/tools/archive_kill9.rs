@@ -579,7 +579,10 @@ fn the_store_down_30_s_under_load_loses_nothing_and_shipping_catches_up() {
     let load = Load::start(&server.base);
     monitor.wait_for("a first ship", |s| s.archived_seq > 0);
     let before = look(&server.base);
-    assert_eq!(before.readyz["archive"]["status"], "shipping", "{before:?}");
+    // Shipping, or "behind" when a loaded machine let the lag pass its
+    // limit under the load: either way not failing before the outage.
+    let status = before.readyz["archive"]["status"].as_str().unwrap_or("");
+    assert!(status == "shipping" || status == "behind", "{before:?}");
 
     // The store goes away for `outage`; the load goes on.
     weed.stop();
