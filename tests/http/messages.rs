@@ -346,11 +346,32 @@ async fn the_change_stream_catches_up_then_follows_and_resumes() {
     );
     let (s, _) = server.get("/api/events?after=soon").await;
     assert_eq!(s, 400);
-    // A bare seq names no history: refused, the head named to resume.
-    let (s, body) = server.get("/api/events?after=2").await;
-    assert_eq!(s, 409, "{body}");
+    // A bare Last-Event-ID names no history: refused, the head named to
+    // resume.
+    let response = server
+        .client
+        .get(server.url("/api/events"))
+        .header("Last-Event-ID", "2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 409);
+    let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["code"], "cursor_unknown");
     assert_eq!(body["head_cursor"], json!(ids[3]));
+    // A bare `?after=2` (SPEC section 4) is this log's seq 2: the ops after it.
+    let response = server
+        .client
+        .get(server.url("/api/events?after=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let events = read_events(response, 2).await;
+    assert_eq!(
+        events.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        vec![ids[2].as_str(), ids[3].as_str()]
+    );
     // At the head: nothing to send yet, a stream all the same.
     let at_head = server
         .client
