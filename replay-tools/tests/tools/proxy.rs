@@ -387,6 +387,14 @@ fn nginx_routes_each_shard_to_its_own_engines_and_fails_reads_over() {
     while !first.starts_with("id:") {
         first = lines.next().unwrap().unwrap();
     }
-    assert_eq!(first.trim(), "id:1");
+    // The first op's cursor: seq 1, a dot, 16 hex digits of the chain.
+    let cursor = first
+        .trim()
+        .strip_prefix("id:1.")
+        .unwrap_or_else(|| panic!("{first}"));
+    assert!(
+        cursor.len() == 16 && cursor.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{first}"
+    );
     drop(weed);
 }
