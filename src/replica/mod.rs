@@ -644,21 +644,7 @@ impl Follower {
             return self.step_to_latest(sent_ms).await;
         }
         let Some(first) = self.read_manifest(self.number + 1).await? else {
-            // Caught up only if no later manifest exists either: one
-            // missing while a later one exists is a gap (damage), which
-            // names it and keeps the replica where it is.
-            let prefix = self.store.prefix().to_owned();
-            let nothing_after = self
-                .store
-                .nothing_after(|n| manifest_key(&prefix, n), self.number)
-                .await?;
-            if nothing_after {
-                self.status
-                    .caught_up_at_ms
-                    .store(sent_ms, Ordering::Release);
-            }
-            // Else it was stored since the GET: fetch it at once.
-            return Ok(!nothing_after);
+            return self.ended_at_a_missing_key(sent_ms).await;
         };
         let mut run = vec![first];
         let mut caught_up_at = None;
@@ -724,23 +710,28 @@ impl Follower {
             return Err(failure);
         }
         match caught_up_at {
-            Some(sent_ms) => {
-                // The run ended at a key not found: caught up only if no
-                // later manifest exists either (else a gap, named).
-                let prefix = self.store.prefix().to_owned();
-                let nothing_after = self
-                    .store
-                    .nothing_after(|n| manifest_key(&prefix, n), self.number)
-                    .await?;
-                if nothing_after {
-                    self.status
-                        .caught_up_at_ms
-                        .store(sent_ms, Ordering::Release);
-                }
-                Ok(!nothing_after)
-            }
+            Some(sent_ms) => self.ended_at_a_missing_key(sent_ms).await,
             None => Ok(true),
         }
+    }
+
+    /// A run of manifests ended at `manifest/N+1` not found (N applied):
+    /// caught up as of `sent_ms` (the GET's send) only if no later manifest
+    /// exists either; one missing while a later one exists is a gap
+    /// (damage, named; the replica stays where it is). `Ok(true)` when
+    /// `N+1` was stored since the GET: step again at once.
+    async fn ended_at_a_missing_key(&self, sent_ms: u64) -> Result<bool, FollowError> {
+        let prefix = self.store.prefix().to_owned();
+        let nothing_after = self
+            .store
+            .nothing_after(|n| manifest_key(&prefix, n), self.number)
+            .await?;
+        if nothing_after {
+            self.status
+                .caught_up_at_ms
+                .store(sent_ms, Ordering::Release);
+        }
+        Ok(!nothing_after)
     }
 
     /// Manifest `number`, checked (frame, number); `None` when no object
