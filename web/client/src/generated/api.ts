@@ -229,7 +229,7 @@ export interface paths {
         };
         /**
          * The change stream, as server-sent events
-         * @description Each committed op is one event with `id: <cursor>` and the data of a `ChangeNotice` (`{seq, kind, upserted, removed}`). The cursor (`SEQ.CHAIN`) is the op's seq, a dot and the first 16 hex digits of the log's chain value at the end of the batch that holds it (after its commit mark): it names one history of the log, since two logs that share a seq but not the ops up to it (a restore then another writer, a failover to another archive's replica) have other chain values there. The stream first catches up from the log (ops after `after`, or after `Last-Event-ID`, which wins), then follows live commits, with keep-alive comments; it does not end on its own, but ends when the session that opened it (the cookie of `POST /api/session`) ends or expires, and when the server stops. A subscriber that falls behind gets an `overflow` event whose data is `{"resume_after": seq, "resume_cursor": cursor}` and the stream ends. A log that cannot be read gives an `error` event and the stream ends. A cursor beyond the head is refused with `409 cursor_ahead`; a cursor that is not a point of this log's history (its chain value differs, or a bare seq above 0, which names no history) with `409 cursor_unknown`. At most `limits.event_streams_max` streams are open at once; past it `503 unavailable` with `Retry-After`.
+         * @description Each committed op is one event with `id: <cursor>` and the data of a `ChangeNotice` (`{seq, kind, upserted, removed}`). The cursor (`SEQ.CHAIN`) is the op's seq, a dot and the first 16 hex digits of the log's chain value at the end of the batch that holds it (after its commit mark): it names one history of the log, since two logs that share a seq but not the ops up to it (a restore then another writer, a failover to another archive's replica) have other chain values there. The stream first catches up from the log (ops after `after`, or after `Last-Event-ID`, which wins), then follows live commits, with keep-alive comments; it does not end on its own, but ends when the session that opened it (the cookie of `POST /api/session`) ends or expires, and when the server stops. A subscriber that falls behind gets an `overflow` event whose data is `{"resume_after": seq, "resume_cursor": cursor}` and the stream ends. A log that cannot be read gives an `error` event and the stream ends. A cursor beyond the head is refused with `409 cursor_ahead`; a cursor that is not a point of this log's history (its chain value differs, or a bare seq above 0 as `Last-Event-ID`, which names no history) with `409 cursor_unknown`; a bare `after=SEQ` names a seq of this server's log as it is now and is served from there, unchecked. At most `limits.event_streams_max` streams are open at once; past it `503 unavailable` with `Retry-After`.
          */
         get: operations["streamEvents"];
         put?: never;
@@ -1847,7 +1847,7 @@ export interface operations {
     streamEvents: {
         parameters: {
             query?: {
-                /** @description Send the ops after this cursor: `0` (the default) sends all; otherwise an event's id (`SEQ.CHAIN`) or the `cursor` of `GET /api/log/head`. A bare seq above 0 is refused with `409 cursor_unknown`. */
+                /** @description Send the ops after this cursor: `0` (the default) sends all; otherwise an event's id (`SEQ.CHAIN`) or the `cursor` of `GET /api/log/head`. A bare seq (SPEC's `after={seq}`) names a seq of this server's log as it is now and is not checked against a history: a client that resumes uses the event's id. */
                 after?: string;
             };
             header?: {
@@ -1874,7 +1874,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
-            /** @description `cursor_ahead`: `after` (or `Last-Event-ID`) is beyond the log's head, as after a restore from an archive that was behind what the client saw. `cursor_unknown`: the cursor is not a point of this log's history: this log holds other ops under its seq (a restore and a take-over, another server's log), or it is a bare seq above 0, which cannot be checked. Either way nothing is streamed; the client resynchronises (refetches what it derived from the stream: its cached state may hold ops this log does not) and follows after `head_cursor`. */
+            /** @description `cursor_ahead`: `after` (or `Last-Event-ID`) is beyond the log's head, as after a restore from an archive that was behind what the client saw. `cursor_unknown`: the cursor is not a point of this log's history: this log holds other ops under its seq (a restore and a take-over, another server's log), or it is a bare seq above 0 sent as `Last-Event-ID`, which cannot be checked. Either way nothing is streamed; the client resynchronises (refetches what it derived from the stream: its cached state may hold ops this log does not) and follows after `head_cursor`. */
             409: {
                 headers: {
                     [name: string]: unknown;
