@@ -365,9 +365,33 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
 }
 
+/// The file `path` names once every symbolic link on its last component
+/// is followed (a relative target is read from the link's directory); the
+/// file itself may not exist yet. Errors: a loop of more than 40 links.
+fn through_links(path: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let mut path = path.to_owned();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = std::fs::read_link(&path)?;
+                path = match path.parent() {
+                    Some(parent) if target.is_relative() => parent.join(target),
+                    _ => target,
+                };
+            }
+            _ => return Ok(path),
+        }
+    }
+    anyhow::bail!("{}: too many levels of symbolic links", path.display())
+}
+
 /// `spark-engine token add DEVICE [--config FILE]`.
 fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
     use std::io::Write;
+    // A symbolic link (as configuration managers lay files out) is written
+    // through: the file it names gets the token and the link stays.
+    let config = &through_links(config)?;
     let existing = match std::fs::read_to_string(config) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
@@ -399,7 +423,8 @@ fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode>
             .unwrap_or("spark")
     ));
     {
-        let mut file = std::fs::File::create(&temp)?;
+        let mut file = std::fs::File::create(&temp)
+            .with_context(|| format!("cannot write {}", temp.display()))?;
         // The new file keeps the old one's permissions (0600 when new).
         let permissions = match std::fs::metadata(config) {
             Ok(meta) => meta.permissions(),
@@ -412,7 +437,8 @@ fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode>
         file.write_all(text.as_bytes())?;
         file.sync_all()?;
     }
-    std::fs::rename(&temp, config)?;
+    std::fs::rename(&temp, config)
+        .with_context(|| format!("cannot replace {}", config.display()))?;
     std::fs::File::open(dir)?.sync_all()?;
     println!("{token}");
     // The path as the server must be given it, whatever the working

@@ -327,7 +327,8 @@ fn end_with_session(state: &AppState, secret: String) -> tokio::sync::oneshot::R
     ended
 }
 
-/// `503 unavailable` with `Retry-After`: `cap` streams are open.
+/// `503 unavailable` with `Retry-After` and `Connection: close`: `cap`
+/// streams are open.
 fn streams_full(cap: usize) -> ApiError {
     let mut error = ApiError::new(
         warp::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -338,7 +339,10 @@ fn streams_full(cap: usize) -> ApiError {
         ),
     );
     error.retry_after_s = Some(5);
-    error
+    // Closed, not kept alive: a client that holds the refused connection
+    // would keep a place of `limits.connections_max` with nothing on it,
+    // the places the stream cap leaves to the health routes.
+    error.closing()
 }
 
 /// Checks that `after` names a point of this log's history (its chain

@@ -31,7 +31,10 @@ pub struct ApiError {
     /// Answer with `Connection: close`: the refusal comes before the
     /// request's body was read (an upload refused on its headers or its
     /// declared length), so the connection cannot carry another request and
-    /// the client is told so rather than finding a closed socket.
+    /// the client is told so rather than finding a closed socket; or a
+    /// refusal at a cap of connections held open (an event stream past
+    /// `limits.event_streams_max`), whose connection would otherwise keep a
+    /// place of `limits.connections_max` with nothing on it.
     pub close_connection: bool,
 }
 

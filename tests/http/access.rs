@@ -878,6 +878,103 @@ fn listen_takes_a_host_name() {
     assert!(err.contains("HOST:PORT"), "{err}");
 }
 
+/// `token add --config LINK`, where LINK is a symbolic link to the
+/// settings file (as configuration managers lay files out), writes the
+/// file the link names and keeps the link: the server reads the token
+/// through it. Before the fix the rename replaced the link with a copy, so
+/// the file the link named (the one the operator keeps) had no token. A
+/// missing directory is refused naming the path, with nothing written.
+#[test]
+fn token_add_writes_through_a_symbolic_link_and_names_a_missing_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let real_dir = dir.path().join("managed");
+    std::fs::create_dir_all(&real_dir).unwrap();
+    let real = real_dir.join("engine.toml");
+    std::fs::write(&real, "[limits]\njson_body_limit_bytes = 4096\n").unwrap();
+    // A relative link, the way `ln -s managed/engine.toml` makes it.
+    let link = dir.path().join("engine.toml");
+    std::os::unix::fs::symlink("managed/engine.toml", &link).unwrap();
+
+    let (code, token, said) = engine_in(
+        dir.path(),
+        &[
+            "token",
+            "add",
+            "phone-1",
+            "--config",
+            link.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link is kept"
+    );
+    let text = std::fs::read_to_string(&real).unwrap();
+    assert!(
+        text.contains(&hex::encode(Sha256::digest(token.trim().as_bytes()))),
+        "the file the link names has the token: {text}"
+    );
+    assert!(text.contains("json_body_limit_bytes = 4096"), "{text}");
+    assert!(
+        said.contains(&real.canonicalize().unwrap().display().to_string()),
+        "the file written is named: {said}"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .chain(std::fs::read_dir(&real_dir).unwrap())
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // A link whose file does not exist yet: the file is made where the
+    // link points.
+    let fresh = dir.path().join("fresh.toml");
+    std::os::unix::fs::symlink("managed/fresh.toml", &fresh).unwrap();
+    let (code, _, said) = engine_in(
+        dir.path(),
+        &[
+            "token",
+            "add",
+            "phone-2",
+            "--config",
+            fresh.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{said}");
+    assert!(std::fs::read_to_string(real_dir.join("fresh.toml"))
+        .unwrap()
+        .contains("phone-2"));
+    assert!(std::fs::symlink_metadata(&fresh)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    // A directory that does not exist: refused, naming the path.
+    let missing = dir.path().join("no-such-dir").join("engine.toml");
+    let (code, printed, said) = engine_in(
+        dir.path(),
+        &[
+            "token",
+            "add",
+            "phone-3",
+            "--config",
+            missing.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 1, "{said}");
+    assert!(printed.is_empty(), "no token printed: {printed}");
+    assert!(said.contains("no-such-dir"), "{said}");
+}
+
 /// The operator flow with the settings file outside the working directory:
 /// `spark-engine --config FILE token add DEVICE` writes FILE (not
 /// `./spark.toml`) and says its absolute path, `SPARK_CONFIG` is honoured

@@ -487,6 +487,58 @@ async fn open_event_streams_leave_room_for_the_health_checks() {
     }
 }
 
+/// A stream refused at the cap closes its connection (`Connection: close`):
+/// a keep-alive client (curl, a browser) that holds the refused connection
+/// would otherwise keep a place of `connections_max` with nothing on it,
+/// and with streams at the cap and the connections at their limit the
+/// health routes waited for it (seen by a break-test: `/healthz` blocked
+/// about 10 s, until the idle connection timed out).
+#[tokio::test]
+async fn a_stream_refused_at_the_cap_closes_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path());
+    s.limits.connections_max = 3;
+    s.limits.event_streams_max = 1;
+    let server = TestServer::start_with(s).await;
+    let addr = server.running.addr;
+    let open = reqwest::Client::new()
+        .get(server.url("/api/events?after=0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status().as_u16(), 200);
+
+    let mut refused = TcpStream::connect(addr).await.unwrap();
+    refused
+        .write_all(b"GET /api/events?after=0 HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, text) = tokio::time::timeout(Duration::from_secs(10), read_answer(&mut refused))
+        .await
+        .expect("answered")
+        .expect("an answer, not a bare close");
+    assert_eq!(status, 503, "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    closed_by_the_server(&mut refused).await;
+    // The refused connection is gone, so the two places left (one held by
+    // the open stream) still carry a health check at once, even with a
+    // second keep-alive client idle on the other.
+    let _idle = TcpStream::connect(addr).await.unwrap();
+    let health = tokio::time::timeout(
+        Duration::from_secs(5),
+        reqwest::Client::new().get(server.url("/healthz")).send(),
+    )
+    .await
+    .expect("/healthz answers while the refused connection is closed")
+    .unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    drop(open);
+    server.stop().await;
+}
+
 #[test]
 fn the_event_streams_cap_is_a_setting() {
     let dir = tempfile::tempdir().unwrap();
