@@ -19,8 +19,21 @@ use crate::config::Settings;
 /// host_not_allowed` naming the host and the setting. A request without
 /// `Host` passes (browsers always send one; DNS rebinding needs a
 /// browser). With tokens every request passes here: the token is what
-/// keeps another site's page out, and it cannot send one.
+/// keeps another site's page out, and it cannot send one. Two `Host`
+/// lines with different values are `400 invalid_request`, tokens or not.
 pub fn refuse_foreign_host(settings: &Settings, headers: &HeaderMap) -> Result<(), ApiError> {
+    // RFC 9112 section 3.2: more than one Host is a 400, tokens or not
+    // (the same value repeated is taken as one, as for the other
+    // single-value headers).
+    let mut hosts = headers.get_all(header::HOST).iter();
+    if let Some(first) = hosts.next() {
+        if hosts.any(|other| !other.as_bytes().eq_ignore_ascii_case(first.as_bytes())) {
+            return Err(ApiError::invalid_request(
+                "the Host header is sent more than once with different values; a request \
+                 names one host",
+            ));
+        }
+    }
     if !settings.access.tokens.is_empty() {
         return Ok(());
     }

@@ -462,7 +462,7 @@ pub fn authorize(state: &AppState, req: &mut Request) -> Result<(), ApiError> {
 /// a proxy or a client may read the other (two idempotency keys made two
 /// moments; a right digest then a wrong one was accepted). Repeated lines
 /// with the same value are taken as one.
-pub const SINGLE_VALUE_HEADERS: [&str; 7] = [
+pub const SINGLE_VALUE_HEADERS: [&str; 8] = [
     spark_core::wire::HEADER_IDEMPOTENCY_KEY,
     spark_core::wire::HEADER_CONTENT_SHA256,
     spark_core::wire::HEADER_MOMENT_ID,
@@ -470,7 +470,12 @@ pub const SINGLE_VALUE_HEADERS: [&str; 7] = [
     "content-type",
     "if-match",
     "authorization",
+    "last-event-id",
 ];
+
+/// Headers of [`SINGLE_VALUE_HEADERS`] whose values are compared without
+/// regard to ASCII case: a media type (RFC 9110 section 8.3.1).
+const CASELESS_HEADERS: [&str; 1] = ["content-type"];
 
 /// Refuses a request that sends one of [`SINGLE_VALUE_HEADERS`] on two
 /// lines whose values differ (surrounding blanks aside): `400
@@ -485,7 +490,14 @@ pub fn refuse_repeated_headers(headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(first) = lines.next() else {
             continue;
         };
-        if lines.any(|other| other != first) {
+        let caseless = CASELESS_HEADERS.contains(&name);
+        if lines.any(|other| {
+            if caseless {
+                !other.eq_ignore_ascii_case(first)
+            } else {
+                other != first
+            }
+        }) {
             return Err(ApiError::invalid_request(format!(
                 "header {name} is sent more than once with different values; it takes one \
                  value: send it once"
