@@ -51,6 +51,23 @@ pub fn refuse_writes(state: &AppState, req: &Request) -> Result<(), ApiError> {
     Err(error)
 }
 
+/// On a replica that has read no manifest yet (an empty prefix, or a
+/// wrong `--from`), a read is `503 unavailable` naming the prefix, with
+/// `Retry-After`: an empty list or a `404` would look like the writer's
+/// state. `Ok` on a writer, and on a replica once a manifest was read.
+pub fn refuse_reads_before_first_manifest(state: &AppState) -> Result<(), ApiError> {
+    let Some(why) = state
+        .replica
+        .as_ref()
+        .and_then(|replica| replica.before_first_manifest())
+    else {
+        return Ok(());
+    };
+    let mut error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, wire::UNAVAILABLE, why);
+    error.retry_after_s = Some(1);
+    Err(error)
+}
+
 /// The seq a read asks to see (`min_seq` in the query, or
 /// [`MIN_SEQ_HEADER`]), taking `min_seq` out of the query so the route's
 /// own parameters parse as before. `None` when neither is given, and for

@@ -531,6 +531,9 @@ where
     if let Err(e) = consistency::refuse_writes(&state, &req) {
         return e.into_response();
     }
+    if let Err(e) = consistency::refuse_reads_before_first_manifest(&state) {
+        return e.into_response();
+    }
     let min_seq = match consistency::take_min_seq(&mut req) {
         Ok(min_seq) => min_seq,
         Err(e) => return e.into_response(),

@@ -174,6 +174,19 @@ impl ReplicaStatus {
         self.failing.lock().clone()
     }
 
+    /// Why the replica serves nothing yet: no manifest was read (an empty
+    /// prefix, or a wrong `--from`); `None` once one was. Reads answer
+    /// `503` with this, not an empty state that looks like the writer's.
+    pub fn before_first_manifest(&self) -> Option<String> {
+        (self.manifest.load(Ordering::Acquire) == 0).then(|| {
+            format!(
+                "no manifest under {} yet: the replica serves nothing until the writer stores \
+                 one (is --from the writer's [archive] url?)",
+                self.url
+            )
+        })
+    }
+
     /// Why `/readyz` should answer `503`: following fails, no manifest
     /// was read yet (an empty prefix, or a wrong `--from`), or the lag is
     /// above `replica.ready_lag_max_ms`; `None` when ready.
@@ -185,12 +198,8 @@ impl ReplicaStatus {
                 self.lag_ms()
             ));
         }
-        if self.manifest.load(Ordering::Acquire) == 0 {
-            return Some(format!(
-                "no manifest under {} yet: the replica serves nothing until the writer stores \
-                 one (is --from the writer's [archive] url?)",
-                self.url
-            ));
+        if let Some(empty) = self.before_first_manifest() {
+            return Some(empty);
         }
         let lag_ms = self.lag_ms();
         (lag_ms > self.ready_lag_max_ms).then(|| {

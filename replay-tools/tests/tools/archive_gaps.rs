@@ -400,6 +400,17 @@ fn a_replica_of_a_prefix_with_no_manifest_is_not_ready() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Its reads say so too: 503 naming the prefix, not an empty list (or a
+    // 404) that looks like the writer's state.
+    for path in ["/api/moments", "/api/log/head"] {
+        let (status, _, body) = get(&http, &format!("{}{path}", replica.base));
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, 503, "{path}: {body}");
+        assert!(
+            body.contains(&url) && body.contains("\"unavailable\""),
+            "{path}: {body}"
+        );
+    }
     let log = std::fs::read_to_string(replica_data.with_extension("log")).unwrap();
     assert!(
         log.contains("WARN") && log.contains("no manifest under this prefix"),
@@ -417,5 +428,7 @@ fn a_replica_of_a_prefix_with_no_manifest_is_not_ready() {
         ready["replica"]["manifest"].as_u64().unwrap() >= 1,
         "{ready}"
     );
+    let (status, _, body) = get(&http, &format!("{}/api/moments", replica.base));
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     drop(weed);
 }
