@@ -98,6 +98,14 @@ pub fn summary(report: &DamageReport) -> String {
     );
     let ops = salvage(report);
     let devices_named = ops.iter().any(|op| op.device.is_some());
+    if !ops.is_empty() {
+        // The names come from bytes that failed their checksum: the flipped
+        // byte may be inside one of them.
+        text.push_str(
+            "\nas decoded from the damaged bytes (they failed their checksum, so a name \
+             below may hold the damage itself):",
+        );
+    }
     for op in ops {
         text.push_str(&format!(
             "\n  seq {} {}: entity {}, request {}, device {}",
@@ -160,6 +168,11 @@ mod tests {
         let named = summary(&report(vec![record(true)], Some(6)));
         assert!(named.contains("device phone-1"), "{named}");
         assert!(named.contains(DEVICES_NAMED), "{named}");
+        // The names are said to come from damaged bytes.
+        assert!(
+            named.contains("as decoded from the damaged bytes"),
+            "{named}"
+        );
 
         // Damaged records, none of which decodes (or none salvaged, as
         // for a missing segment file): no device is named.
