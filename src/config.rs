@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The settings file used when no `--config` (nor `SPARK_CONFIG`) is
 /// given: `spark.toml` in the working directory. `token add` writes it by
 /// default, and the server reads it when it exists, so a plain restart uses
-/// the token just added (issue 19; README "Running it for real").
+/// the token just added (issue 19; docs/operations.md).
 pub const DEFAULT_CONFIG_FILE: &str = "spark.toml";
 
 /// Resolves a listen address given as `IP:PORT` (`127.0.0.1:8080`,
@@ -81,7 +81,7 @@ pub struct Settings {
 }
 
 /// `[replica]`: a read replica that follows an archive
-/// (`spark-engine replica --from URL`, SPEC section 11, README "Scale").
+/// (`spark-engine replica --from URL`, SPEC section 11, docs/scale.md).
 /// Every setting has a default; a writer ignores the section.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -368,7 +368,7 @@ pub struct LogSettings {
     /// returns, and the hole a power cut can leave lies after the last valid
     /// commit mark, so recovery cuts it as an unacknowledged tail instead of
     /// refusing the log (`log-format/FORMAT.md`). It cut the write+fdatasync
-    /// of a batch by about a third here (README "Performance").
+    /// of a batch by about a third here (docs/performance/).
     pub preallocate_bytes: u64,
     /// Most ops written with one write call and one fdatasync (the
     /// group-commit batch): a batch takes no more commands once it holds
@@ -952,24 +952,28 @@ mod tests {
         env.validate().unwrap();
     }
 
-    /// The ```toml blocks of README.md, in order.
-    fn readme_toml_blocks() -> Vec<String> {
-        let readme = include_str!("../README.md");
-        readme
-            .split("```toml")
+    /// The ```toml blocks of docs/configuration.md, then of
+    /// docs/archive.md, in order.
+    fn docs_toml_blocks() -> Vec<String> {
+        let docs = [
+            include_str!("../docs/configuration.md"),
+            include_str!("../docs/archive.md"),
+        ]
+        .concat();
+        docs.split("```toml")
             .skip(1)
             .filter_map(|rest| rest.split("```").next().map(str::to_owned))
             .collect()
     }
 
     #[test]
-    fn the_readme_settings_file_parses_to_the_defaults() {
-        let blocks = readme_toml_blocks();
+    fn the_documented_settings_file_parses_to_the_defaults() {
+        let blocks = docs_toml_blocks();
         let parsed: Settings = toml::from_str(&blocks[0]).unwrap();
         assert_eq!(
             parsed,
             Settings::default(),
-            "README's defaults drifted from the code"
+            "docs/configuration.md's defaults drifted from the code"
         );
         let seats: Settings = toml::from_str(&blocks[1]).unwrap();
         assert_eq!(seats.brains.seats.len(), 2);
@@ -977,11 +981,11 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_archive_block_parses_to_the_archive_defaults() {
-        let block = readme_toml_blocks()
+    fn the_documented_archive_block_parses_to_the_archive_defaults() {
+        let block = docs_toml_blocks()
             .into_iter()
             .find(|b| b.contains("[archive]"))
-            .expect("README shows an [archive] block");
+            .expect("docs/archive.md shows an [archive] block");
         let parsed: Settings = toml::from_str(&block).unwrap();
         parsed.validate().unwrap();
         let archive = parsed.archive.unwrap();
@@ -993,7 +997,7 @@ mod tests {
                 archive.lease_ms
             ),
             ("us-east-1", 1000, ArchiveMode::Async, 0),
-            "README's archive defaults drifted from the code"
+            "docs/archive.md's archive defaults drifted from the code"
         );
     }
 

@@ -10,7 +10,7 @@
 //! engine admitted since (its own writes are counted, another program's are
 //! not); below the reserve every check measures again, so writes resume at
 //! once when space comes back. A measure costs one `statvfs` call (about a
-//! microsecond; README "Disk space").
+//! microsecond; docs/operations.md "A full disk").
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -14,7 +14,7 @@ use spark_engine::server;
 
 /// mimalloc instead of the system allocator: startup replay allocates the
 /// mirror's strings by the million, and glibc's malloc and free were 40% of
-/// its profile (issue 7; README "Performance").
+/// its profile (issue 7; docs/performance/).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -223,7 +223,7 @@ fn main() -> ExitCode {
     use std::io::IsTerminal;
     // Let mimalloc ask for transparent huge pages (madvise): the mirror of
     // a 10M-op log is about 5 GB, and faulting it in 4 KiB pages was a
-    // quarter of the startup profile (issue 7; README "Performance").
+    // quarter of the startup profile (issue 7; docs/performance/).
     // SAFETY: sets a process-wide allocator option; mimalloc reads options
     // at each OS allocation, and no other thread exists yet.
     unsafe {

@@ -117,9 +117,9 @@ pub fn summary(report: &DamageReport) -> String {
         ));
     }
     match report.kind {
-        DamageKind::Corrupt if devices_named => text.push_str("\nthe devices named can send these captures again with the same ids once the engine runs on a restored log (README \"A damaged log\")"),
-        DamageKind::Corrupt if report.damaged_seqs().is_some() => text.push_str("\nno damaged record still decodes far enough to name its device: restore the log from an archive or a replica (README \"A damaged log\"); without one, the log does not say which devices sent these captures"),
-        DamageKind::Corrupt => text.push_str("\nno record is damaged, so no capture needs sending again; the engine still refuses the log until the segment is restored from an archive or a replica (README \"A damaged log\")"),
+        DamageKind::Corrupt if devices_named => text.push_str("\nthe devices named can send these captures again with the same ids once the engine runs on a restored log (docs/operations.md, \"A damaged log\")"),
+        DamageKind::Corrupt if report.damaged_seqs().is_some() => text.push_str("\nno damaged record still decodes far enough to name its device: restore the log from an archive or a replica (docs/operations.md, \"A damaged log\"); without one, the log does not say which devices sent these captures"),
+        DamageKind::Corrupt => text.push_str("\nno record is damaged, so no capture needs sending again; the engine still refuses the log until the segment is restored from an archive or a replica (docs/operations.md, \"A damaged log\")"),
         DamageKind::DamagedOrTornLastFrame { seal: true, .. } => {}
         DamageKind::DamagedOrTornLastFrame { seal: false, .. } => text.push_str("\nif it was acknowledged, the client holding that capture can send it again once the engine has cut it"),
     }

@@ -3,7 +3,7 @@
 //!
 //! The server (`spark-engine`), the phone's client (`spark-client`) and the
 //! offline tools (`spark-replay`) depend on this crate; it depends on none of
-//! them (see README "Layout"), only on `spark-log-format`.
+//! them (see README.md "Layout"), only on `spark-log-format`.
 //!
 //! - [`ids`]: ULIDs, request ids and every derived id with its cap (SPEC
 //!   section 2).

@@ -1,5 +1,4 @@
-//! Read replica figures (issue 16 item 6, README "Performance", "Read
-//! replicas"), against a local `weed mini` with the release `spark-engine`
+//! Read replica figures (issue 16 item 6, docs/performance/replicas.md), against a local `weed mini` with the release `spark-engine`
 //! (`SPARK_ENGINE_BIN`, default `target/release/spark-engine`):
 //!
 //! 1. replica lag under the 64-connection create load: a writer with the

@@ -166,8 +166,7 @@ enum Cmd {
     #[command(subcommand, after_help = EXIT_CODES)]
     Audit(audit::AuditCmd),
     /// Write a synthetic log of moment creates (about 200 bytes each) into a
-    /// new data directory, for measuring replay and startup (README
-    /// "Performance"). Refuses a directory that already holds a log. With
+    /// new data directory, for measuring replay and startup (docs/performance/startup.md). Refuses a directory that already holds a log. With
     /// `restore`, the only subcommands that write, each only into a new data
     /// directory.
     #[command(after_help = EXIT_CODES)]

@@ -76,7 +76,7 @@ fn engine_running(data: &Path) -> bool {
 
 /// Maps a log error to a failure: damage exits 1, the rest 3. A stray
 /// `.seg` file (a name that is not 20 digits) is named and exits 3, not 1:
-/// it is no segment and no seq is damaged (README, `audit damage`), but no
+/// it is no segment and no seq is damaged (docs/tools.md, `audit damage`), but no
 /// log is read until it is moved out of the log directory. A segment of a
 /// newer format (its header whole, its checksum valid) exits 3 too: it is
 /// not damage, this build cannot read it (a newer `spark-replay` can).

@@ -938,7 +938,7 @@ async fn audit_damage_and_verify_agree_on_an_op_that_does_not_replay() {
 }
 
 /// A `.seg` file whose name is not 20 digits is named as a stray file, not
-/// damage (README, `audit damage`): exit 3 (the log is not read until it is
+/// damage (docs/tools.md, `audit damage`): exit 3 (the log is not read until it is
 /// moved out), never 1, the damage code. Any other stray file is ignored.
 #[tokio::test]
 async fn a_seg_file_with_a_bad_name_is_a_stray_file_not_damage() {

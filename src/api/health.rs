@@ -43,7 +43,7 @@ pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, Ap
 /// the scrub finds there (`"status": "damaged"`, each segment named with
 /// offset and seq) leaves the answer `200`, since the running state and
 /// every write are unaffected; it is for the operator to restore the
-/// segment before a start without the checkpoint (README "Guarantees").
+/// segment before a start without the checkpoint (docs/guarantees.md).
 pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET && req.method != Method::HEAD {
         return Err(ApiError::method_not_allowed("GET, HEAD"));

@@ -249,7 +249,7 @@ pub fn replayed_state(data: &Path) -> (String, u64, usize) {
 }
 
 /// Decides what a test does when a program it needs is missing (SPEC: none;
-/// README "Tests"). `missing` is `None` when everything is there, else why
+/// README.md "Tests, and what needs which program"). `missing` is `None` when everything is there, else why
 /// not (for example "tesseract is not installed"). Returns `true` when the
 /// test should run. When something is missing and the environment variable
 /// `require_var` is `1` (as `.ci/run` sets it), the test fails naming what is

@@ -1,8 +1,9 @@
 //! The HTTP API against in-process servers on ephemeral ports: moments,
-//! media, turns, messages, replays, access, limits, the OpenAPI document, concurrent
-//! duplicates, the brains behind turns, and the README's walk-throughs. One
-//! test binary (issue 13): each file is the module it was as its own binary,
-//! under the same name.
+//! media, turns, messages, replays, access, limits, the OpenAPI document,
+//! concurrent duplicates, the brains behind turns, the walk-throughs of
+//! README.md and docs/ (word for word), and every link of the docs. One
+//! test binary: each file is the module it was as its own binary, under
+//! the same name.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -11,6 +12,7 @@ mod access;
 mod brain_local;
 mod brain_openai;
 mod concurrency;
+mod docs_links;
 mod events_history;
 mod events_slow;
 mod headers;

@@ -1,6 +1,7 @@
-//! The README works word for word (issue 13): its walk-through sections run
-//! in bash against a fresh server, and what each command prints must match
-//! the output the README shows under it.
+//! The walk-throughs work word for word: README.md's "Try it" and the
+//! walk-throughs of `docs/` ([`SECTIONS`]) run in bash against a fresh
+//! server, and what each command prints must match the output the file
+//! shows under it.
 //!
 //! Each section in [`SECTIONS`] runs in a bash session of its own, in a fresh
 //! temporary directory, against its own server on an ephemeral port. The
@@ -32,11 +33,14 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-/// The README sections whose shell blocks run, each as one session.
-const SECTIONS: [&str; 3] = [
-    "## A walk-through with curl",
-    "## Running it for real",
-    "## The phone's outbox (client)",
+/// The walk-throughs whose shell blocks run, each as one session: a file
+/// of the repository, and the heading of the section of it that runs (up
+/// to the next `## ` heading), or `None` for the whole file.
+const SECTIONS: [(&str, Option<&str>); 4] = [
+    ("README.md", Some("## Try it")),
+    ("docs/walkthrough.md", None),
+    ("docs/operations.md", None),
+    ("docs/client.md", None),
 ];
 
 /// The longest one section's session may take before the test fails.
@@ -45,10 +49,10 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(180);
 /// The environment variable that makes a missing program a failure.
 const REQUIRE_VAR: &str = "SPARK_REQUIRE_README";
 
-/// One command of a walk-through and the output the README shows for it.
+/// One command of a walk-through and the output the file shows for it.
 #[derive(Debug)]
 struct Step {
-    /// The README line the command starts on (1-based), for messages.
+    /// The file's line the command starts on (1-based), for messages.
     line: usize,
     /// The command, continuation lines included.
     command: String,
@@ -56,22 +60,29 @@ struct Step {
     expected: Vec<String>,
 }
 
-/// The steps of every ```` ```sh ```` block in the section that starts with
-/// the heading line `heading`, up to the next `## ` heading.
-fn section_steps(readme: &str, heading: &str) -> Vec<Step> {
-    let lines: Vec<&str> = readme.lines().collect();
-    let start = lines
-        .iter()
-        .position(|l| *l == heading)
-        .unwrap_or_else(|| panic!("README has no section {heading:?}"));
-    let end = lines[start + 1..]
-        .iter()
-        .position(|l| l.starts_with("## "))
-        .map_or(lines.len(), |i| start + 1 + i);
+/// The steps of every ```` ```sh ```` block of `text` (the file `file`):
+/// of the section that starts with the heading line `heading`, up to the
+/// next `## ` heading, or of the whole text when `heading` is `None`.
+fn section_steps(file: &str, text: &str, heading: Option<&str>) -> Vec<Step> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (first, end) = match heading {
+        Some(heading) => {
+            let start = lines
+                .iter()
+                .position(|l| *l == heading)
+                .unwrap_or_else(|| panic!("{file} has no section {heading:?}"));
+            let end = lines[start + 1..]
+                .iter()
+                .position(|l| l.starts_with("## "))
+                .map_or(lines.len(), |i| start + 1 + i);
+            (start + 1, end)
+        }
+        None => (0, lines.len()),
+    };
     let mut steps: Vec<Step> = Vec::new();
     let mut in_block = false;
     let mut continued = false;
-    for (i, line) in lines.iter().enumerate().take(end).skip(start + 1) {
+    for (i, line) in lines.iter().enumerate().take(end).skip(first) {
         if !in_block {
             in_block = *line == "```sh";
             continue;
@@ -87,7 +98,7 @@ fn section_steps(readme: &str, heading: &str) -> Vec<Step> {
         } else if *line == "#" || line.starts_with("# ") {
             let step = steps
                 .last_mut()
-                .unwrap_or_else(|| panic!("README line {}: output before any command", i + 1));
+                .unwrap_or_else(|| panic!("{file} line {}: output before any command", i + 1));
             step.expected.push(line.get(2..).unwrap_or("").to_owned());
             continue;
         } else if !line.trim().is_empty() {
@@ -99,10 +110,7 @@ fn section_steps(readme: &str, heading: &str) -> Vec<Step> {
         }
         continued = line.ends_with('\\');
     }
-    assert!(
-        !steps.is_empty(),
-        "README section {heading:?} has no shell steps"
-    );
+    assert!(!steps.is_empty(), "{file} ({heading:?}) has no shell steps");
     steps
 }
 
@@ -144,7 +152,7 @@ fn lines_match(patterns: &[String], lines: &[&str]) -> bool {
 fn missing_program(program: &str) -> Option<String> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = std::env::split_paths(&path).any(|dir| dir.join(program).is_file());
-    (!found).then(|| format!("`{program}` is not installed (the README's walk-through uses it)"))
+    (!found).then(|| format!("`{program}` is not installed (the walk-throughs use it)"))
 }
 
 /// A TCP port that was free a moment ago on 127.0.0.1.
@@ -173,7 +181,8 @@ esac
 
 /// Runs one section's steps in a bash session in a fresh directory and
 /// returns what went wrong, if anything.
-fn run_section(heading: &str, steps: &[Step], engine: &Path, replay: &Path) -> Result<(), String> {
+/// `place` names the walk-through in messages (its file, and section).
+fn run_section(place: &str, steps: &[Step], engine: &Path, replay: &Path) -> Result<(), String> {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -250,7 +259,7 @@ fn run_section(heading: &str, steps: &[Step], engine: &Path, replay: &Path) -> R
 
     let read = |name: String| std::fs::read_to_string(root.join(".readme").join(name)).ok();
     for (i, step) in steps.iter().enumerate() {
-        let place = format!("README line {} ({heading})", step.line);
+        let place = format!("{place} line {}", step.line);
         let Some(status) = read(format!("status.{i}")) else {
             return Err(match finished {
                 None => format!(
@@ -281,7 +290,7 @@ fn run_section(heading: &str, steps: &[Step], engine: &Path, replay: &Path) -> R
         let printed: Vec<&str> = out.lines().map(|l| l.trim_end_matches('\r')).collect();
         if !lines_match(&expected, &printed) {
             return Err(format!(
-                "{place}: the output differs from the README's.\ncommand:\n{}\nREADME shows:\n{}\nprinted:\n{}\nstderr:\n{err}",
+                "{place}: the output differs from the file's.\ncommand:\n{}\nthe file shows:\n{}\nprinted:\n{}\nstderr:\n{err}",
                 step.command,
                 expected.join("\n"),
                 printed.join("\n")
@@ -313,13 +322,18 @@ fn the_readme_walk_through_runs_as_shown() {
     if !common::run_or_skip(test, missing, REQUIRE_VAR) {
         return;
     }
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md reads");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let failures: Vec<String> = SECTIONS
         .iter()
-        .filter_map(|heading| {
-            let steps = section_steps(&readme, heading);
-            run_section(heading, &steps, &engine, &replay).err()
+        .filter_map(|(file, heading)| {
+            let text = std::fs::read_to_string(root.join(file))
+                .unwrap_or_else(|e| panic!("{file} reads: {e}"));
+            let steps = section_steps(file, &text, *heading);
+            let place = match heading {
+                Some(heading) => format!("{file} ({heading})"),
+                None => (*file).to_owned(),
+            };
+            run_section(&place, &steps, &engine, &replay).err()
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

@@ -8,8 +8,7 @@ impl Mirror {
     /// lower-case hex characters. Two mirrors with the same state have the
     /// same digest, however they were built; `spark-replay rebuild` prints it
     /// and the restart tests compare it. It covers what the mirror holds, so
-    /// digests are comparable between builds with the same mirror (README,
-    /// "The tools"), not across every version.
+    /// digests are comparable between builds with the same mirror (docs/tools.md), not across every version.
     pub fn digest(&self) -> String {
         let mut hasher = blake3::Hasher::new();
         let mut feed = |item: &dyn erased::Encode| {

@@ -10,7 +10,7 @@
 //!   acknowledged in the last ship interval before the kill that are
 //!   missing are counted and reported (`eprintln!`, `-- --nocapture`), with
 //!   the age of the oldest missing one at the kill: the RPO of `async` mode
-//!   as a time window (README "Performance", "Archive shipping"). A write
+//!   as a time window (docs/performance/archive-shipping.md). A write
 //!   acknowledged a little more than one interval before the kill may be
 //!   missing too (counted apart, not asserted): a ship takes time (its
 //!   puts), and the next starts one interval after it started (at once

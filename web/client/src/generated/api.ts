@@ -682,7 +682,7 @@ export interface components {
                 /** @description The last failure (naming the object and the kind), `null` once a ship succeeds. */
                 error: string | null;
             };
-            /** @description Present only after a start from a checkpoint that covered sealed segments: those segments were checked at startup by their links only (header, seal, seqs, chain values), and a background scrub reads them in full. `damaged` leaves the answer `200` (what is served and every write are unaffected): restore the named segments before a start without the checkpoint (README "Guarantees"). */
+            /** @description Present only after a start from a checkpoint that covered sealed segments: those segments were checked at startup by their links only (header, seal, seqs, chain values), and a background scrub reads them in full. `damaged` leaves the answer `200` (what is served and every write are unaffected): restore the named segments before a start without the checkpoint (docs/guarantees.md). */
             scrub?: {
                 /** @enum {string} */
                 status: "pending" | "running" | "clean" | "damaged";
