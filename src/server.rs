@@ -171,7 +171,7 @@ pub async fn start_with_brains(
         Some(_) => Some(crate::replica::prepare(&settings).await?),
         None => None,
     };
-    let taken_over = take_over(&settings).await?;
+    let taken_over = take_over(&settings, clock.as_ref()).await?;
     let session_clock = Arc::clone(&clock);
     let engine = open_engine(&settings, Arc::clone(&fs), clock).await?;
     let replica = match replica {
@@ -285,15 +285,20 @@ async fn open_engine(
 /// archive's ops to the local log). Without it, with leases on (`[archive]
 /// lease_ms` above 0): takes the prefix over the same way when another
 /// writer holds it and its lease expired, and refuses the start, saying
-/// when the lease expires, while it is live (ARCHIVE.md "Lease").
-async fn take_over(settings: &Settings) -> Result<Option<crate::archive::TakenOver>, StartError> {
+/// when the lease expires, while it is live (ARCHIVE.md "Lease"); whether
+/// it expired is read by `clock`, the engine's.
+async fn take_over(
+    settings: &Settings,
+    clock: &dyn Clock,
+) -> Result<Option<crate::archive::TakenOver>, StartError> {
     let Some(archive) = settings.archive.as_ref() else {
         return Ok(None);
     };
     let (data_dir, max_record_bytes) = (&settings.data_dir, settings.log.max_record_bytes);
     if !settings.take_over {
         let taken =
-            crate::archive::take_over_if_expired(archive, data_dir, max_record_bytes).await?;
+            crate::archive::take_over_if_expired(archive, data_dir, max_record_bytes, clock)
+                .await?;
         return Ok(taken);
     }
     let taken = crate::archive::take_over(archive, data_dir, max_record_bytes).await?;

@@ -24,6 +24,7 @@ use spark_log_format::archive::{EpochDoc, Manifest};
 
 use super::takeover::{take_over_leased, TakenOver};
 use super::{read_writer_file, ArchiveStartError};
+use crate::clock::Clock;
 use crate::config::ArchiveSettings;
 
 /// The holder's lease as the archive shows it (ARCHIVE.md "Lease").
@@ -116,6 +117,7 @@ pub async fn take_over_if_expired(
     settings: &ArchiveSettings,
     data_dir: &Path,
     max_record_bytes: u32,
+    clock: &dyn Clock,
 ) -> Result<Option<TakenOver>, ArchiveStartError> {
     if settings.lease_ms == 0 {
         return Ok(None);
@@ -125,6 +127,7 @@ pub async fn take_over_if_expired(
         data_dir,
         max_record_bytes,
         settings.lease_ms,
+        clock,
     )
     .await
 }
@@ -139,7 +142,7 @@ pub async fn take_over_if_expired(
 ///   older one (a take-over that stopped between its epoch and its
 ///   manifest): that take-over is finished, as a start with `--take-over`
 ///   would, and `Ok(Some(_))`.
-/// - Another writer whose lease expired by this engine's clock: a WARN line
+/// - Another writer whose lease expired by `clock` (this engine's): a WARN line
 ///   naming it and how long ago its lease was last renewed, then the
 ///   take-over `--take-over` runs ([`super::take_over_leased`]), checking
 ///   the lease again right before it claims the next epoch; `Ok(Some(_))`
@@ -155,6 +158,7 @@ pub async fn take_over_if_expired_on(
     data_dir: &Path,
     max_record_bytes: u32,
     lease_ms: u64,
+    clock: &dyn Clock,
 ) -> Result<Option<TakenOver>, ArchiveStartError> {
     if lease_ms == 0 {
         return Ok(None);
@@ -182,7 +186,7 @@ pub async fn take_over_if_expired_on(
         return Ok(None);
     }
     let view = LeaseView::of(&doc, latest.as_ref());
-    let now_ms = spark_log_format::system_now_ms();
+    let now_ms = clock.now_ms();
     if view.expires_in_ms(lease_ms, now_ms) != Some(0) {
         return Err(view.refusal(lease_ms, now_ms, ""));
     }
@@ -197,9 +201,15 @@ pub async fn take_over_if_expired_on(
         view.epoch,
         view.age_ms(now_ms)
     );
-    take_over_leased(store, data_dir, max_record_bytes, lease_ms, Some(&view))
-        .await
-        .map(Some)
+    take_over_leased(
+        store,
+        data_dir,
+        max_record_bytes,
+        lease_ms,
+        Some((&view, clock)),
+    )
+    .await
+    .map(Some)
 }
 
 /// Right before a take-over of an expired lease claims the next epoch: the
@@ -210,6 +220,7 @@ pub(super) async fn still_expired(
     store: &ArchiveStore,
     view: &LeaseView,
     lease_ms: u64,
+    clock: &dyn Clock,
 ) -> Result<(), ArchiveStartError> {
     let doc = store.latest_epoch().await?;
     let Some(doc) = doc.filter(|d| d.epoch == view.epoch) else {
@@ -221,7 +232,7 @@ pub(super) async fn still_expired(
     };
     let latest = store.latest_manifest().await?;
     let now = LeaseView::of(&doc, latest.as_ref());
-    let now_ms = spark_log_format::system_now_ms();
+    let now_ms = clock.now_ms();
     if now.expires_in_ms(lease_ms, now_ms) != Some(0) {
         return Err(now.refusal(
             lease_ms,

@@ -102,7 +102,8 @@ pub async fn take_over_on(
 
 /// [`take_over_on`] for a writer with a lease of `lease_ms` (0: none),
 /// which its epoch object and take-over manifest record. `expired`: the
-/// take-over is one of a lease found expired ([`super::take_over_if_expired`]),
+/// take-over is one of a lease found expired by the clock given with it
+/// ([`super::take_over_if_expired`]),
 /// so right before claiming the epoch (after the catch-up, which may take a
 /// while) the archive is read again and the take-over is refused, with
 /// nothing taken, if another engine took the prefix since or its holder
@@ -112,7 +113,7 @@ pub async fn take_over_leased(
     data_dir: &Path,
     max_record_bytes: u32,
     lease_ms: u64,
-    expired: Option<&super::LeaseView>,
+    expired: Option<(&super::LeaseView, &dyn crate::clock::Clock)>,
 ) -> Result<TakenOver, ArchiveStartError> {
     let _lock = crate::engine::lock_data_dir(data_dir).map_err(|e| ArchiveStartError::Local {
         path: data_dir.display().to_string(),
@@ -135,8 +136,8 @@ pub async fn take_over_leased(
             // Refuses a local log that is not a prefix of the archive
             // before anything is taken.
             catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await?;
-            if let Some(view) = expired {
-                super::lease::still_expired(&store, view, lease_ms).await?;
+            if let Some((view, clock)) = expired {
+                super::lease::still_expired(&store, view, lease_ms, clock).await?;
             }
             let next = other.map_or(1, |doc| doc.epoch + 1);
             claim_epoch(&store, data_dir, mine, next, lease_ms)

@@ -1180,13 +1180,13 @@ async fn leases_off_an_idle_writer_puts_nothing_and_a_second_engine_is_refused()
     // told about --take-over.
     let other = tempfile::tempdir().unwrap();
     let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
-    let off = take_over_if_expired_on(store.clone(), other.path(), max, 0)
+    let off = take_over_if_expired_on(store.clone(), other.path(), max, 0, &SystemClock)
         .await
         .unwrap();
     assert!(off.is_none());
     let refused = take_epoch(&store, other.path(), 0).await.unwrap_err();
     assert!(refused.to_string().contains("--take-over"), "{refused}");
-    let on = take_over_if_expired_on(store.clone(), other.path(), max, 60)
+    let on = take_over_if_expired_on(store.clone(), other.path(), max, 60, &SystemClock)
         .await
         .expect_err("refused");
     let said = on.to_string();
@@ -1320,9 +1320,15 @@ async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_
     // longer than the lease: refused, and told when it expires.
     let until_ms = spark_log_format::system_now_ms() + 2 * lease_ms;
     while spark_log_format::system_now_ms() < until_ms {
-        let refused = take_over_if_expired_on(new_store.clone(), new_dir.path(), max, lease_ms)
-            .await
-            .expect_err("refused while the lease is live");
+        let refused = take_over_if_expired_on(
+            new_store.clone(),
+            new_dir.path(),
+            max,
+            lease_ms,
+            &SystemClock,
+        )
+        .await
+        .expect_err("refused while the lease is live");
         let said = refused.to_string();
         assert!(
             matches!(refused, ArchiveStartError::Held { epoch: 1, .. }),
@@ -1342,7 +1348,15 @@ async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_
     old_side.down.store(true, Ordering::SeqCst);
     let cut_at = Instant::now();
     let taken = loop {
-        match take_over_if_expired_on(new_store.clone(), new_dir.path(), max, lease_ms).await {
+        match take_over_if_expired_on(
+            new_store.clone(),
+            new_dir.path(),
+            max,
+            lease_ms,
+            &SystemClock,
+        )
+        .await
+        {
             Ok(Some(taken)) => break taken,
             Ok(None) => panic!("the prefix is held: not a normal start"),
             Err(ArchiveStartError::Held { .. }) => {
@@ -1394,9 +1408,15 @@ async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_
     // The old directory is refused at its next start, leases or not: the
     // new writer's lease is live.
     shipping.stop().await;
-    let again = take_over_if_expired_on(old_store.clone(), old_dir.path(), max, lease_ms)
-        .await
-        .expect_err("refused");
+    let again = take_over_if_expired_on(
+        old_store.clone(),
+        old_dir.path(),
+        max,
+        lease_ms,
+        &SystemClock,
+    )
+    .await
+    .expect_err("refused");
     assert!(
         matches!(again, ArchiveStartError::Held { epoch: 2, .. }),
         "{again}"
@@ -1528,7 +1548,7 @@ async fn a_writer_keeps_its_lease_while_a_local_fault_holds_its_ship_back() {
         .is_some_and(|e| e.starts_with("blob")));
     let other = tempfile::tempdir().unwrap();
     let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
-    let refused = take_over_if_expired_on(store.clone(), other.path(), max, lease_ms)
+    let refused = take_over_if_expired_on(store.clone(), other.path(), max, lease_ms, &SystemClock)
         .await
         .expect_err("the lease is live");
     assert!(
@@ -1599,7 +1619,7 @@ async fn a_take_over_that_stopped_before_its_manifest_is_finished_at_the_next_le
     assert_eq!(store.latest_manifest().await.unwrap().unwrap().epoch, 1);
     // Its next start (leases on, no --take-over) finishes the take-over.
     let max = spark_log_format::DEFAULT_MAX_RECORD_BYTES;
-    let taken = take_over_if_expired_on(store.clone(), new_dir.path(), max, lease_ms)
+    let taken = take_over_if_expired_on(store.clone(), new_dir.path(), max, lease_ms, &SystemClock)
         .await
         .unwrap()
         .expect("the take-over is finished");
@@ -1614,7 +1634,7 @@ async fn a_take_over_that_stopped_before_its_manifest_is_finished_at_the_next_le
     assert_eq!(ships.status.epoch(), 2);
     // Then a start of the same directory is the usual one.
     ships.stop().await;
-    let again = take_over_if_expired_on(store.clone(), new_dir.path(), max, lease_ms)
+    let again = take_over_if_expired_on(store.clone(), new_dir.path(), max, lease_ms, &SystemClock)
         .await
         .unwrap();
     assert!(again.is_none());

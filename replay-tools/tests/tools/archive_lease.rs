@@ -193,7 +193,13 @@ async fn archive_lease_a_standby_takes_over_by_itself_once_the_lease_expired() {
 
     // The old directory is refused at its next start: the standby's lease
     // is live (it renews too).
-    let again = spark_engine::archive::take_over_if_expired(&archive, &data_a, max).await;
+    let again = spark_engine::archive::take_over_if_expired(
+        &archive,
+        &data_a,
+        max,
+        &spark_engine::clock::SystemClock,
+    )
+    .await;
     match again {
         Err(ArchiveStartError::Held {
             epoch: 2, lease, ..

@@ -517,7 +517,8 @@ impl Load {
 /// often ends inside a chunk of a later manifest. Each kind of take-over
 /// must start anyway, with no acknowledged write lost: into an empty
 /// directory while the old writer writes, from a directory restored a
-/// while before (the documented move), and a lease take-over of a writer
+/// while before (the documented move), a lease take-over of a live writer
+/// by a standby whose clock runs ahead, and a lease take-over of a writer
 /// gone quiet from a directory restored before its last writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_take_overs_under_load_start_over_merged_chunks() {
@@ -619,18 +620,53 @@ async fn sync_take_overs_under_load_start_over_merged_chunks() {
     let (engine, shipping) = open_taken(restored, taken).await;
     let load = Load::start(&engine, &next);
     load.wait_for(150).await;
+    let ahead = restore_now("clock-ahead").await;
+    load.wait_for(300).await;
+
+    // 3. A standby whose clock runs ahead (by ten leases) finds the lease
+    //    of the live writer expired and takes the prefix over while that
+    //    writer renews it and writes: the live writer is fenced, and the
+    //    standby starts (before, it fenced the writer and then failed its
+    //    catch-up for good, leaving the prefix with no writer). Clocks
+    //    decide when a take-over starts, never what is acknowledged.
+    let fast = spark_engine::clock::OffsetClock::default();
+    fast.set_offset_ms(10 * archive.lease_ms as i64);
+    let taken = match spark_engine::archive::take_over_if_expired(
+        &archive,
+        &ahead,
+        max_record_bytes,
+        &fast,
+    )
+    .await
+    {
+        Ok(Some(taken)) => taken,
+        other => panic!("lease take-over by a fast clock: {other:?}"),
+    };
+    // The live writer learns it was taken over at its next ship: every
+    // write it was asked after that is refused, none acknowledged.
+    acked.extend(load.finish().await);
+    shipping.stop().await;
+    engine.shutdown().await;
+    let (engine, shipping) = open_taken(ahead, taken).await;
+    let load = Load::start(&engine, &next);
+    load.wait_for(150).await;
     let standby = restore_now("standby").await;
     load.wait_for(300).await;
 
-    // 3. The writer goes quiet (stopped) and its lease expires; the
+    // 4. The writer goes quiet (stopped) and its lease expires; the
     //    standby, restored before its last writes, takes over by itself.
     acked.extend(load.finish().await);
     shipping.stop().await;
     engine.shutdown().await;
     let deadline = Instant::now() + HANG_GUARD;
     let taken = loop {
-        match spark_engine::archive::take_over_if_expired(&archive, &standby, max_record_bytes)
-            .await
+        match spark_engine::archive::take_over_if_expired(
+            &archive,
+            &standby,
+            max_record_bytes,
+            &SystemClock,
+        )
+        .await
         {
             Ok(Some(taken)) => break taken,
             Err(spark_engine::archive::ArchiveStartError::Held { .. }) => {
@@ -652,7 +688,7 @@ async fn sync_take_overs_under_load_start_over_merged_chunks() {
     assert_eq!(code, 0, "{out}{err}");
     let missing = missing_from(&last, acked.iter().copied()).await;
     eprintln!(
-        "{test}: {} writes acknowledged over four writers, {} missing from the restore",
+        "{test}: {} writes acknowledged over five writers, {} missing from the restore",
         acked.len(),
         missing.len()
     );
