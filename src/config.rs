@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 /// The settings file used when no `--config` (nor `SPARK_CONFIG`) is
 /// given: `spark.toml` in the working directory. `token add` writes it by
 /// default, and the server reads it when it exists, so a plain restart uses
-/// the token just added (issue 19; docs/operations.md).
+/// the token just added (docs/operations.md).
 pub const DEFAULT_CONFIG_FILE: &str = "spark.toml";
 
 /// Resolves a listen address given as `IP:PORT` (`127.0.0.1:8080`,
@@ -363,7 +363,7 @@ pub struct LogSettings {
     /// the file's size and blocks unchanged (a growing file costs more per
     /// sync). 0 turns it off. Default 1 MiB (on).
     ///
-    /// On since log format version 2 (issue 14): a batch written in place
+    /// On since log format version 2: a batch written in place
     /// over zeros may persist any subset of its pages before its fdatasync
     /// returns, and the hole a power cut can leave lies after the last valid
     /// commit mark, so recovery cuts it as an unacknowledged tail instead of
@@ -389,7 +389,7 @@ pub struct LogSettings {
     /// actually full (an upload counts its declared `Content-Length`);
     /// reads, `/api/events` and `/healthz` keep working, `/readyz` answers
     /// `507` and says why, and writes resume by themselves once space is
-    /// back above it (issue 19; SPEC section 10). 0 turns the reserve off;
+    /// back above it (SPEC section 10). 0 turns the reserve off;
     /// otherwise at least `log.preallocate_bytes` (one batch's zero fill
     /// may take that much at once). Default 256 MiB: room for a restart's
     /// recovery copies, the next segment's pre-allocation, and an operator
@@ -403,7 +403,7 @@ pub struct LogSettings {
     pub disk_check_interval_ms: u64,
     /// A checkpoint of the mirror and the request index is written in the
     /// background once this many ops were committed after the newest one
-    /// (`<data>/checkpoint/`, issue 18; `log-format/CHECKPOINT.md`), and
+    /// (`<data>/checkpoint/`; `log-format/CHECKPOINT.md`), and
     /// startup loads the newest valid one and replays only the ops after
     /// it. 0 turns checkpoints off (none written, none loaded). Default
     /// 1,000,000.

@@ -1,4 +1,4 @@
-//! The disk reserve (issue 19; SPEC section 10, `insufficient_storage`):
+//! The disk reserve (SPEC section 10, `insufficient_storage`):
 //! writes that would grow the log or the media store are refused with
 //! `507` while the data directory's file system has less free space than
 //! `log.disk_reserve_bytes`, before the disk is actually full, and admitted

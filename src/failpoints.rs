@@ -1,6 +1,6 @@
 //! Failpoints for the durability tests: named places in every write, fsync,
 //! rename, directory fsync and segment roll where a test can make the
-//! engine fail on purpose (SPEC "durability"; issue 6).
+//! engine fail on purpose (SPEC "durability").
 //!
 //! Compiled in only with the cargo feature `failpoints`; without it,
 //! [`check`] is an empty inline function and costs nothing. With it, a test

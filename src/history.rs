@@ -1,5 +1,5 @@
 //! Committed ops read back from the local log with their event cursors
-//! ([`EventCursor`], issue 24): what `/api/events` catches up from, checks
+//! ([`EventCursor`]): what `/api/events` catches up from, checks
 //! a client's cursor against, and what a read replica publishes.
 //!
 //! An op's cursor is its seq and the chain value at the end of the batch

@@ -169,8 +169,8 @@ impl Runner {
             match self.engine.submit(command.clone()).await {
                 Ok(_) => {}
                 // Short of disk space: the outcome is kept here and offered
-                // again until space is back (writes resume by themselves,
-                // issue 19), not left for a restart.
+                // again until space is back (writes resume by themselves),
+                // not left for a restart.
                 Err(EngineError::InsufficientStorage(why)) => {
                     tracing::warn!(turn = %turn_id, %why, "turn outcome waits for disk space");
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;

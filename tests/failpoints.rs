@@ -118,7 +118,7 @@ async fn an_fsync_that_fails_with_enospc_is_still_fatal() {
 
 /// A write (or the create of a roll) refused with ENOSPC answers `507` with
 /// `Retry-After` and acknowledges nothing; the log's tail is recovered in
-/// process and the next write succeeds with no restart (issue 19).
+/// process and the next write succeeds with no restart.
 async fn check_enospc_heals(name: &str, segment_size_bytes: Option<u64>) {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), segment_size_bytes).await;

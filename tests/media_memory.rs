@@ -4,7 +4,7 @@
 //! around the system one, as log-format's `record_limit` test does), with
 //! the server in this process: unlike the resident set, a count of
 //! allocated bytes does not move with the allocator's page use or with how
-//! busy the machine is (issue 19).
+//! busy the machine is.
 
 mod common;
 

@@ -351,7 +351,7 @@ proptest! {
     }
 }
 
-/// Media under the power-cut model (issue 19): the blob path (temporary
+/// Media under the power-cut model: the blob path (temporary
 /// file, fsync, rename, directory fsync, then the op) runs on the same
 /// `MemFs` as the log. The machine stops after every possible number of
 /// file-system calls while three uploads go through the engine's own put
@@ -839,7 +839,7 @@ async fn http_case(steps: Vec<HttpStep>) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
-    /// The HTTP model (issue 14 item 3): creates, replays, edits and deletes
+    /// The HTTP model: creates, replays, edits and deletes
     /// through the real routes, clean restarts, and the machine stopping
     /// under bursts of concurrent creates (several group-committed into one
     /// write) with a power cut that persists the last write's pages in any

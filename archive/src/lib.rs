@@ -201,7 +201,7 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
 
 /// The store's credentials: only from `AWS_ACCESS_KEY_ID`,
 /// `AWS_SECRET_ACCESS_KEY` and (for temporary credentials)
-/// `AWS_SESSION_TOKEN` (issue 15), never from a file or the EC2 instance
+/// `AWS_SESSION_TOKEN`, never from a file or the EC2 instance
 /// metadata service.
 #[derive(Clone)]
 pub struct Credentials {
@@ -773,7 +773,7 @@ mod tests {
         assert_eq!(store.latest(key).await.unwrap(), 2 * LIST_RANGE + 1);
     }
 
-    /// Issue 24: a missing number anywhere below the latest is a gap
+    /// A missing number anywhere below the latest is a gap
     /// naming it, wherever the probe and the LIST ranges fall; before,
     /// the probe stopped at the gap and the archive rolled back silently.
     #[tokio::test]
@@ -859,7 +859,7 @@ mod tests {
             .unwrap();
     }
 
-    /// Issue 24: the latest manifest is read with the one before it and
+    /// The latest manifest is read with the one before it and
     /// must extend it, and the epoch that wrote it must be on record.
     #[tokio::test]
     async fn the_latest_manifest_extends_its_predecessor_and_its_epoch_exists() {

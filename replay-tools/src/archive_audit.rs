@@ -1,6 +1,6 @@
 //! `spark-replay audit archive --data DIR --from URL`: whether the local
 //! log and the archive agree up to the archive's shipped seq, and how far
-//! behind the archive is (issue 15 item 4, `log-format/ARCHIVE.md`
+//! behind the archive is (`log-format/ARCHIVE.md`
 //! "Audit").
 //!
 //! Sealed segments are compared by hashing the local file's bytes up to

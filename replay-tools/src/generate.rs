@@ -1,4 +1,4 @@
-//! `generate`: a synthetic log for measuring replay and startup (issue 7),
+//! `generate`: a synthetic log for measuring replay and startup,
 //! written by the engine's own log writer ([`spark_core::synth`]).
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};

@@ -13,7 +13,7 @@
 //! A moment's create and edit carry its version as `ETag`.
 //!
 //! An answer from a known identity (`created: false`) says it is a replay
-//! (issue 19, after the IETF httpapi idempotency-key draft): the header
+//! (after the IETF httpapi idempotency-key draft): the header
 //! `Idempotent-Replayed: true`, and the body's `replayed` member names the
 //! op that first produced it (`seq`, `ts`, `ts_ms`, `request_id`); on a new
 //! write there is no header and `replayed` is `null`.

@@ -1,4 +1,4 @@
-//! What a read replica adds to every route (SPEC section 11, issue 16):
+//! What a read replica adds to every route (SPEC section 11):
 //! writes answer `421 read_only`, and a read may ask to see at least a
 //! given seq (`min_seq=N` in the query, or the header
 //! [`MIN_SEQ_HEADER`]), so that a client that just wrote on the writer

@@ -3,7 +3,7 @@
 //!
 //! Each committed op is one event: `id: <cursor>` and the data
 //! `{"seq", "kind", "upserted", "removed"}`. The cursor (`SEQ.CHAIN`,
-//! [`EventCursor`], issue 24) is the op's seq with a prefix of the log's
+//! [`EventCursor`]) is the op's seq with a prefix of the log's
 //! chain value at the end of its batch, so it names one history of the
 //! log: a client that comes back with `Last-Event-ID` (or `after`) from
 //! another history that shares the seq (a restore and a take-over, a
@@ -17,7 +17,7 @@
 //! (`log.change_buffer_batches`) gets an `overflow` event naming the seq to
 //! resume after, and the stream ends; the writer never waits for anyone.
 //!
-//! Memory under a slow reader (issue 19) is bounded per subscriber: the
+//! Memory under a slow reader is bounded per subscriber: the
 //! events queued between the log or the live feed and the socket hold at
 //! most [`SUBSCRIBER_BUFFER_BYTES`] (and [`SUBSCRIBER_BUFFER_EVENTS`]); the
 //! catch-up and the live follower wait for room, so a reader at 1 KB/s
@@ -220,8 +220,8 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
         return Err(ApiError::method_not_allowed("GET"));
     }
     let query: Query = req.query()?;
-    // Streams have their own cap, below the connections' (issue 24 item
-    // 8): open streams never take the connections health checks need.
+    // Streams have their own cap, below the connections': open streams
+    // never take the connections health checks need.
     let permit = Arc::clone(&state.event_streams)
         .try_acquire_owned()
         .map_err(|_| streams_full(state.settings.limits.event_streams_cap()))?;
@@ -304,7 +304,7 @@ pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
 
 /// A signal that fires when the session of `secret` ends (`DELETE
 /// /api/session`, its expiry, its token gone: [`session::Sessions::ended`]),
-/// so a stream opened with its cookie ends with it (issue 24 item 10); the
+/// so a stream opened with its cookie ends with it; the
 /// watcher stops when the stream is dropped first.
 fn end_with_session(state: &AppState, secret: String) -> tokio::sync::oneshot::Receiver<()> {
     let (mut fire, ended) = tokio::sync::oneshot::channel();
@@ -412,7 +412,7 @@ fn with_cursor_members(mut error: ApiError, after: u64, head_cursor: EventCursor
 
 /// `409 cursor_unknown`: `after` is not known to be a point of this log's
 /// history, for the reason `why`; the client resynchronises and follows
-/// after `head_cursor` (issue 24).
+/// after `head_cursor`.
 fn cursor_unknown(after: EventCursor, head_cursor: EventCursor, why: &str) -> ApiError {
     let error = ApiError::new(
         warp::http::StatusCode::CONFLICT,
@@ -427,7 +427,7 @@ fn cursor_unknown(after: EventCursor, head_cursor: EventCursor, why: &str) -> Ap
 
 /// `409 cursor_ahead`: a cursor beyond the head would otherwise wait in
 /// silence for seqs that, after a restore from an archive that was behind,
-/// name other ops than the client saw (issue 15 item 5).
+/// name other ops than the client saw.
 fn cursor_ahead(after: u64, head_cursor: EventCursor) -> ApiError {
     let head_seq = head_cursor.seq;
     let error = ApiError::new(

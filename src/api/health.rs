@@ -24,7 +24,7 @@ pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, Ap
 /// stays so until a restart); `507 insufficient_storage` while writes are
 /// refused for want of disk space, saying why (below the reserve, or the
 /// log waiting for space to recover its tail); ready again by itself once
-/// space is back (issue 19). With `[archive]`, the body has an `archive`
+/// space is back. With `[archive]`, the body has an `archive`
 /// member: `status` (`shipping`, `behind`, `failing` or `fenced`), `epoch`,
 /// `shipped_seq`, `lag_seconds`, the last `error`, and the blobs recorded
 /// lost (`blobs_missing`, `missing_blobs`) (SPEC section 11; see

@@ -115,7 +115,7 @@ fn digest_mismatch(declared: &Sha256Digest, actual: &Sha256Digest) -> ApiError {
     error
 }
 
-/// A media body must not be empty (issue 19: curl sends 0 bytes for a
+/// A media body must not be empty (curl sends 0 bytes for a
 /// file that does not exist): `400 invalid_request`, nothing written.
 const EMPTY_BODY: &str = "the media body is empty (0 bytes): send the file's bytes";
 

@@ -1,4 +1,4 @@
-//! Browser sessions (SPEC section 12, issue 17 item 3): `POST /api/session`
+//! Browser sessions (SPEC section 12): `POST /api/session`
 //! exchanges a bearer token for a session cookie, `DELETE /api/session`
 //! ends sessions, and [`Sessions`] holds them.
 //!

@@ -1,4 +1,4 @@
-//! The engine's page (SPEC section 12, issue 17 item 2): `GET /` and
+//! The engine's page (SPEC section 12): `GET /` and
 //! `GET /assets/{name}`, served from `web/dist/`, which `web/build.mjs`
 //! builds from `web/page/` and `web/client/src/` and which is committed and
 //! compiled into the binary ([`DIST`]), so `cargo run` needs no Node.

@@ -1,4 +1,4 @@
-//! The checkpoint worker (issue 18): a background thread that writes a
+//! The checkpoint worker: a background thread that writes a
 //! checkpoint ([`spark_core::checkpoint`]) once `log.checkpoint_interval_ops`
 //! ops were committed after the newest one.
 //!

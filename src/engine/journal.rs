@@ -10,7 +10,7 @@
 //! is answered `Unavailable` until a restart recovers from what is on disk.
 //! The failed fsync is never retried (DESIGN.md, "The write path", step 5).
 //!
-//! Disk space (issue 19): a batch is refused with `InsufficientStorage`
+//! Disk space: a batch is refused with `InsufficientStorage`
 //! (507) when the free space after it would be below the reserve
 //! (`log.disk_reserve_bytes`, [`crate::disk`]). A batch whose *write* fails
 //! for want of space anyway (another program filled the disk) is answered

@@ -72,7 +72,7 @@ pub enum EngineOpenError {
     Damaged(String),
     /// A checkpoint shows that ops past the end of the log were committed:
     /// the log lost acknowledged records (a truncated or deleted segment).
-    /// Refused before recovery changes anything (issue 18, "never silently
+    /// Refused before recovery changes anything ("never silently
     /// drop valid data"); [`spark_core::checkpoint::PastTheLog`] says
     /// which file, seq and segment.
     #[error("refusing to start on a log that lost acknowledged records: {0}")]
@@ -496,7 +496,7 @@ const REPLAY_BATCHES_IN_FLIGHT: usize = 8;
 /// The first batch of records, measured to size the request index ahead of
 /// the fold: growing a 10-million-entry table rehashes every request id
 /// (reading each key) about twice, and first-touches twice the memory
-/// (issue 7).
+///.
 #[derive(Default)]
 struct RequestIdSample {
     frame_bytes: u64,
@@ -547,7 +547,7 @@ enum ReplayStop {
     FoldStopped,
 }
 
-/// Startup replay on two threads (issue 7): this thread runs recovery
+/// Startup replay on two threads: this thread runs recovery
 /// (read, CRC, chain) and decodes each record into an op; a second thread
 /// applies the ops with the one fold, in seq order, batch by batch. The
 /// result is the same as folding inline: the first error in seq order wins
@@ -787,7 +787,7 @@ fn replay_log_from(
     // Emptied batch buffers go back to be filled again: a fresh 0.5 MB
     // buffer per batch, freed on the other thread, goes back to the kernel,
     // and faulting it in again (zeroed pages) is the largest cost of replay
-    // on a VM (issue 7).
+    // on a VM.
     let (recycle, recycled) = std::sync::mpsc::channel::<Vec<(PreparedOp, u64)>>();
     let mirror = Mirror::new();
     // Ops are decoded and prepared (creates built and boxed, request ids

@@ -1,7 +1,7 @@
 //! `spark_client::events` against real servers: every change once, in
 //! order, across a server restart, and `409 cursor_ahead` after the server
 //! came back with a log shorter than what the client saw (a restore from an
-//! archive that was behind; issue 15 item 5), and `409 cursor_unknown`
+//! archive that was behind), and `409 cursor_unknown`
 //! after it came back with another history under the seqs it saw (issue
 //! 24).
 

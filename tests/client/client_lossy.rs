@@ -1,4 +1,4 @@
-//! Issue 5, "Done when": the outbox drains 50 captures through a lossy
+//! The outbox drains 50 captures through a lossy
 //! proxy (it drops the reply after the server answered with probability
 //! 0.5, and sometimes resets the connection before forwarding), and the
 //! server's log holds exactly one moment.create, one copy and one original

@@ -1,6 +1,6 @@
 //! The phone's outbox (`spark_client`) against real servers: drain, lost
 //! replies through a lossy proxy, messages and the clock window (the
-//! `spark-client` command's own test is `client/tests/cli.rs`). One test binary (issue 13): each file is the module
+//! `spark-client` command's own test is `client/tests/cli.rs`). One test binary: each file is the module
 //! it was as its own binary, under the same name.
 
 #[path = "../common/mod.rs"]

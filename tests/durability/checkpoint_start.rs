@@ -1,4 +1,4 @@
-//! Startup from a checkpoint (issue 18 item 3): the sealed segments before
+//! Startup from a checkpoint: the sealed segments before
 //! the one holding the checkpoint's point are checked by their links only
 //! (header, seal, seqs, chain values: FORMAT.md, "Recovery" step 2a), and
 //! read in full by the scrub once the server listens. Damage there does not

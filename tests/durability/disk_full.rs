@@ -1,4 +1,4 @@
-//! A full disk never needs an operator (issue 19): on a small file system
+//! A full disk never needs an operator: on a small file system
 //! made by the test (a 24 MiB tmpfs; needs root, as CI has), the disk fills
 //! and frees repeatedly under writes and uploads: writes answer `507
 //! insufficient_storage` near the reserve, resume by themselves, nothing

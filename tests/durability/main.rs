@@ -1,6 +1,6 @@
 //! Durability: restarts, kill -9 under load, refusal to replay a damaged
 //! log and the op byte vectors. One test
-//! binary (issue 13): each file is the module it was as its own binary, under
+//! binary: each file is the module it was as its own binary, under
 //! the same name. `tests/model.rs` (crashes and power cuts against a model)
 //! stays a binary of its own: it drops an engine and at once opens another
 //! on the same data directory, and grouped here that open found the

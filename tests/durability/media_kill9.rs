@@ -1,4 +1,4 @@
-//! Kill -9 under racing uploads (issue 19): against the real server binary,
+//! Kill -9 under racing uploads: against the real server binary,
 //! clients race uploads of the same bytes for one role, upload to moments
 //! being deleted, upload to a moment behind a flood of edits with a request
 //! timeout of 300 ms, and hang up mid-upload; the server is killed at a

@@ -1,6 +1,6 @@
 //! Startup replay refuses a log whose ops do not decode or do not fold,
 //! naming the place, also now that decode and fold run on two threads
-//! (issue 7): the first refusal in seq order is the one reported, and
+//!: the first refusal in seq order is the one reported, and
 //! nothing past it is served.
 
 use std::sync::Arc;

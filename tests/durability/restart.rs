@@ -150,7 +150,7 @@ fn every_acknowledged_write_survives_kill_9_under_load() {
     assert!(server.terminate().success());
 }
 
-/// Format version 1 at the engine's level (issue 14): the ops of a real
+/// Format version 1 at the engine's level: the ops of a real
 /// workload, written again as one version-1 segment (no commit marks), open
 /// in the engine to the same mirror, request index and head seq as their
 /// version-2 log, `spark-replay verify` and `rebuild` accept them, and a

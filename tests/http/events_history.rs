@@ -1,4 +1,4 @@
-//! Event cursors name their history (issue 24): two logs that share seqs
+//! Event cursors name their history: two logs that share seqs
 //! but not ops (one data directory copied, as a restore does, then each
 //! written on) give different ids to the same seq, and a follower that
 //! comes back to the other log with its `Last-Event-ID` gets `409

@@ -1,4 +1,4 @@
-//! The event stream under a slow reader (issue 19): a subscriber reading at
+//! The event stream under a slow reader: a subscriber reading at
 //! about 1 KB/s while 100,000 ops are written holds at most its byte
 //! budget in the server, gets `overflow`, and resumes with `Last-Event-ID`
 //! with no gap and no duplicate; a slow reader of the catch-up from the log

@@ -1,4 +1,4 @@
-//! Connection hygiene (issue 8): the connection limit, the request-head
+//! Connection hygiene: the connection limit, the request-head
 //! timeout and the request timeout, against a live server over raw TCP so
 //! that a client can be made as slow or as greedy as a bad one is.
 
@@ -259,7 +259,7 @@ async fn a_stalled_upload_cut_by_the_timeout_leaves_no_temporary_file() {
     server.stop().await;
 }
 
-/// The disk reserve without root (issue 19 item 1; the full-disk tests in
+/// The disk reserve without root (the full-disk tests in
 /// `tests/durability/disk_full.rs` need a small tmpfs): a reserve above the
 /// file system's free space refuses every write that would grow the log or
 /// the media store with `507 insufficient_storage` and `Retry-After`, an
@@ -422,7 +422,7 @@ async fn a_body_in_several_chunks_is_read_whole_and_held_to_the_limit() {
     server.stop().await;
 }
 
-/// Open event streams cannot starve the health checks (issue 24 item 8):
+/// Open event streams cannot starve the health checks:
 /// streams have their own cap (`limits.event_streams_max`, taking effect
 /// up to `connections_max - 1`); one more is `503 unavailable` with
 /// `Retry-After`, and `/healthz` and `/readyz` still answer. Before the

@@ -1,4 +1,4 @@
-//! Racing uploads strand nothing (issue 19; the scenarios behind the revert
+//! Racing uploads strand nothing (the scenarios behind the revert
 //! db2fa3d): an upload whose request times out, or whose client goes away,
 //! while its `media.put` is queued behind 900 edits keeps its blob when an
 //! upload of the same bytes is refused meanwhile; uploads racing for one

@@ -1,4 +1,4 @@
-//! Answers say when they are replays (issue 19): every route that answers
+//! Answers say when they are replays: every route that answers
 //! from a known identity (`created: false`) sends `Idempotent-Replayed:
 //! true` and names, in `replayed`, the seq, server time and request id of
 //! the op that first produced the answer; a new write sends no such header

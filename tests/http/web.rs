@@ -1,4 +1,4 @@
-//! The web (SPEC section 12, issue 17): the numbers the TypeScript client
+//! The web (SPEC section 12): the numbers the TypeScript client
 //! reads from the OpenAPI document, the page and its assets (embedded,
 //! fresh, served with types and ETags), and browser sessions (the cookie,
 //! same-origin writes, expiry and revocation).
@@ -558,7 +558,7 @@ async fn receives(stream: &mut reqwest::Response, text: &str) {
 }
 
 /// An event stream opened with a session cookie ends with its session
-/// (issue 24 item 10): signed out with that cookie, every session of its
+///: signed out with that cookie, every session of its
 /// token revoked, or expired. Streams of other sessions and of a bearer
 /// token go on. Before, the stream kept delivering every change notice to
 /// a client whose requests were all answered 401.

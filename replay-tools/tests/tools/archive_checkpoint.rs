@@ -1,4 +1,4 @@
-//! Archived checkpoints (issue 18 item 3, ARCHIVE.md "Checkpoint") against
+//! Archived checkpoints (ARCHIVE.md "Checkpoint") against
 //! a `weed mini` of the test's own ([`crate::weed`]):
 //!
 //! - [`checkpoints_ship_and_restore_starts_from_them`]: an engine with

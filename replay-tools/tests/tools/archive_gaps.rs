@@ -1,5 +1,5 @@
 //! A gap, a damaged or a forged manifest or epoch object in an archive
-//! (issue 24 items 1 and 4, ARCHIVE.md "Gaps"), with the real
+//! (ARCHIVE.md "Gaps"), with the real
 //! `spark-engine` processes and `spark-replay` against a `weed mini` of
 //! the test's own ([`crate::weed`]):
 //!

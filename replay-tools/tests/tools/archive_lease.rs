@@ -1,5 +1,5 @@
-//! Leases against a real S3-compatible server (SPEC section 11, issue 15
-//! item 3; ARCHIVE.md "Lease"): a writer with `[archive] lease_ms` renews
+//! Leases against a real S3-compatible server (SPEC section 11;
+//! ARCHIVE.md "Lease"): a writer with `[archive] lease_ms` renews
 //! its lease while idle; the real `spark-engine` started without
 //! `--take-over` on the same prefix refuses while the lease is live, saying
 //! when it expires, and takes the prefix over by itself once the writer

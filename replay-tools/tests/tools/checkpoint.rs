@@ -1,4 +1,4 @@
-//! Checkpoints (issue 18): written by the engine in the background, loaded
+//! Checkpoints: written by the engine in the background, loaded
 //! at startup, checked by `spark-replay verify`, and never trusted when
 //! damaged, of another version, stale, foreign or beyond the log; `rebuild`
 //! from the log alone and from the checkpoint give one digest, also after

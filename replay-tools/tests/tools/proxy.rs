@@ -1,4 +1,4 @@
-//! Many engines behind one address (issue 16 item 5, docs/scale.md):
+//! Many engines behind one address (docs/scale.md):
 //! Debian's nginx runs `deploy/nginx.conf` as committed (only its loopback
 //! addresses replaced by this test's ports) in front of two shards, each a
 //! writer shipping to its own archive prefix on a `weed mini` of the test's

@@ -1,4 +1,4 @@
-//! Read replicas (SPEC section 11, issue 16) with the real `spark-engine`
+//! Read replicas (SPEC section 11) with the real `spark-engine`
 //! processes against a `weed mini` of the test's own ([`crate::weed`]): a
 //! writer ships to a prefix, `spark-engine replica --from` follows it.
 //!
@@ -1026,7 +1026,7 @@ fn the_endpoint_comes_from_aws_endpoint_url_unless_one_is_given() {
     drop(weed);
 }
 
-/// Issue 24: a replica keeps up with a `sync`-mode writer under
+/// A replica keeps up with a `sync`-mode writer under
 /// concurrent load, which stores a manifest per ship (about 100 a second
 /// here). It read and applied each manifest in turn (55-60 a second), so
 /// its lag grew without bound; it now reads ahead and applies the latest

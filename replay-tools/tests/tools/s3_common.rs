@@ -1,5 +1,5 @@
 //! What the archive tests of this binary and the restore bench share (SPEC
-//! section 11, issue 15): the skip rule, `spark-replay` runs against a
+//! section 11): the skip rule, `spark-replay` runs against a
 //! store, an engine in this process shipping to it, and the real
 //! `spark-engine` process serving with an `[archive]`. The store itself is
 //! [`crate::weed`].

@@ -1,6 +1,6 @@
 //! A SeaweedFS `weed mini` server of a test's (or a bench's) own, on
 //! 127.0.0.1 ports of its own, as the S3-compatible store of the archive
-//! (SPEC section 11, issue 15). Shared by the archive tests of this binary
+//! (SPEC section 11). Shared by the archive tests of this binary
 //! and by `benches/load.rs` (included there with `#[path]`), so it needs
 //! nothing but `object_store`, `tempfile` and `tokio`.
 

@@ -2,7 +2,7 @@
 //! slowed fdatasync (`FaultyFs::set_delay`) keeps a batch in its sync long
 //! enough for the next commands to queue behind it; whichever way the
 //! threads interleave, the assertions hold. (Written for a pipelined
-//! commit, tried and dropped in issue 18; they hold for any journal that
+//! commit, tried and dropped; they hold for any journal that
 //! keeps the write path's rules.)
 
 use std::sync::Arc;

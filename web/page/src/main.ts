@@ -1,4 +1,4 @@
-// The engine's page (SPEC section 12, issue 17 item 2): the moments feed,
+// The engine's page (SPEC section 12): the moments feed,
 // live over the event stream through the client package (a change
 // re-renders one row, not the list), capture from a file or the camera, a
 // moment with its copy, Pippa's reading as it arrives, keeping phrases,
