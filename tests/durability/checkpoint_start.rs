@@ -267,6 +267,26 @@ fn reordered_sealed_segments_before_the_checkpoint_are_refused() {
 /// segments, so that each restart starts from a checkpoint over sealed
 /// segments: the final start (from a checkpoint, the scrub clean) gives
 /// the digest of a replay of the whole log, and of `spark-replay rebuild`.
+/// Whether a checkpoint of `data` lies in the second segment or later, so
+/// that a start from it checks at least one sealed segment by its links
+/// only and the scrub reads it.
+fn a_checkpoint_covers_a_sealed_segment(data: &Path) -> bool {
+    let mut first_seqs: Vec<u64> = std::fs::read_dir(log_dir(data))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            spark_log_format::format::parse_segment_file_name(&e.file_name().to_string_lossy())
+        })
+        .collect();
+    first_seqs.sort_unstable();
+    first_seqs.get(1).is_some_and(|second| {
+        spark_core::checkpoint::list(data)
+            .iter()
+            .any(|(seq, _)| seq >= second)
+    })
+}
+
 #[test]
 fn kill_9_and_restart_from_checkpoints_give_the_digest_of_a_full_replay() {
     let dir = tempfile::tempdir().unwrap();
@@ -292,6 +312,19 @@ fn kill_9_and_restart_from_checkpoints_give_the_digest_of_a_full_replay() {
         }
         // Time for the checkpoint worker (it polls every 100 ms).
         std::thread::sleep(Duration::from_millis(300));
+        if cycle == 3 {
+            // The last start must be from a checkpoint past a sealed
+            // segment, so that the scrub has something to read: on a busy
+            // machine the worker may not have written one yet.
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !a_checkpoint_covers_a_sealed_segment(&data) {
+                assert!(
+                    Instant::now() < deadline,
+                    "no checkpoint past a sealed segment after two minutes"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         server.kill();
     }
     let server = ServerProcess::start_with_env(&data, &env);
