@@ -204,7 +204,7 @@ impl Metrics {
     }
 
     /// Observes one request of `seconds` in `request_seconds`, labelled
-    /// `route` (a [`route_of`] template), `method` (a [`method_of`] label)
+    /// `route` (a [`crate::routes::template_of`] template), `method` (a [`method_of`] label)
     /// and `status`. The label set stays small (templates and standard
     /// methods only), and so does the cache of their histograms.
     pub fn observe_request(
@@ -289,66 +289,6 @@ pub fn label(key: &str, value: &str) -> Labels {
     vec![(key.to_owned(), value.to_owned())]
 }
 
-/// The route template of a request path, for the request metrics: ULIDs and
-/// mark ids become `{id}`, so the label set stays small. Unknown paths are
-/// `other`.
-pub fn route_of(path: &str) -> &'static str {
-    const KNOWN: &[&str] = &[
-        "/api/moments",
-        "/api/moments/{id}",
-        "/api/moments/{id}/turns",
-        "/api/media/{id}",
-        "/api/turns/{id}",
-        "/api/phrases",
-        "/api/phrases/{id}",
-        "/api/recall",
-        "/api/jobs",
-        "/api/messages",
-        "/api/events",
-        "/api/log/head",
-        "/api/openapi.json",
-        "/metrics",
-        "/healthz",
-        "/readyz",
-        "/api/session",
-    ];
-    // The page and its assets (names are not ids).
-    if path == "/" {
-        return "/";
-    }
-    if path.starts_with("/assets/") {
-        return "/assets/{id}";
-    }
-    // Compared part by part, without building the template: this runs for
-    // every request.
-    let fits = |template: &str| {
-        let mut parts = path.split('/');
-        let mut previous = "";
-        for want in template.split('/') {
-            let Some(part) = parts.next() else {
-                return false;
-            };
-            let is_id = part.len() == crate::ids::ULID_LEN && crate::ids::Id::parse(part).is_ok();
-            let is_mark = previous == "phrases" && !part.is_empty();
-            let matched = if want == "{id}" {
-                is_id || is_mark
-            } else {
-                part == want && !is_id && !is_mark
-            };
-            if !matched {
-                return false;
-            }
-            previous = part;
-        }
-        parts.next().is_none()
-    };
-    KNOWN
-        .iter()
-        .copied()
-        .find(|template| fits(template))
-        .unwrap_or("other")
-}
-
 /// The method label of the request metrics: the standard methods by name,
 /// anything else `other`, so that made-up methods cannot add series.
 pub fn method_of(method: &str) -> &'static str {
@@ -393,19 +333,5 @@ mod tests {
         assert_eq!(sample("count", "PUT"), Some(2.0), "{text}");
         assert_eq!(sample("sum", "PUT"), Some(0.75), "{text}");
         assert_eq!(sample("count", "PATCH"), Some(1.0), "{text}");
-    }
-
-    #[test]
-    fn routes_fold_ids() {
-        assert_eq!(
-            route_of("/api/moments/01M34QZRVNRE3CTR9Y63CF2TPZ/turns"),
-            "/api/moments/{id}/turns"
-        );
-        assert_eq!(
-            route_of("/api/phrases/keep:bitte%20nicht"),
-            "/api/phrases/{id}"
-        );
-        assert_eq!(route_of("/api/moments"), "/api/moments");
-        assert_eq!(route_of("/nope/x"), "other");
     }
 }

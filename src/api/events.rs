@@ -217,7 +217,7 @@ fn event(change: &Change) -> (Event, usize) {
 /// `GET /api/events`.
 pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed("GET"));
+        return Err(ApiError::method_not_allowed_on("/api/events"));
     }
     let query: Query = req.query()?;
     // Streams have their own cap, below the connections': open streams

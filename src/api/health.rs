@@ -13,7 +13,7 @@ use super::{json_response, ApiError, AppState, Request};
 /// `GET /healthz`: `200 {"status":"ok"}` while the process serves.
 pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET && req.method != Method::HEAD {
-        return Err(ApiError::method_not_allowed("GET, HEAD"));
+        return Err(ApiError::method_not_allowed_on("/healthz"));
     }
     Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
 }
@@ -46,7 +46,7 @@ pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, Ap
 /// segment before a start without the checkpoint (docs/guarantees.md).
 pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET && req.method != Method::HEAD {
-        return Err(ApiError::method_not_allowed("GET, HEAD"));
+        return Err(ApiError::method_not_allowed_on("/readyz"));
     }
     if let Some(reason) = state.engine.poisoned() {
         return Err(ApiError::from(crate::engine::EngineError::Unavailable(
@@ -103,7 +103,7 @@ pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
 /// writes: `_total` samples, `# EOF`), which Prometheus scrapes.
 pub async fn metrics(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed("GET"));
+        return Err(ApiError::method_not_allowed_on("/metrics"));
     }
     let metrics = crate::metrics::get();
     state.engine.read(|mirror| metrics.observe_mirror(mirror));

@@ -26,7 +26,7 @@ struct JobBody {
 /// for every caller of `Engine::submit`.
 pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
     if req.method != Method::POST {
-        return Err(ApiError::method_not_allowed("POST"));
+        return Err(ApiError::method_not_allowed_on("/api/jobs"));
     }
     let body: JobBody = req
         .json(state.settings.limits.json_body_limit_bytes)

@@ -44,7 +44,7 @@ struct HeadView {
 /// `GET /api/log/head`.
 pub async fn head(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed("GET"));
+        return Err(ApiError::method_not_allowed_on("/api/log/head"));
     }
     let head = state.engine.head();
     Ok(json_response(

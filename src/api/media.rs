@@ -42,7 +42,7 @@ pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Resp
     match req.method {
         Method::PUT => put(&state, id, req).await,
         Method::GET | Method::HEAD => get(&state, id, &req).await,
-        _ => Err(ApiError::method_not_allowed("GET, HEAD, PUT")),
+        _ => Err(ApiError::method_not_allowed_on("/api/media/{id}")),
     }
 }
 

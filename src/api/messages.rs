@@ -40,7 +40,7 @@ pub async fn collection(state: Arc<AppState>, mut req: Request) -> Result<Respon
     match req.method {
         Method::POST => post(&state, &mut req).await,
         Method::GET => list(&state, &req),
-        _ => Err(ApiError::method_not_allowed("GET, POST")),
+        _ => Err(ApiError::method_not_allowed_on("/api/messages")),
     }
 }
 

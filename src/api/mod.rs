@@ -752,7 +752,7 @@ pub fn routes(
         .unify()
         .with(warp::log::custom(|info| {
             crate::metrics::get().observe_request(
-                crate::metrics::route_of(info.path()),
+                crate::routes::template_of(info.path()),
                 crate::metrics::method_of(info.method().as_str()),
                 info.status().as_u16(),
                 info.elapsed().as_secs_f64(),

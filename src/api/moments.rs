@@ -84,7 +84,7 @@ pub async fn collection(state: Arc<AppState>, mut req: Request) -> Result<Respon
     match req.method {
         Method::GET => list(&state, &req),
         Method::POST => create(&state, &mut req).await,
-        _ => Err(ApiError::method_not_allowed("GET, POST")),
+        _ => Err(ApiError::method_not_allowed_on("/api/moments")),
     }
 }
 
@@ -99,7 +99,7 @@ pub async fn item(
         Method::GET => get(&state, id),
         Method::PATCH => edit(&state, id, &mut req).await,
         Method::DELETE => delete(&state, id, &mut req).await,
-        _ => Err(ApiError::method_not_allowed("GET, PATCH, DELETE")),
+        _ => Err(ApiError::method_not_allowed_on("/api/moments/{id}")),
     }
 }
 

@@ -44,14 +44,14 @@ pub async fn collection(state: Arc<AppState>, mut req: Request) -> Result<Respon
     match req.method {
         Method::POST => keep(&state, &mut req).await,
         Method::GET => list(&state, &req),
-        _ => Err(ApiError::method_not_allowed("GET, POST")),
+        _ => Err(ApiError::method_not_allowed_on("/api/phrases")),
     }
 }
 
 /// `DELETE /api/phrases/{mark id}` (the mark id percent-encoded in the path).
 pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::DELETE {
-        return Err(ApiError::method_not_allowed("DELETE"));
+        return Err(ApiError::method_not_allowed_on("/api/phrases/{id}"));
     }
     let mark_id = percent_encoding::percent_decode_str(&id)
         .decode_utf8()

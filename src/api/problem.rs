@@ -90,8 +90,23 @@ impl ApiError {
         )
     }
 
-    /// `405`, for a route that exists with other methods.
-    pub fn method_not_allowed(allowed: &str) -> ApiError {
+    /// `405`, for the route whose template (as in [`crate::routes::ROUTES`],
+    /// e.g. `/api/moments/{id}`) is `route`, naming in `Allow` the methods
+    /// [`crate::routes::ROUTES`] lists for it: the one list of what each
+    /// route takes.
+    pub fn method_not_allowed_on(route: &str) -> ApiError {
+        let allowed: Vec<&str> = crate::routes::ROUTES
+            .iter()
+            .filter(|(_, path)| *path == route)
+            .map(|(method, _)| *method)
+            .collect();
+        debug_assert!(!allowed.is_empty(), "{route} is not in ROUTES");
+        ApiError::method_not_allowed(&allowed.join(", "))
+    }
+
+    /// `405`, for a route that exists with other methods (`allowed`, the
+    /// `Allow` header's value).
+    fn method_not_allowed(allowed: &str) -> ApiError {
         let mut e = ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             wire::INVALID_REQUEST,

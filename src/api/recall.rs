@@ -26,7 +26,7 @@ struct RecallBody {
 /// checked for every caller of `Engine::submit`.
 pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
     if req.method != Method::POST {
-        return Err(ApiError::method_not_allowed("POST"));
+        return Err(ApiError::method_not_allowed_on("/api/recall"));
     }
     let body: RecallBody = req
         .json(state.settings.limits.json_body_limit_bytes)

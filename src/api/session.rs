@@ -410,7 +410,7 @@ pub async fn item(state: Arc<AppState>, mut req: Request) -> Result<Response, Ap
             set_cookie(&mut response, "", 0, secure);
             Ok(response)
         }
-        _ => Err(ApiError::method_not_allowed("POST, DELETE")),
+        _ => Err(ApiError::method_not_allowed_on("/api/session")),
     }
 }
 

@@ -29,7 +29,7 @@ pub async fn start(
     mut req: Request,
 ) -> Result<Response, ApiError> {
     if req.method != Method::POST {
-        return Err(ApiError::method_not_allowed("POST"));
+        return Err(ApiError::method_not_allowed_on("/api/moments/{id}/turns"));
     }
     let moment_id =
         Id::parse(&id).map_err(|e| ApiError::invalid_id("the moment id in the path", e))?;
@@ -75,7 +75,7 @@ pub async fn start(
 /// `brains.turn_wait_max_s`) runs out, then answers with what there is.
 pub async fn get(state: Arc<AppState>, id: String, req: Request) -> Result<Response, ApiError> {
     if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed("GET"));
+        return Err(ApiError::method_not_allowed_on("/api/turns/{id}"));
     }
     let turn_id = Id::parse(&id).map_err(|e| ApiError::invalid_id("the turn id in the path", e))?;
     let query: GetQuery = req.query()?;

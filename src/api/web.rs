@@ -75,10 +75,11 @@ fn not_modified(req: &Request, etag: &str) -> bool {
 }
 
 /// Answers one built file: `200` with its bytes, or `304` when the
-/// browser's copy is current; `404 not_found` when there is no such file.
-fn serve(req: &Request, path: &str) -> Result<Response, ApiError> {
+/// browser's copy is current; `404 not_found` when there is no such file;
+/// `405` for a method the route (`route`, its template) does not take.
+fn serve(req: &Request, route: &str, path: &str) -> Result<Response, ApiError> {
     if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed("GET"));
+        return Err(ApiError::method_not_allowed_on(route));
     }
     let file = DIST
         .get_file(path)
@@ -123,7 +124,7 @@ fn serve(req: &Request, path: &str) -> Result<Response, ApiError> {
 
 /// `GET /`: the page.
 pub async fn page(_state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
-    serve(&req, "index.html")
+    serve(&req, "/", "index.html")
 }
 
 /// `GET /assets/{name}`: a script, style sheet or image of the page.
@@ -136,7 +137,7 @@ pub async fn asset(
     if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
         return Err(ApiError::not_found(format!("no asset {name}")));
     }
-    serve(&req, &format!("assets/{name}"))
+    serve(&req, "/assets/{id}", &format!("assets/{name}"))
 }
 
 /// The SHA-256 (hex) over the page's sources, as `web/build.mjs` computes

@@ -33,7 +33,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::{settings, ulid, TestServer};
 use serde_json::{json, Value};
-use spark_engine::api::openapi::{document, ROUTES};
+use spark_engine::api::openapi::document;
+use spark_engine::routes::ROUTES;
 
 /// The HTTP methods an OpenAPI path item can hold (as its lower-case keys).
 const METHODS: &[&str] = &[
@@ -170,6 +171,8 @@ fn router_paths_equal_routes() {
 struct Answer {
     status: u16,
     body: Value,
+    /// The `Allow` header, if any.
+    allow: Option<String>,
 }
 
 impl Answer {
@@ -204,6 +207,11 @@ async fn send(
     }
     let response = request.send().await.expect("the request is answered");
     let status = response.status().as_u16();
+    let allow = response
+        .headers()
+        .get("allow")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let streaming = response
         .headers()
         .get("content-type")
@@ -215,7 +223,11 @@ async fn send(
         let bytes = response.bytes().await.expect("the body reads");
         serde_json::from_slice(&bytes).unwrap_or(Value::Null)
     };
-    Answer { status, body }
+    Answer {
+        status,
+        body,
+        allow,
+    }
 }
 
 /// Entities for the item routes to find, so each route answers as it
@@ -412,6 +424,18 @@ async fn unlisted_methods_are_not_served() {
                     "{method} {path}: {} {}",
                     answer.status, answer.body
                 ));
+            }
+            // A handler's 405 names in `Allow` what ROUTES lists for the
+            // route (the table is where its methods are written).
+            if answer.status == 405 {
+                let allowed: BTreeSet<&str> = answer
+                    .allow
+                    .as_deref()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::trim)
+                    .collect();
+                assert_eq!(&allowed, listed, "{method} {path}: Allow");
             }
         }
     }
