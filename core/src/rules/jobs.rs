@@ -111,3 +111,6 @@ fn push_missing_turns(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

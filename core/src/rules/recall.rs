@@ -142,3 +142,6 @@ fn recall_moment(mirror: &Mirror, recall: &Recall, device: &str) -> OpBody {
         captured_at_ms: None,
     })
 }
+
+#[cfg(test)]
+mod tests;
