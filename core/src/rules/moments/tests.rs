@@ -356,3 +356,19 @@ fn a_creates_request_id_sent_on_a_delete_is_a_conflict() {
     );
     assert!(!mirror.moment(id(1)).unwrap().deleted);
 }
+
+#[test]
+fn a_request_id_outside_printable_ascii_is_refused_and_writes_nothing() {
+    let mirror = Mirror::new();
+    for bad in ["", "a b", "tab\there", "é"] {
+        assert!(
+            matches!(
+                refusal(&mirror, create(Some(id(1)), Some(bad))),
+                EngineError::RequestId(RequestIdError::Invalid(_))
+            ),
+            "{bad:?} was let in"
+        );
+    }
+    // The printable ends of the range are fine.
+    assert_eq!(writes(&mirror, create(Some(id(1)), Some("!~"))).len(), 1);
+}
