@@ -192,3 +192,42 @@ fn a_job_on_another_moment_is_a_conflict_naming_its_moment() {
         })
     );
 }
+
+#[test]
+fn a_retry_of_a_torn_job_whose_moment_was_deleted_is_refused_not_written() {
+    // The job.start and the first seat's turn made it to the log; the
+    // moment was deleted since. The missing turn cannot be started on a
+    // tombstone: the fold would refuse that op after it is durable (the
+    // write path stops and replay stops at it), so the rule refuses first.
+    let mut mirror = folded([create_op(1, None)]);
+    let ops = writes(&mirror, job("j1", id(1), &["a", "b"]));
+    apply(&mut mirror, ops[0].clone());
+    apply(&mut mirror, ops[1].clone());
+    apply(
+        &mut mirror,
+        OpBody::MomentDelete(MomentDelete {
+            id: id(1),
+            request_id: None,
+            device: DEVICE.into(),
+        }),
+    );
+    assert_eq!(
+        refusal(&mirror, job("j1", id(1), &["a", "b"])),
+        EngineError::Deleted(id(1))
+    );
+    // A whole job on a deleted moment still answers: nothing to write.
+    let mut whole = folded([create_op(1, None)]);
+    decided(&mut whole, job("j1", id(1), &["a"])).unwrap();
+    apply(
+        &mut whole,
+        OpBody::MomentDelete(MomentDelete {
+            id: id(1),
+            request_id: None,
+            device: DEVICE.into(),
+        }),
+    );
+    assert!(matches!(
+        answered(&whole, job("j1", id(1), &["a"])),
+        Outcome::JobStarted { created: false, .. }
+    ));
+}

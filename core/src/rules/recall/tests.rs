@@ -202,3 +202,27 @@ fn a_recall_id_used_by_another_request_is_a_conflict() {
     );
     assert!(mirror.recalls.is_empty());
 }
+
+#[test]
+fn a_retry_of_a_torn_recall_whose_moment_was_deleted_is_refused_not_written() {
+    // The recall.start and its moment made it to the log; the person
+    // deleted the moment since. Its turn cannot be started on a tombstone
+    // (the fold would refuse that op once durable): the rule refuses.
+    let mut mirror = three_phrases();
+    let ops = writes(&mirror, recall(Some("r1"), 5));
+    apply(&mut mirror, ops[0].clone());
+    apply(&mut mirror, ops[1].clone());
+    let moment_id = mirror.recalls["r1"].moment_id;
+    apply(
+        &mut mirror,
+        OpBody::MomentDelete(crate::op::MomentDelete {
+            id: moment_id,
+            request_id: None,
+            device: DEVICE.into(),
+        }),
+    );
+    assert_eq!(
+        refusal(&mirror, recall(Some("r1"), 5)),
+        EngineError::Deleted(moment_id)
+    );
+}
