@@ -371,3 +371,6 @@ fn live_moment(
         Some(m) => Ok(m),
     }
 }
+
+#[cfg(test)]
+mod tests;

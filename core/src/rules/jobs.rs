@@ -79,6 +79,10 @@ fn new_job(mirror: &Mirror, c: &StartJob) -> Result<OpBody, EngineError> {
 
 /// Pushes onto `ops` a `turn.start` for each seat whose derived request id
 /// (`<job id>:<index>`) is not written yet, each with a fresh turn id.
+///
+/// Errors: a request id conflict, or [`EngineError::NotFound`] /
+/// [`EngineError::Deleted`] when a turn is missing and the moment is not
+/// live.
 fn push_missing_turns(
     mirror: &Mirror,
     c: &StartJob,
@@ -93,6 +97,10 @@ fn push_missing_turns(
         if known_request(mirror, Some(&request_id), OpKind::TurnStart, None)?.is_some() {
             continue;
         }
+        // A turn needs a live moment (the fold refuses one on a tombstone,
+        // after the op is durable): a torn job's retry on a moment deleted
+        // since is refused.
+        live(mirror, moment_id)?;
         let id = loop {
             let id = mint_new(mirror, mint);
             if !minted.contains(&id) {
@@ -111,3 +119,6 @@ fn push_missing_turns(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

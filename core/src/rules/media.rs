@@ -109,3 +109,6 @@ pub fn decide_put_media(mirror: &Mirror, c: PutMedia) -> Decision {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -64,3 +64,6 @@ pub fn decide_message(mirror: &Mirror, c: PostMessage, now_ms: u64) -> Decision 
         Plan::Message(c.id),
     )
 }
+
+#[cfg(test)]
+mod tests;

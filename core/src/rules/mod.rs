@@ -288,4 +288,4 @@ pub(crate) fn check_optional_request_id(request_id: Option<&str>) -> Result<(), 
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod test_support;

@@ -186,3 +186,6 @@ pub fn decide_delete(mirror: &Mirror, c: DeleteMoment) -> Decision {
         Plan::Deleted(c.id),
     )
 }
+
+#[cfg(test)]
+mod tests;

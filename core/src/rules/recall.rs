@@ -47,6 +47,12 @@ pub fn decide_recall(
         ops.push(recall_moment(mirror, &recall, &c.device));
     }
     if !mirror.turns.contains_key(&recall.turn_id) {
+        // A turn needs a live moment (the fold refuses one on a tombstone,
+        // after the op is durable): a torn recall's retry whose moment was
+        // deleted since is refused.
+        if mirror.moment(recall.moment_id).is_some_and(|m| m.deleted) {
+            return refuse(EngineError::Deleted(recall.moment_id));
+        }
         ops.push(turn_start(
             recall.turn_id,
             recall.moment_id,
@@ -142,3 +148,6 @@ fn recall_moment(mirror: &Mirror, recall: &Recall, device: &str) -> OpBody {
         captured_at_ms: None,
     })
 }
+
+#[cfg(test)]
+mod tests;

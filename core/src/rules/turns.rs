@@ -99,3 +99,6 @@ pub fn decide_end_turn(mirror: &Mirror, c: EndTurn) -> Decision {
     };
     Decision::Write(vec![op], Plan::TurnEnded(c.turn_id))
 }
+
+#[cfg(test)]
+mod tests;
