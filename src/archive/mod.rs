@@ -1,7 +1,8 @@
 //! The archive shipper (SPEC section 11, `log-format/ARCHIVE.md`): with
 //! `[archive]`, a background task follows the journal's durable head and
-//! ships, in this order, the blobs new ops name, the sealed segments and at
-//! most one tail chunk, then a manifest naming them. Every put is
+//! ships: one fencing HEAD, then the blobs new ops name beside the sealed
+//! segments and at most one tail chunk (at the same time), then, once all
+//! are stored, a manifest naming them. Every put is
 //! create-only; a failed ship is retried with backoff while the engine goes
 //! on taking writes. Without `[archive]` nothing here runs.
 //!
@@ -16,7 +17,10 @@
 //! shipping, and `/readyz`, `spark_archive_blobs_missing` and a WARN line
 //! name it.
 //!
-//! `async` mode ships at most once per `ship_interval_ms`. `sync` mode
+//! `async` mode ships at most once per `ship_interval_ms`, and between
+//! ships puts the blobs of newly committed ops ahead of their ship
+//! ([`BLOBS_AHEAD_EVERY`]), so that a stream of uploads does not make each
+//! ship an interval's worth of blob puts long. `sync` mode
 //! (the engine was opened with an [`gate::ArchiveGate`]) ships as soon as a
 //! write waits and no ship is in flight, tells the gate every stored
 //! manifest's seq, and closes the gate when it stops for good (fenced, or
@@ -89,6 +93,11 @@ pub const BEHIND_AFTER_INTERVALS: u32 = 3;
 const MISSING_BLOBS_LISTED: usize = 100;
 /// The file in the data directory that names this writer and its epoch.
 pub const WRITER_FILE: &str = "archive-writer";
+/// `async` mode: between ships, the shipper looks this often for blobs of
+/// newly committed ops and puts them ahead of their ship
+/// ([`Shipper::blobs_ahead`]), so that a ship under a stream of uploads is
+/// not one interval's worth of blob puts long.
+pub const BLOBS_AHEAD_EVERY: Duration = Duration::from_millis(100);
 /// How often the shipper looks for a new local checkpoint to ship
 /// (ARCHIVE.md "Checkpoint"): one directory listing, off the ship's path.
 pub const CHECKPOINT_LOOK_INTERVAL: Duration = Duration::from_secs(1);
@@ -534,6 +543,11 @@ struct Shipper {
     checkpoint_stored: Option<CheckpointEntry>,
     /// When the shipper last looked for a new local checkpoint.
     checkpoint_looked: Option<Instant>,
+    /// `async` mode: blobs put ahead of their ship ([`Shipper::blobs_ahead`]),
+    /// by SHA-256, with the seq of the op they were put for (or their
+    /// missing-blob marker stored): the ship skips them; forgotten once a
+    /// manifest covers that seq.
+    blobs_ahead: std::collections::HashMap<[u8; 32], u64>,
 }
 
 /// The writer file: `{"writer": id, "epoch": n}`.
@@ -681,6 +695,7 @@ pub async fn start_on_leased(
         checkpoint_put: None,
         checkpoint_stored: None,
         checkpoint_looked: None,
+        blobs_ahead: std::collections::HashMap::new(),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(shipper.run(interval, stopped));
@@ -969,6 +984,15 @@ fn read_range(path: &Path, from: u64, to: Option<u64>) -> std::io::Result<Vec<u8
     Ok(out)
 }
 
+/// Observes `to - from` as stage `stage` of a ship
+/// (`spark_archive_ship_seconds`).
+fn stage_seconds(stage: &str, from: Instant, to: Instant) {
+    metrics::get()
+        .ship_seconds
+        .get_or_create(&crate::metrics::label("stage", stage))
+        .observe((to - from).as_secs_f64());
+}
+
 fn count_put(kind: &str, bytes: u64) {
     let m = metrics::get();
     let label = crate::metrics::label("kind", kind);
@@ -1005,8 +1029,11 @@ impl Shipper {
                 Some(due_in) if healthy => wait.min(due_in),
                 _ => wait,
             };
+            // In async mode, while healthy, the wait puts blobs ahead.
+            let ahead = healthy && gate.is_none();
             let stopping = tokio::select! {
-                () = tokio::time::sleep(sleep) => false,
+                () = self.blobs_ahead_until(Instant::now() + sleep), if ahead => false,
+                () = tokio::time::sleep(sleep), if !ahead => false,
                 () = wanted => false,
                 _ = stopped.changed() => true,
             };
@@ -1131,6 +1158,8 @@ impl Shipper {
             Ok(()) => {
                 *self.status.failing.lock() = None;
                 self.status.shipped(&self.state);
+                let shipped = self.state.shipped_seq;
+                self.blobs_ahead.retain(|_, seq| *seq > shipped);
                 if let Some(gate) = self.engine.archive_gate() {
                     // `ship` moves the state only once a manifest naming
                     // it is stored: the commit point (ARCHIVE.md).
@@ -1166,17 +1195,50 @@ impl Shipper {
         Ok(())
     }
 
-    /// Ships everything acknowledged up to `head`: blobs, sealed segments,
-    /// one chunk, then the manifest. The state moves only once the manifest
-    /// is stored.
+    /// Ships everything acknowledged up to `head`: the fencing HEAD first
+    /// (nothing is stored before it), then the blobs and the log (sealed
+    /// segments, one chunk) at the same time, then, once both are stored,
+    /// the manifest naming them. The state moves only once the manifest is
+    /// stored. Each stage's time goes to `spark_archive_ship_seconds`.
     async fn ship(&mut self, head: &Head) -> Result<(), ShipError> {
+        let started = Instant::now();
         self.check_not_taken_over().await?;
-        self.ship_blobs(head).await?;
-        let next = self.ship_log(head).await?;
+        let head_done = Instant::now();
+        // Blobs and log objects only need to be stored before the manifest
+        // that names them (the commit point): a reader never sees a log
+        // object no manifest names. One after the other, a ship's blob puts
+        // added their whole time to the async window.
+        let ((blobs, blobs_done), (log, log_done)) = tokio::join!(
+            async { (self.ship_blobs(head).await, Instant::now()) },
+            async { (self.ship_log(head).await, Instant::now()) },
+        );
+        blobs?;
+        let next = log?;
         if next.shipped_seq == self.state.shipped_seq {
             return Ok(());
         }
-        self.ship_manifest(next).await
+        let manifest_started = Instant::now();
+        self.ship_manifest(next).await?;
+        let done = Instant::now();
+        for (stage, from, to) in [
+            ("head", started, head_done),
+            ("blobs", head_done, blobs_done),
+            ("log", head_done, log_done),
+            ("manifest", manifest_started, done),
+            ("ship", started, done),
+        ] {
+            stage_seconds(stage, from, to);
+        }
+        tracing::debug!(
+            head_ms = (head_done - started).as_millis() as u64,
+            blobs_ms = (blobs_done - head_done).as_millis() as u64,
+            log_ms = (log_done - head_done).as_millis() as u64,
+            manifest_ms = (done - manifest_started).as_millis() as u64,
+            ship_ms = (done - started).as_millis() as u64,
+            seq = self.state.shipped_seq,
+            "archive: shipped"
+        );
+        Ok(())
     }
 
     /// One HEAD before each ship (never when idle): once another engine
@@ -1195,18 +1257,67 @@ impl Shipper {
     }
 
     /// Ships the blobs named by the media ops after the shipped seq, up to
-    /// `head`, each once, [`BLOB_PUTS_AT_ONCE`] at a time: each checked
+    /// `head`, each once, [`BLOB_PUTS_AT_ONCE`] at a time (beside the log's
+    /// puts, all before the manifest): each checked
     /// first; one lost locally is recorded missing instead (ARCHIVE.md
     /// "Missing blob").
     async fn ship_blobs(&self, head: &Head) -> Result<(), ShipError> {
-        let mut ops = self.media_ops(head)?;
-        ops.sort_unstable_by_key(|op| (op.sha256, op.seq));
-        ops.dedup_by_key(|op| op.sha256);
+        let ops = self.blobs_to_ship(head)?;
         futures_util::stream::iter(ops)
             .map(|op| self.ship_blob(op))
             .buffer_unordered(BLOB_PUTS_AT_ONCE)
             .try_collect::<()>()
             .await
+    }
+
+    /// The `media.put` ops after the shipped seq up to `head` whose blob is
+    /// not put yet (by an earlier round of [`Shipper::blobs_ahead`]), one
+    /// per blob (the first op naming it).
+    fn blobs_to_ship(&self, head: &Head) -> Result<Vec<MediaOp>, ShipError> {
+        let mut ops = self.media_ops(head)?;
+        ops.retain(|op| !self.blobs_ahead.contains_key(&op.sha256));
+        ops.sort_unstable_by_key(|op| (op.sha256, op.seq));
+        ops.dedup_by_key(|op| op.sha256);
+        Ok(ops)
+    }
+
+    /// `async` mode, between ships: until `deadline`, every
+    /// [`BLOBS_AHEAD_EVERY`], puts the blobs of the ops committed since the
+    /// shipped seq that are not put yet, as a ship would
+    /// ([`Shipper::ship_blob`], [`BLOB_PUTS_AT_ONCE`] at a time), each round
+    /// after the same fencing HEAD a ship starts with (a round with nothing
+    /// to put makes no request). Only the manifest makes an object part of
+    /// the archive, so a blob put early is stored before the manifest
+    /// naming its op, as always; the ship then skips it. A failure here is
+    /// left to the ship, which puts what is missing and reports it.
+    async fn blobs_ahead_until(&mut self, deadline: Instant) {
+        loop {
+            // The last stretch before the ship is left to the ship.
+            if Instant::now() + BLOBS_AHEAD_EVERY >= deadline {
+                tokio::time::sleep_until(deadline.into()).await;
+                return;
+            }
+            tokio::time::sleep(BLOBS_AHEAD_EVERY).await;
+            let head = self.engine.head();
+            let Ok(ops) = self.blobs_to_ship(&head) else {
+                continue;
+            };
+            if ops.is_empty() || self.check_not_taken_over().await.is_err() {
+                continue;
+            }
+            let this = &*self;
+            let stored: Vec<([u8; 32], u64, bool)> = futures_util::stream::iter(ops)
+                .map(|op| async move {
+                    let (sha256, seq) = (op.sha256, op.seq);
+                    (sha256, seq, this.ship_blob(op).await.is_ok())
+                })
+                .buffer_unordered(BLOB_PUTS_AT_ONCE)
+                .collect()
+                .await;
+            for (sha256, seq, _) in stored.into_iter().filter(|s| s.2) {
+                self.blobs_ahead.insert(sha256, seq);
+            }
+        }
     }
 
     /// The `media.put` ops after the shipped seq up to `head`, read from
