@@ -83,8 +83,9 @@ const MERGE_FAN_IN: usize = 16;
 /// How long the last ship at shutdown may take.
 pub const FINAL_SHIP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most blob puts in flight at once (newcomer finding 3: one at a time, a
-/// burst of uploads made each ship take several intervals).
-pub const BLOB_PUTS_AT_ONCE: usize = 8;
+/// burst of uploads made each ship take several intervals; at 8, a stream
+/// of uploads still made the blob puts most of a ship's time).
+pub const BLOB_PUTS_AT_ONCE: usize = 16;
 /// `/readyz` says `behind` (not `shipping`) once the oldest unshipped op
 /// has waited this many ship intervals: a ship that hangs, or one that
 /// cannot keep up.
@@ -95,7 +96,7 @@ const MISSING_BLOBS_LISTED: usize = 100;
 pub const WRITER_FILE: &str = "archive-writer";
 /// `async` mode: between ships, the shipper looks this often for blobs of
 /// newly committed ops and puts them ahead of their ship
-/// ([`Shipper::blobs_ahead`]), so that a ship under a stream of uploads is
+/// ([`Shipper::put_blobs_ahead`]), so that a ship under a stream of uploads is
 /// not one interval's worth of blob puts long.
 pub const BLOBS_AHEAD_EVERY: Duration = Duration::from_millis(100);
 /// How often the shipper looks for a new local checkpoint to ship
@@ -543,11 +544,11 @@ struct Shipper {
     checkpoint_stored: Option<CheckpointEntry>,
     /// When the shipper last looked for a new local checkpoint.
     checkpoint_looked: Option<Instant>,
-    /// `async` mode: blobs put ahead of their ship ([`Shipper::blobs_ahead`]),
-    /// by SHA-256, with the seq of the op they were put for (or their
-    /// missing-blob marker stored): the ship skips them; forgotten once a
-    /// manifest covers that seq.
-    blobs_ahead: std::collections::HashMap<[u8; 32], u64>,
+    /// `async` mode: blobs put ahead of their ship
+    /// ([`Shipper::put_blobs_ahead`]), by SHA-256, with the seq of the op
+    /// they were put for (or their missing-blob marker stored): the ship
+    /// skips them; forgotten once a manifest covers that seq.
+    blobs_ahead: Mutex<std::collections::HashMap<[u8; 32], u64>>,
 }
 
 /// The writer file: `{"writer": id, "epoch": n}`.
@@ -695,7 +696,7 @@ pub async fn start_on_leased(
         checkpoint_put: None,
         checkpoint_stored: None,
         checkpoint_looked: None,
-        blobs_ahead: std::collections::HashMap::new(),
+        blobs_ahead: Mutex::new(std::collections::HashMap::new()),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(shipper.run(interval, stopped));
@@ -1029,11 +1030,12 @@ impl Shipper {
                 Some(due_in) if healthy => wait.min(due_in),
                 _ => wait,
             };
-            // In async mode, while healthy, the wait puts blobs ahead.
+            // In async mode, while healthy, the wait puts blobs ahead (and
+            // ends on time: the puts in flight then are the ship's).
             let ahead = healthy && gate.is_none();
             let stopping = tokio::select! {
-                () = self.blobs_ahead_until(Instant::now() + sleep), if ahead => false,
-                () = tokio::time::sleep(sleep), if !ahead => false,
+                () = tokio::time::sleep(sleep) => false,
+                () = self.put_blobs_ahead(), if ahead => false,
                 () = wanted => false,
                 _ = stopped.changed() => true,
             };
@@ -1159,7 +1161,7 @@ impl Shipper {
                 *self.status.failing.lock() = None;
                 self.status.shipped(&self.state);
                 let shipped = self.state.shipped_seq;
-                self.blobs_ahead.retain(|_, seq| *seq > shipped);
+                self.blobs_ahead.lock().retain(|_, seq| *seq > shipped);
                 if let Some(gate) = self.engine.archive_gate() {
                     // `ship` moves the state only once a manifest naming
                     // it is stored: the commit point (ARCHIVE.md).
@@ -1271,33 +1273,34 @@ impl Shipper {
     }
 
     /// The `media.put` ops after the shipped seq up to `head` whose blob is
-    /// not put yet (by an earlier round of [`Shipper::blobs_ahead`]), one
+    /// not put yet (by [`Shipper::put_blobs_ahead`]), one
     /// per blob (the first op naming it).
     fn blobs_to_ship(&self, head: &Head) -> Result<Vec<MediaOp>, ShipError> {
         let mut ops = self.media_ops(head)?;
-        ops.retain(|op| !self.blobs_ahead.contains_key(&op.sha256));
+        let ahead = self.blobs_ahead.lock();
+        ops.retain(|op| !ahead.contains_key(&op.sha256));
+        drop(ahead);
         ops.sort_unstable_by_key(|op| (op.sha256, op.seq));
         ops.dedup_by_key(|op| op.sha256);
         Ok(ops)
     }
 
-    /// `async` mode, between ships: until `deadline`, every
-    /// [`BLOBS_AHEAD_EVERY`], puts the blobs of the ops committed since the
-    /// shipped seq that are not put yet, as a ship would
-    /// ([`Shipper::ship_blob`], [`BLOB_PUTS_AT_ONCE`] at a time), each round
-    /// after the same fencing HEAD a ship starts with (a round with nothing
-    /// to put makes no request). Only the manifest makes an object part of
-    /// the archive, so a blob put early is stored before the manifest
-    /// naming its op, as always; the ship then skips it. A failure here is
-    /// left to the ship, which puts what is missing and reports it.
-    async fn blobs_ahead_until(&mut self, deadline: Instant) {
+    /// `async` mode, between ships (never returns: the wait for the next
+    /// ship drops it): every [`BLOBS_AHEAD_EVERY`], puts the blobs of the
+    /// ops committed since the shipped seq that are not put yet, as a ship
+    /// would ([`Shipper::ship_blob`], [`BLOB_PUTS_AT_ONCE`] at a time), each
+    /// round after the same fencing HEAD a ship starts with (a round with
+    /// nothing to put makes no request). Only the manifest makes an object
+    /// part of the archive, so a blob put early is stored before the
+    /// manifest naming its op, as always; the ship then skips it. A failure
+    /// here is left to the ship, which puts what is missing and reports it.
+    async fn put_blobs_ahead(&self) {
+        let mut round = Instant::now();
         loop {
-            // The last stretch before the ship is left to the ship.
-            if Instant::now() + BLOBS_AHEAD_EVERY >= deadline {
-                tokio::time::sleep_until(deadline.into()).await;
-                return;
-            }
-            tokio::time::sleep(BLOBS_AHEAD_EVERY).await;
+            // Rounds start BLOBS_AHEAD_EVERY apart, or at once after a
+            // longer one.
+            tokio::time::sleep_until((round + BLOBS_AHEAD_EVERY).into()).await;
+            round = Instant::now();
             let head = self.engine.head();
             let Ok(ops) = self.blobs_to_ship(&head) else {
                 continue;
@@ -1305,18 +1308,14 @@ impl Shipper {
             if ops.is_empty() || self.check_not_taken_over().await.is_err() {
                 continue;
             }
-            let this = &*self;
-            let stored: Vec<([u8; 32], u64, bool)> = futures_util::stream::iter(ops)
-                .map(|op| async move {
+            futures_util::stream::iter(ops)
+                .for_each_concurrent(BLOB_PUTS_AT_ONCE, |op| async move {
                     let (sha256, seq) = (op.sha256, op.seq);
-                    (sha256, seq, this.ship_blob(op).await.is_ok())
+                    if self.ship_blob(op).await.is_ok() {
+                        self.blobs_ahead.lock().insert(sha256, seq);
+                    }
                 })
-                .buffer_unordered(BLOB_PUTS_AT_ONCE)
-                .collect()
                 .await;
-            for (sha256, seq, _) in stored.into_iter().filter(|s| s.2) {
-                self.blobs_ahead.insert(sha256, seq);
-            }
         }
     }
 
