@@ -403,7 +403,10 @@ async fn rpo_send(
             .body(Full::new(upload_bytes(*seed, *size))),
     }
     .map_err(|e| e.to_string())?;
-    sender.ready().await.map_err(|e| format!("connection: {e}"))?;
+    sender
+        .ready()
+        .await
+        .map_err(|e| format!("connection: {e}"))?;
     let response = sender
         .send_request(request)
         .await
@@ -760,8 +763,10 @@ fn rpo_row(opts: &Options, endpoint: &str) {
                 ))
             })
             .collect();
-        let ships = stages.get("ship").map_or(0.0, |s| s.0);
-        println!("rpo: {ships:.0} ships: {}", line.join(", "));
+        match stages.get("ship") {
+            Some((ships, _, _)) => println!("rpo: {ships:.0} ships: {}", line.join(", ")),
+            None => println!("rpo: ship stages not reported by this build"),
+        }
     }
     if !caught_up || never > 0 {
         println!(

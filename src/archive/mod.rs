@@ -544,10 +544,10 @@ struct Shipper {
     checkpoint_stored: Option<CheckpointEntry>,
     /// When the shipper last looked for a new local checkpoint.
     checkpoint_looked: Option<Instant>,
-    /// `async` mode: blobs put ahead of their ship
+    /// `async` mode: blobs the archive holds, put ahead of their ship
     /// ([`Shipper::put_blobs_ahead`]), by SHA-256, with the seq of the op
-    /// they were put for (or their missing-blob marker stored): the ship
-    /// skips them; forgotten once a manifest covers that seq.
+    /// they were put for: the ship skips them; forgotten once a manifest
+    /// covers that seq.
     blobs_ahead: Mutex<std::collections::HashMap<[u8; 32], u64>>,
 }
 
@@ -1266,7 +1266,7 @@ impl Shipper {
     async fn ship_blobs(&self, head: &Head) -> Result<(), ShipError> {
         let ops = self.blobs_to_ship(head)?;
         futures_util::stream::iter(ops)
-            .map(|op| self.ship_blob(op))
+            .map(|op| async move { self.ship_blob(op).await.map(|_| ()) })
             .buffer_unordered(BLOB_PUTS_AT_ONCE)
             .try_collect::<()>()
             .await
@@ -1311,7 +1311,9 @@ impl Shipper {
             futures_util::stream::iter(ops)
                 .for_each_concurrent(BLOB_PUTS_AT_ONCE, |op| async move {
                     let (sha256, seq) = (op.sha256, op.seq);
-                    if self.ship_blob(op).await.is_ok() {
+                    // A blob recorded missing is left to the ship: its local
+                    // copy may be put again (by a later op) before then.
+                    if let Ok(true) = self.ship_blob(op).await {
                         self.blobs_ahead.lock().insert(sha256, seq);
                     }
                 })
@@ -1371,8 +1373,9 @@ impl Shipper {
 
     /// Puts one blob once its local copy is checked against its op; a lost
     /// one (missing, or other bytes) is recorded missing unless the archive
-    /// already holds it.
-    async fn ship_blob(&self, op: MediaOp) -> Result<(), ShipError> {
+    /// already holds it. `Ok(true)`: the archive holds the blob; `Ok(false)`:
+    /// its missing-blob marker instead.
+    async fn ship_blob(&self, op: MediaOp) -> Result<bool, ShipError> {
         let path = spark_core::blob::blob_path(&self.blobs_dir, &op.sha256);
         let (sha256, size_bytes) = (op.sha256, op.size_bytes);
         let read_path = path.clone();
@@ -1385,14 +1388,14 @@ impl Shipper {
                 })?;
         let key = blob_key(self.store.prefix(), &op.sha256);
         match checked {
-            LocalBlob::Good(bytes) => self.put("blob", &key, bytes).await,
+            LocalBlob::Good(bytes) => self.put("blob", &key, bytes).await.map(|()| true),
             LocalBlob::Unreadable(message) => Err(ShipError::Blob {
                 path: path.display().to_string(),
                 message,
             }),
             LocalBlob::Lost(reason) => {
                 if self.store.exists(&key).await? {
-                    return Ok(());
+                    return Ok(true);
                 }
                 let marker = MissingBlobDoc {
                     sha256: chain_hex(&op.sha256),
@@ -1410,7 +1413,7 @@ impl Shipper {
                     Err(e) => return Err(e),
                 }
                 self.status.record_missing(&op, &reason);
-                Ok(())
+                Ok(false)
             }
         }
     }

@@ -804,7 +804,10 @@ async fn async_mode_puts_blobs_ahead_of_their_ship_and_the_ship_skips_them() {
     let keys = store_puts.keys.lock().clone();
     assert_eq!(blob_puts(), 1, "{keys:?}");
     let blob = keys.iter().position(|k| k.starts_with("blob/")).unwrap();
-    let manifest = keys.iter().position(|k| k.starts_with("manifest/")).unwrap();
+    let manifest = keys
+        .iter()
+        .position(|k| k.starts_with("manifest/"))
+        .unwrap();
     assert!(blob < manifest, "{keys:?}");
     engine.shutdown().await;
 }
