@@ -87,6 +87,16 @@
 //!   by the store (`SeaweedFS_s3_request_total` by type, from weed's own
 //!   metrics port); then, once the async archive has caught up,
 //!   over `SPARK_LOAD_ARCHIVE_IDLE_SECONDS` (default 10) of idleness.
+//!   Then the RPO row (issue 24 item 9): an `async` archive shipping every
+//!   500 ms under 8 connections of creates, one in five followed by a media
+//!   upload of 100 B to 60 KiB, for `SPARK_LOAD_SECONDS`: for every
+//!   acknowledged write, the time from its answer until `GET /api/log/head`
+//!   (polled every 5 ms from a thread of its own) says `archived_seq`
+//!   covers its op (its seq learnt after the load by sending the write
+//!   again: the replay names its op), with p50, p99, max and PASS/MISS of
+//!   the max against 1000 ms (interval + 500 ms), and the mean time of each
+//!   stage of a ship (`spark_archive_ship_seconds`). `SPARK_LOAD_ARCHIVE_ROUNDS=0`
+//!   runs it alone.
 //!
 //! The generator shares the machine's cores with the server (one thread;
 //! its CPU use is printed), so every figure is a lower bound on what a

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
@@ -42,6 +43,20 @@ pub struct ArchiveMetrics {
     /// `spark_archive_waiting_writes`: in `sync` mode, answers committed
     /// locally and waiting for the archive to store them (0 otherwise).
     pub waiting_writes: Gauge,
+    /// `spark_archive_ship_seconds`, by `stage`: how long each stage of a
+    /// ship took (a histogram, 1 ms to about 16 s): `head` (the fencing
+    /// HEAD), `blobs` (every blob put of the ship, or its missing-blob
+    /// markers), `log` (the sealed segments and the chunk), `manifest`,
+    /// and `ship` (the whole ship, from the HEAD to the stored manifest).
+    /// `blobs` and `log` run at the same time, so `ship` is about `head` +
+    /// the longer of the two + `manifest`. Only ships that stored a
+    /// manifest are observed.
+    pub ship_seconds: Family<Labels, Histogram>,
+}
+
+/// The buckets of [`ArchiveMetrics::ship_seconds`]: 1 ms, doubling, 15 of them.
+fn ship_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
 static METRICS: OnceLock<ArchiveMetrics> = OnceLock::new();
@@ -114,6 +129,13 @@ pub fn get() -> &'static ArchiveMetrics {
             "Answers committed locally and waiting for the archive (sync mode)",
             waiting_writes.clone(),
         );
+        let ship_seconds =
+            Family::<Labels, Histogram>::new_with_constructor(ship_histogram as fn() -> Histogram);
+        registry.register(
+            "ship_seconds",
+            "Seconds per stage of a ship (head, blobs, log, manifest; ship: the whole)",
+            ship_seconds.clone(),
+        );
         ArchiveMetrics {
             registry,
             shipped_seq,
@@ -124,6 +146,7 @@ pub fn get() -> &'static ArchiveMetrics {
             bytes_put,
             failures,
             waiting_writes,
+            ship_seconds,
         }
     })
 }

@@ -1,7 +1,8 @@
 //! The archive shipper (SPEC section 11, `log-format/ARCHIVE.md`): with
 //! `[archive]`, a background task follows the journal's durable head and
-//! ships, in this order, the blobs new ops name, the sealed segments and at
-//! most one tail chunk, then a manifest naming them. Every put is
+//! ships: one fencing HEAD, then the blobs new ops name beside the sealed
+//! segments and at most one tail chunk (at the same time), then, once all
+//! are stored, a manifest naming them. Every put is
 //! create-only; a failed ship is retried with backoff while the engine goes
 //! on taking writes. Without `[archive]` nothing here runs.
 //!
@@ -16,7 +17,10 @@
 //! shipping, and `/readyz`, `spark_archive_blobs_missing` and a WARN line
 //! name it.
 //!
-//! `async` mode ships at most once per `ship_interval_ms`. `sync` mode
+//! `async` mode ships at most once per `ship_interval_ms`, and between
+//! ships puts the blobs of newly committed ops ahead of their ship
+//! ([`BLOBS_AHEAD_EVERY`]), so that a stream of uploads does not make each
+//! ship an interval's worth of blob puts long. `sync` mode
 //! (the engine was opened with an [`gate::ArchiveGate`]) ships as soon as a
 //! write waits and no ship is in flight, tells the gate every stored
 //! manifest's seq, and closes the gate when it stops for good (fenced, or
@@ -79,8 +83,9 @@ const MERGE_FAN_IN: usize = 16;
 /// How long the last ship at shutdown may take.
 pub const FINAL_SHIP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most blob puts in flight at once (newcomer finding 3: one at a time, a
-/// burst of uploads made each ship take several intervals).
-pub const BLOB_PUTS_AT_ONCE: usize = 8;
+/// burst of uploads made each ship take several intervals; at 8, a stream
+/// of uploads still made the blob puts most of a ship's time).
+pub const BLOB_PUTS_AT_ONCE: usize = 16;
 /// `/readyz` says `behind` (not `shipping`) once the oldest unshipped op
 /// has waited this many ship intervals: a ship that hangs, or one that
 /// cannot keep up.
@@ -89,6 +94,11 @@ pub const BEHIND_AFTER_INTERVALS: u32 = 3;
 const MISSING_BLOBS_LISTED: usize = 100;
 /// The file in the data directory that names this writer and its epoch.
 pub const WRITER_FILE: &str = "archive-writer";
+/// `async` mode: between ships, the shipper looks this often for blobs of
+/// newly committed ops and puts them ahead of their ship
+/// ([`Shipper::put_blobs_ahead`]), so that a ship under a stream of uploads is
+/// not one interval's worth of blob puts long.
+pub const BLOBS_AHEAD_EVERY: Duration = Duration::from_millis(100);
 /// How often the shipper looks for a new local checkpoint to ship
 /// (ARCHIVE.md "Checkpoint"): one directory listing, off the ship's path.
 pub const CHECKPOINT_LOOK_INTERVAL: Duration = Duration::from_secs(1);
@@ -534,6 +544,11 @@ struct Shipper {
     checkpoint_stored: Option<CheckpointEntry>,
     /// When the shipper last looked for a new local checkpoint.
     checkpoint_looked: Option<Instant>,
+    /// `async` mode: blobs the archive holds, put ahead of their ship
+    /// ([`Shipper::put_blobs_ahead`]), by SHA-256, with the seq of the op
+    /// they were put for: the ship skips them; forgotten once a manifest
+    /// covers that seq.
+    blobs_ahead: Mutex<std::collections::HashMap<[u8; 32], u64>>,
 }
 
 /// The writer file: `{"writer": id, "epoch": n}`.
@@ -681,6 +696,7 @@ pub async fn start_on_leased(
         checkpoint_put: None,
         checkpoint_stored: None,
         checkpoint_looked: None,
+        blobs_ahead: Mutex::new(std::collections::HashMap::new()),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(shipper.run(interval, stopped));
@@ -969,6 +985,15 @@ fn read_range(path: &Path, from: u64, to: Option<u64>) -> std::io::Result<Vec<u8
     Ok(out)
 }
 
+/// Observes `to - from` as stage `stage` of a ship
+/// (`spark_archive_ship_seconds`).
+fn stage_seconds(stage: &str, from: Instant, to: Instant) {
+    metrics::get()
+        .ship_seconds
+        .get_or_create(&crate::metrics::label("stage", stage))
+        .observe((to - from).as_secs_f64());
+}
+
 fn count_put(kind: &str, bytes: u64) {
     let m = metrics::get();
     let label = crate::metrics::label("kind", kind);
@@ -1005,8 +1030,12 @@ impl Shipper {
                 Some(due_in) if healthy => wait.min(due_in),
                 _ => wait,
             };
+            // In async mode, while healthy, the wait puts blobs ahead (and
+            // ends on time: the puts in flight then are the ship's).
+            let ahead = healthy && gate.is_none();
             let stopping = tokio::select! {
                 () = tokio::time::sleep(sleep) => false,
+                () = self.put_blobs_ahead(), if ahead => false,
                 () = wanted => false,
                 _ = stopped.changed() => true,
             };
@@ -1131,6 +1160,8 @@ impl Shipper {
             Ok(()) => {
                 *self.status.failing.lock() = None;
                 self.status.shipped(&self.state);
+                let shipped = self.state.shipped_seq;
+                self.blobs_ahead.lock().retain(|_, seq| *seq > shipped);
                 if let Some(gate) = self.engine.archive_gate() {
                     // `ship` moves the state only once a manifest naming
                     // it is stored: the commit point (ARCHIVE.md).
@@ -1166,17 +1197,50 @@ impl Shipper {
         Ok(())
     }
 
-    /// Ships everything acknowledged up to `head`: blobs, sealed segments,
-    /// one chunk, then the manifest. The state moves only once the manifest
-    /// is stored.
+    /// Ships everything acknowledged up to `head`: the fencing HEAD first
+    /// (nothing is stored before it), then the blobs and the log (sealed
+    /// segments, one chunk) at the same time, then, once both are stored,
+    /// the manifest naming them. The state moves only once the manifest is
+    /// stored. Each stage's time goes to `spark_archive_ship_seconds`.
     async fn ship(&mut self, head: &Head) -> Result<(), ShipError> {
+        let started = Instant::now();
         self.check_not_taken_over().await?;
-        self.ship_blobs(head).await?;
-        let next = self.ship_log(head).await?;
+        let head_done = Instant::now();
+        // Blobs and log objects only need to be stored before the manifest
+        // that names them (the commit point): a reader never sees a log
+        // object no manifest names. One after the other, a ship's blob puts
+        // added their whole time to the async window.
+        let ((blobs, blobs_done), (log, log_done)) = tokio::join!(
+            async { (self.ship_blobs(head).await, Instant::now()) },
+            async { (self.ship_log(head).await, Instant::now()) },
+        );
+        blobs?;
+        let next = log?;
         if next.shipped_seq == self.state.shipped_seq {
             return Ok(());
         }
-        self.ship_manifest(next).await
+        let manifest_started = Instant::now();
+        self.ship_manifest(next).await?;
+        let done = Instant::now();
+        for (stage, from, to) in [
+            ("head", started, head_done),
+            ("blobs", head_done, blobs_done),
+            ("log", head_done, log_done),
+            ("manifest", manifest_started, done),
+            ("ship", started, done),
+        ] {
+            stage_seconds(stage, from, to);
+        }
+        tracing::debug!(
+            head_ms = (head_done - started).as_millis() as u64,
+            blobs_ms = (blobs_done - head_done).as_millis() as u64,
+            log_ms = (log_done - head_done).as_millis() as u64,
+            manifest_ms = (done - manifest_started).as_millis() as u64,
+            ship_ms = (done - started).as_millis() as u64,
+            seq = self.state.shipped_seq,
+            "archive: shipped"
+        );
+        Ok(())
     }
 
     /// One HEAD before each ship (never when idle): once another engine
@@ -1195,18 +1259,66 @@ impl Shipper {
     }
 
     /// Ships the blobs named by the media ops after the shipped seq, up to
-    /// `head`, each once, [`BLOB_PUTS_AT_ONCE`] at a time: each checked
+    /// `head`, each once, [`BLOB_PUTS_AT_ONCE`] at a time (beside the log's
+    /// puts, all before the manifest): each checked
     /// first; one lost locally is recorded missing instead (ARCHIVE.md
     /// "Missing blob").
     async fn ship_blobs(&self, head: &Head) -> Result<(), ShipError> {
-        let mut ops = self.media_ops(head)?;
-        ops.sort_unstable_by_key(|op| (op.sha256, op.seq));
-        ops.dedup_by_key(|op| op.sha256);
+        let ops = self.blobs_to_ship(head)?;
         futures_util::stream::iter(ops)
-            .map(|op| self.ship_blob(op))
+            .map(|op| async move { self.ship_blob(op).await.map(|_| ()) })
             .buffer_unordered(BLOB_PUTS_AT_ONCE)
             .try_collect::<()>()
             .await
+    }
+
+    /// The `media.put` ops after the shipped seq up to `head` whose blob is
+    /// not put yet (by [`Shipper::put_blobs_ahead`]), one
+    /// per blob (the first op naming it).
+    fn blobs_to_ship(&self, head: &Head) -> Result<Vec<MediaOp>, ShipError> {
+        let mut ops = self.media_ops(head)?;
+        let ahead = self.blobs_ahead.lock();
+        ops.retain(|op| !ahead.contains_key(&op.sha256));
+        drop(ahead);
+        ops.sort_unstable_by_key(|op| (op.sha256, op.seq));
+        ops.dedup_by_key(|op| op.sha256);
+        Ok(ops)
+    }
+
+    /// `async` mode, between ships (never returns: the wait for the next
+    /// ship drops it): every [`BLOBS_AHEAD_EVERY`], puts the blobs of the
+    /// ops committed since the shipped seq that are not put yet, as a ship
+    /// would ([`Shipper::ship_blob`], [`BLOB_PUTS_AT_ONCE`] at a time), each
+    /// round after the same fencing HEAD a ship starts with (a round with
+    /// nothing to put makes no request). Only the manifest makes an object
+    /// part of the archive, so a blob put early is stored before the
+    /// manifest naming its op, as always; the ship then skips it. A failure
+    /// here is left to the ship, which puts what is missing and reports it.
+    async fn put_blobs_ahead(&self) {
+        let mut round = Instant::now();
+        loop {
+            // Rounds start BLOBS_AHEAD_EVERY apart, or at once after a
+            // longer one.
+            tokio::time::sleep_until((round + BLOBS_AHEAD_EVERY).into()).await;
+            round = Instant::now();
+            let head = self.engine.head();
+            let Ok(ops) = self.blobs_to_ship(&head) else {
+                continue;
+            };
+            if ops.is_empty() || self.check_not_taken_over().await.is_err() {
+                continue;
+            }
+            futures_util::stream::iter(ops)
+                .for_each_concurrent(BLOB_PUTS_AT_ONCE, |op| async move {
+                    let (sha256, seq) = (op.sha256, op.seq);
+                    // A blob recorded missing is left to the ship: its local
+                    // copy may be put again (by a later op) before then.
+                    if let Ok(true) = self.ship_blob(op).await {
+                        self.blobs_ahead.lock().insert(sha256, seq);
+                    }
+                })
+                .await;
+        }
     }
 
     /// The `media.put` ops after the shipped seq up to `head`, read from
@@ -1261,8 +1373,9 @@ impl Shipper {
 
     /// Puts one blob once its local copy is checked against its op; a lost
     /// one (missing, or other bytes) is recorded missing unless the archive
-    /// already holds it.
-    async fn ship_blob(&self, op: MediaOp) -> Result<(), ShipError> {
+    /// already holds it. `Ok(true)`: the archive holds the blob; `Ok(false)`:
+    /// its missing-blob marker instead.
+    async fn ship_blob(&self, op: MediaOp) -> Result<bool, ShipError> {
         let path = spark_core::blob::blob_path(&self.blobs_dir, &op.sha256);
         let (sha256, size_bytes) = (op.sha256, op.size_bytes);
         let read_path = path.clone();
@@ -1275,14 +1388,14 @@ impl Shipper {
                 })?;
         let key = blob_key(self.store.prefix(), &op.sha256);
         match checked {
-            LocalBlob::Good(bytes) => self.put("blob", &key, bytes).await,
+            LocalBlob::Good(bytes) => self.put("blob", &key, bytes).await.map(|()| true),
             LocalBlob::Unreadable(message) => Err(ShipError::Blob {
                 path: path.display().to_string(),
                 message,
             }),
             LocalBlob::Lost(reason) => {
                 if self.store.exists(&key).await? {
-                    return Ok(());
+                    return Ok(true);
                 }
                 let marker = MissingBlobDoc {
                     sha256: chain_hex(&op.sha256),
@@ -1300,7 +1413,7 @@ impl Shipper {
                     Err(e) => return Err(e),
                 }
                 self.status.record_missing(&op, &reason);
-                Ok(())
+                Ok(false)
             }
         }
     }

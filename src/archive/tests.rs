@@ -2,7 +2,8 @@
 //! puts on demand: failures are retried while writes go on, and a manifest
 //! written by a newer epoch fences the shipper. With puts held and
 //! recorded: blobs are checked and a lost one is recorded missing while the
-//! log ships, blob puts overlap (a bounded number) before the log objects,
+//! log ships, blob puts overlap (a bounded number) with the log's and all
+//! land before the manifest,
 //! and the lag grows while a put hangs (newcomer findings 2 to 4). In `sync` mode: no
 //! acknowledgment precedes the manifest put naming its op, writes wait
 //! while the store is down, and a fence or a shutdown answers them. With
@@ -711,7 +712,7 @@ async fn a_lost_local_blob_is_never_shipped_and_the_log_keeps_shipping() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blobs_are_put_a_few_at_a_time_before_the_log_that_names_them() {
+async fn blobs_are_put_a_few_at_a_time_beside_the_log_and_before_the_manifest() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine_on(dir.path()).await;
     for n in 1..=24 {
@@ -739,11 +740,75 @@ async fn blobs_are_put_a_few_at_a_time_before_the_log_that_names_them() {
         .iter()
         .position(|k| k.starts_with("chunk/") || k.starts_with("segment/"))
         .unwrap();
+    let first_manifest = keys
+        .iter()
+        .position(|k| k.starts_with("manifest/"))
+        .unwrap();
+    // The manifest, the commit point, comes after every object it names.
     assert!(
-        blobs.iter().all(|&i| i < first_log),
-        "a log object before a blob: {keys:?}"
+        blobs.iter().all(|&i| i < first_manifest) && first_log < first_manifest,
+        "the manifest before an object of its ship: {keys:?}"
+    );
+    // The log's puts do not wait for the blobs' (three rounds of 30 ms
+    // here): the chunk lands while blob puts are still in flight.
+    assert!(
+        first_log < *blobs.last().unwrap(),
+        "the log waited for every blob: {keys:?}"
     );
     shipping.stop().await;
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_mode_puts_blobs_ahead_of_their_ship_and_the_ship_skips_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    let store_puts = Arc::new(Flaky::default());
+    let store = ArchiveStore::new(store_puts.clone(), String::new());
+    // No ship for a minute: only the puts ahead happen meanwhile.
+    let shipping = start_on(
+        store,
+        dir.path(),
+        Arc::clone(&engine),
+        spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    engine.submit(create(1)).await.unwrap();
+    let bytes = b"photo ahead".to_vec();
+    put_media(&engine, dir.path(), 1, &bytes, Some(&bytes)).await;
+    let blob_puts = || {
+        store_puts
+            .keys
+            .lock()
+            .iter()
+            .filter(|k| k.starts_with("blob/"))
+            .count()
+    };
+    until("the blob put ahead of its ship", || blob_puts() == 1).await;
+    let keys = store_puts.keys.lock().clone();
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.starts_with("manifest/") || k.starts_with("chunk/")),
+        "a ship ran: {keys:?}"
+    );
+    assert_eq!(shipping.status.shipped_seq(), 0);
+    // The last ship (at the stop) names the op, and does not put the
+    // blob again.
+    let head = engine.head();
+    let status = Arc::clone(&shipping.status);
+    shipping.stop().await;
+    assert_eq!(status.shipped_seq(), head.seq);
+    let keys = store_puts.keys.lock().clone();
+    assert_eq!(blob_puts(), 1, "{keys:?}");
+    let blob = keys.iter().position(|k| k.starts_with("blob/")).unwrap();
+    let manifest = keys
+        .iter()
+        .position(|k| k.starts_with("manifest/"))
+        .unwrap();
+    assert!(blob < manifest, "{keys:?}");
     engine.shutdown().await;
 }
 
