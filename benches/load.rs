@@ -47,7 +47,7 @@
 //!   each must answer `200` with `created: false` and the stored moment's
 //!   id. Counted (and timed) apart from the fresh creates, which alone make
 //!   creates/s. Not sent to the ceiling, which stores nothing.
-//! - **Checkpoint rows** (issue 18 item 3, "p99 during a checkpoint within
+//! - **Checkpoint rows** ("p99 during a checkpoint within
 //!   10% of without"; on unless `SPARK_LOAD_CHECKPOINT=0`): the engine
 //!   is pre-filled with `SPARK_LOAD_CHECKPOINT_PREFILL` creates (default
 //!   300,000, checkpoints off), then copies of that data directory run at
@@ -73,7 +73,7 @@
 //! `postgres`; default the newest `/usr/lib/postgresql/*/bin`, else `PATH`),
 //! `SPARK_REQUIRE_POSTGRES=1`, the checkpoint ones above.
 //!
-//! - **Archive rows** (issue 15 item 8), after the rest (or alone with
+//! - **Archive rows**, after the rest (or alone with
 //!   `SPARK_LOAD_ARCHIVE_ONLY=1`; not at all with `SPARK_LOAD_ARCHIVE=0`):
 //!   the bench starts its own `weed mini` (SeaweedFS, `SPARK_WEED` or `weed` on `PATH`; without it the rows are
 //!   skipped, saying so) and runs, at `SPARK_LOAD_ARCHIVE_CONNECTIONS`
@@ -87,7 +87,7 @@
 //!   by the store (`SeaweedFS_s3_request_total` by type, from weed's own
 //!   metrics port); then, once the async archive has caught up,
 //!   over `SPARK_LOAD_ARCHIVE_IDLE_SECONDS` (default 10) of idleness.
-//!   Then the RPO row (issue 24 item 9): an `async` archive shipping every
+//!   Then the RPO row: an `async` archive shipping every
 //!   500 ms under 8 connections of creates, one in five followed by a media
 //!   upload of 100 B to 60 KiB, for `SPARK_LOAD_SECONDS`: for every
 //!   acknowledged write, the time from its answer until `GET /api/log/head`
@@ -137,7 +137,7 @@ mod postgres;
 /// against the ceiling's and the SQLite group-commit glue's.
 const TARGET_VS_CEILING_64: f64 = 0.85;
 const TARGET_VS_SQLITE_GROUP_64: f64 = 1.5;
-/// Issue 18 item 3: p99 while checkpoints are written, against without.
+/// P99 while checkpoints are written, against without.
 const TARGET_CHECKPOINT_P99: f64 = 1.10;
 
 /// The systems of the side-by-side, in the first round's order.
@@ -1336,7 +1336,7 @@ fn side_by_side(opts: &Options) -> u64 {
 
 // ---- Checkpoints under load ------------------------------------------------------
 
-/// The checkpoint rows (issue 18 item 3): see the file's doc. Returns the
+/// The checkpoint rows: see the file's doc. Returns the
 /// number of wrong answers.
 fn checkpoint_section(opts: &Options) -> u64 {
     let n = opts.checkpoint_connections;

@@ -143,7 +143,7 @@ fn view(outcome: Result<Outcome, EngineError>) -> Expect {
             false,
         )),
         Err(EngineError::Conflict(_)) => Err("conflict"),
-        Err(EngineError::NotFound(_)) => Err("not_found"),
+        Err(EngineError::MomentNotFound(_)) => Err("not_found"),
         Err(EngineError::Deleted(_)) => Err("deleted"),
         Err(EngineError::PreconditionFailed { .. }) => Err("precondition_failed"),
         Err(EngineError::Unavailable(_)) => Err("unavailable"),

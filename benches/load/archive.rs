@@ -1,9 +1,9 @@
-//! The archive rows of the load bench (issue 15 item 8) and the async RPO
-//! row (issue 24 item 9): see the doc of `benches/load.rs`.
+//! The archive rows of the load bench and the async RPO
+//! row: see the doc of `benches/load.rs`.
 
 use super::*;
 
-// ---- The archive (issue 15) --------------------------------------------------------
+// ---- The archive --------------------------------------------------------
 
 /// The archive rows, in the order each round runs them: no archive, `async`,
 /// `sync`.
@@ -116,7 +116,7 @@ fn archive_config(
     std::fs::write(path, text).expect("settings file");
 }
 
-/// The archive rows (issue 15 item 8): at `archive_connections`, durable
+/// The archive rows: at `archive_connections`, durable
 /// creates with no archive, with an `async` archive and with a `sync` one
 /// to a local `weed mini` the bench starts, `archive_rounds` times in turn;
 /// the S3 requests under load and while idle, counted by the engine and by
@@ -333,7 +333,7 @@ pub(super) fn archive_section(opts: &Options) {
     drop(weed);
 }
 
-// ---- The async RPO under load with uploads (issue 24) -------------------------------
+// ---- The async RPO under load with uploads -------------------------------
 
 /// The RPO row's ship interval, in ms.
 const RPO_INTERVAL_MS: u64 = 500;
@@ -612,7 +612,7 @@ fn ship_stages(text: &str) -> BTreeMap<String, (f64, f64, f64)> {
         .collect()
 }
 
-/// The RPO row (issue 24 item 9): an `async` archive shipping every
+/// The RPO row: an `async` archive shipping every
 /// [`RPO_INTERVAL_MS`] under [`RPO_CONNECTIONS`] connections of creates,
 /// one in [`RPO_UPLOAD_EVERY`] followed by an upload of 100 B to 60 KiB,
 /// for `opts.seconds`. For every acknowledged write, the window from its

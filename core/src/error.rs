@@ -9,9 +9,9 @@ use crate::rules::messages::CLOCK_WINDOW_MS;
 /// Why a command was refused. Each maps to one problem `code` (SPEC 10).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
-    /// The entity does not exist: `404 not_found`.
+    /// The moment does not exist: `404 not_found`.
     #[error("moment {0} does not exist")]
-    NotFound(Id),
+    MomentNotFound(Id),
     /// The entity is a tombstone: `410 deleted`.
     #[error("moment {0} is deleted")]
     Deleted(Id),

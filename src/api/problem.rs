@@ -180,7 +180,7 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> ApiError {
         let detail = e.to_string();
         match e {
-            EngineError::NotFound(_) | EngineError::Missing(_) => ApiError::not_found(detail),
+            EngineError::MomentNotFound(_) | EngineError::Missing(_) => ApiError::not_found(detail),
             EngineError::Invalid(_) => ApiError::invalid_request(detail),
             EngineError::ClockSkew {
                 server_time_ms,

@@ -80,7 +80,7 @@ fn new_job(mirror: &Mirror, c: &StartJob) -> Result<OpBody, EngineError> {
 /// Pushes onto `ops` a `turn.start` for each seat whose derived request id
 /// (`<job id>:<index>`) is not written yet, each with a fresh turn id.
 ///
-/// Errors: a request id conflict, or [`EngineError::NotFound`] /
+/// Errors: a request id conflict, or [`EngineError::MomentNotFound`] /
 /// [`EngineError::Deleted`] when a turn is missing and the moment is not
 /// live.
 fn push_missing_turns(

@@ -18,7 +18,7 @@ use crate::outcome::{Outcome, Replay};
 /// moment and role; an unknown one needs a live moment. `Ok(Some(media))`
 /// when the id is known (its bytes are compared by [`admit_bytes`]).
 ///
-/// Errors: [`Conflict::MediaOwner`], [`EngineError::NotFound`],
+/// Errors: [`Conflict::MediaOwner`], [`EngineError::MomentNotFound`],
 /// [`EngineError::Deleted`].
 pub fn admit_target(
     mirror: &Mirror,
@@ -46,7 +46,7 @@ pub fn admit_target(
 /// write), `Ok(None)` for a new one.
 ///
 /// Errors: [`Conflict::MediaBytes`] (same id, other bytes),
-/// [`Conflict::MediaOwner`], [`EngineError::NotFound`],
+/// [`Conflict::MediaOwner`], [`EngineError::MomentNotFound`],
 /// [`EngineError::Deleted`], [`Conflict::RoleTaken`].
 pub fn admit_bytes<'m>(mirror: &'m Mirror, c: &PutMedia) -> Result<Option<&'m Media>, EngineError> {
     // The media id: a replay must carry the same bytes for the same moment

@@ -55,7 +55,7 @@ pub enum Plan {
 impl Plan {
     /// The answer, read from the mirror after the op was applied.
     ///
-    /// Errors: [`EngineError::NotFound`] or [`EngineError::Missing`] when
+    /// Errors: [`EngineError::MomentNotFound`] or [`EngineError::Missing`] when
     /// the entity is not in the mirror (a bug: the op was just applied).
     pub fn outcome(self, mirror: &Mirror) -> Result<Outcome, EngineError> {
         let created = true;
@@ -76,11 +76,11 @@ impl Plan {
             Plan::MediaPut(id) => Outcome::MediaPut {
                 created,
                 replayed: None,
-                media: mirror
-                    .media
-                    .get(&id)
-                    .map(|m| mirror.media_view(m))
-                    .ok_or(EngineError::NotFound(id))?,
+                media: found(
+                    mirror.media.get(&id).map(|m| mirror.media_view(m)),
+                    "media",
+                    &id,
+                )?,
             },
             Plan::TurnStarted(id) => Outcome::TurnStarted {
                 created,
@@ -121,12 +121,12 @@ impl Plan {
     }
 }
 
-/// A moment's view; `NotFound` when there is none.
+/// A moment's view; `MomentNotFound` when there is none.
 fn moment_view(mirror: &Mirror, id: Id) -> Result<crate::mirror::MomentView, EngineError> {
     mirror
         .moment(id)
         .map(|m| mirror.moment_view(m))
-        .ok_or(EngineError::NotFound(id))
+        .ok_or(EngineError::MomentNotFound(id))
 }
 
 /// A view that must exist; `Missing("<what> <id>")` when it does not.
@@ -244,7 +244,7 @@ pub(crate) fn refuse(error: EngineError) -> Decision {
 /// Checks that a moment exists and is not deleted.
 pub(crate) fn live(mirror: &Mirror, id: Id) -> Result<&Moment, EngineError> {
     match mirror.moment(id) {
-        None => Err(EngineError::NotFound(id)),
+        None => Err(EngineError::MomentNotFound(id)),
         Some(m) if m.deleted => Err(EngineError::Deleted(id)),
         Some(m) => Ok(m),
     }

@@ -114,7 +114,7 @@ pub fn decide_edit(mirror: &Mirror, c: EditMoment) -> Decision {
         Ok(None) => {}
     }
     let moment = match mirror.moment(c.id) {
-        None => return refuse(EngineError::NotFound(c.id)),
+        None => return refuse(EngineError::MomentNotFound(c.id)),
         Some(m) if m.deleted => return refuse(EngineError::Deleted(c.id)),
         Some(m) => m,
     };
@@ -165,7 +165,7 @@ pub fn decide_delete(mirror: &Mirror, c: DeleteMoment) -> Decision {
         Ok(None) => {}
     }
     let moment = match mirror.moment(c.id) {
-        None => return refuse(EngineError::NotFound(c.id)),
+        None => return refuse(EngineError::MomentNotFound(c.id)),
         Some(m) => m,
     };
     if moment.deleted {

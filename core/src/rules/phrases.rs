@@ -52,7 +52,7 @@ pub fn decide_keep(mirror: &Mirror, c: KeepPhrase) -> Decision {
     }
     if let Some(moment_id) = c.moment_id {
         if mirror.moment(moment_id).is_none() {
-            return refuse(EngineError::NotFound(moment_id));
+            return refuse(EngineError::MomentNotFound(moment_id));
         }
     }
     Decision::Write(

@@ -163,7 +163,7 @@ fn a_new_job_needs_an_unused_id_a_live_moment_and_a_seat() {
     ));
     assert_eq!(
         refusal(&mirror, job("j1", id(9), &["a"])),
-        EngineError::NotFound(id(9))
+        EngineError::MomentNotFound(id(9))
     );
     apply(
         &mut mirror,

@@ -235,10 +235,10 @@ fn an_upload_needs_a_known_moment() {
             &mirror,
             Command::PutMedia(put(id(2), id(9), MediaRole::Copy, 7))
         ),
-        EngineError::NotFound(id(9))
+        EngineError::MomentNotFound(id(9))
     );
     assert_eq!(
         media::admit_target(&mirror, id(2), id(9), MediaRole::Copy).unwrap_err(),
-        EngineError::NotFound(id(9))
+        EngineError::MomentNotFound(id(9))
     );
 }

@@ -151,7 +151,7 @@ fn a_new_message_needs_a_live_thread() {
     let mut mirror = Mirror::new();
     assert_eq!(
         refusal(&mirror, message(id(5), id(9), "hallo")),
-        EngineError::NotFound(id(9))
+        EngineError::MomentNotFound(id(9))
     );
     let thread = moment(&mut mirror, 1);
     apply(

@@ -300,7 +300,7 @@ fn edits_need_a_live_moment() {
     let mut mirror = folded([create_op(1, None)]);
     assert_eq!(
         refusal(&mirror, edit(7, None, None, set("x"))),
-        EngineError::NotFound(id(7))
+        EngineError::MomentNotFound(id(7))
     );
     decided(&mut mirror, delete(1, None, None)).unwrap();
     assert_eq!(
@@ -314,7 +314,7 @@ fn a_delete_writes_once_then_answers_deleted_false() {
     let mut mirror = folded([create_op(1, None)]);
     assert_eq!(
         refusal(&mirror, delete(7, None, None)),
-        EngineError::NotFound(id(7))
+        EngineError::MomentNotFound(id(7))
     );
     match decided(&mut mirror, delete(1, Some("d1"), None)).unwrap() {
         Outcome::MomentDeleted { deleted, moment } => {

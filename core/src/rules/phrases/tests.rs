@@ -112,7 +112,7 @@ fn refusals_name_what_is_wrong() {
     );
     assert_eq!(
         refusal(&mirror, keep("ausgang", Some(id(9)))),
-        EngineError::NotFound(id(9))
+        EngineError::MomentNotFound(id(9))
     );
     assert!(matches!(
         refusal(&mirror, keep(" \n ", None)),

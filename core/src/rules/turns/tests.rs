@@ -179,7 +179,7 @@ fn a_turn_needs_a_live_moment() {
     let mut mirror = Mirror::new();
     assert_eq!(
         refusal(&mirror, start(id(9), None)),
-        EngineError::NotFound(id(9))
+        EngineError::MomentNotFound(id(9))
     );
     let m = moment(&mut mirror, 1);
     apply(
