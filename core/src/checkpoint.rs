@@ -1176,7 +1176,7 @@ mod tests {
     /// its trailer checks), none is torn, and a finished write survives.
     #[test]
     fn a_power_cut_at_any_point_of_a_write_leaves_whole_checkpoints() {
-        use spark_log_format::{CutMode, MemFs};
+        use spark_log_format::MemFs;
         let data = Path::new("/data");
         let newer = sample_mirror(5, 3);
         let older = sample_mirror(2, 1);
@@ -1198,34 +1198,27 @@ mod tests {
             fs
         };
         for existing in [None, Some(&old[..])] {
-            let ops = {
-                let fs = disk(existing);
-                let path = write_file(&fs, data, newer.seq, &new).expect("written");
-                assert_eq!(path, target);
-                assert_eq!(fs.paths(), vec![target.clone()], "temp files removed");
-                fs.ops()
-            };
-            for crash_after in 0..=ops {
-                for mode in CutMode::ALL {
-                    for seed in 0..8 {
-                        let fs = disk(existing);
-                        fs.crash_after(crash_after);
-                        let written = write_file(&fs, data, newer.seq, &new);
-                        fs.power_cut(mode, seed);
-                        let now = fs.read(&target);
-                        let whole = now.as_deref() == Some(&new[..]) || now.as_deref() == existing;
-                        assert!(whole, "crash after {crash_after}, {mode:?}, seed {seed}");
-                        if let Some(bytes) = &now {
-                            decode_header(bytes).expect("a whole checkpoint");
-                        }
-                        if written.is_ok() {
-                            assert_eq!(now.as_deref(), Some(&new[..]));
-                        } else {
-                            assert!(written.unwrap_err().contains("/data/checkpoint"));
-                        }
+            let fs = disk(existing);
+            let path = write_file(&fs, data, newer.seq, &new).expect("written");
+            assert_eq!(path, target);
+            assert_eq!(fs.paths(), vec![target.clone()], "temp files removed");
+            MemFs::every_crash_point(
+                || disk(existing),
+                |fs| write_file(fs, data, newer.seq, &new),
+                8,
+                |fs, written, point| {
+                    let now = fs.read(&target);
+                    let whole = now.as_deref() == Some(&new[..]) || now.as_deref() == existing;
+                    assert!(whole, "crash after {point:?}");
+                    if let Some(bytes) = &now {
+                        decode_header(bytes).expect("a whole checkpoint");
                     }
-                }
-            }
+                    match written {
+                        Ok(_) => assert_eq!(now.as_deref(), Some(&new[..])),
+                        Err(e) => assert!(e.contains("/data/checkpoint"), "{e}"),
+                    }
+                },
+            );
         }
     }
 }

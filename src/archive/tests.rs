@@ -1993,7 +1993,7 @@ async fn ships_start_an_interval_apart_however_long_a_ship_takes() {
 /// error naming the file.
 #[test]
 fn the_writer_file_is_old_or_new_whole_after_a_power_cut() {
-    use spark_log_format::{CutMode, MemFs};
+    use spark_log_format::MemFs;
     let data = Path::new("/data");
     let record = |epoch| WriterFile {
         writer: "0123abcd".into(),
@@ -2014,34 +2014,26 @@ fn the_writer_file_is_old_or_new_whole_after_a_power_cut() {
         fs
     };
     for old in [None, Some(3)] {
-        let ops = {
-            let fs = disk(old);
-            write_writer_file(&fs, data, &record(4)).unwrap();
-            fs.ops()
-        };
-        for crash_after in 0..=ops {
-            for mode in CutMode::ALL {
-                for seed in 0..8 {
-                    let fs = disk(old);
-                    fs.crash_after(crash_after);
-                    let written = write_writer_file(&fs, data, &record(4));
-                    fs.power_cut(mode, seed);
-                    let back = read_writer_file(&fs, data)
-                        .unwrap_or_else(|e| panic!("crash after {crash_after}, {mode:?}: {e}"));
-                    let epoch = back.as_ref().map(|b| b.epoch);
-                    assert!(
-                        epoch == old || epoch == Some(4),
-                        "crash after {crash_after}, {mode:?}, seed {seed}: {epoch:?}"
-                    );
-                    if let Some(back) = back {
-                        assert_eq!(back.writer, "0123abcd");
-                    }
-                    match written {
-                        Ok(()) => assert_eq!(epoch, Some(4), "acknowledged, then lost"),
-                        Err(e) => assert!(e.to_string().contains("archive-writer"), "{e}"),
-                    }
+        MemFs::every_crash_point(
+            || disk(old),
+            |fs| write_writer_file(fs, data, &record(4)),
+            8,
+            |fs, written, point| {
+                let back = read_writer_file(fs, data)
+                    .unwrap_or_else(|e| panic!("crash after {point:?}: {e}"));
+                let epoch = back.as_ref().map(|b| b.epoch);
+                assert!(
+                    epoch == old || epoch == Some(4),
+                    "crash after {point:?}: {epoch:?}"
+                );
+                if let Some(back) = back {
+                    assert_eq!(back.writer, "0123abcd");
                 }
-            }
-        }
+                match written {
+                    Ok(()) => assert_eq!(epoch, Some(4), "acknowledged, then lost"),
+                    Err(e) => assert!(e.to_string().contains("archive-writer"), "{e}"),
+                }
+            },
+        );
     }
 }

@@ -22,36 +22,24 @@ fn disk() -> MemFs {
     fs
 }
 
-/// The mutating calls one write makes on a disk with no stale temp file.
-fn ops_of_one_write() -> u64 {
-    let fs = disk();
-    fs.write_file_durably(&target(), NEW).unwrap();
-    fs.ops()
-}
-
 #[test]
 fn every_crash_point_leaves_the_old_or_the_new_file_whole() {
-    let ops = ops_of_one_write();
-    assert_eq!(ops, 5, "create, write, fsync, rename, directory fsync");
-    for crash_after in 0..=ops {
-        for mode in CutMode::ALL {
-            for seed in 0..16 {
-                let fs = disk();
-                fs.crash_after(crash_after);
-                let result = fs.write_file_durably(&target(), NEW);
-                assert_eq!(result.is_ok(), crash_after == ops);
-                fs.power_cut(mode, seed);
-                let now = fs.read(&target());
-                assert!(
-                    now.as_deref() == Some(OLD) || now.as_deref() == Some(NEW),
-                    "crash after {crash_after} calls, {mode:?}, seed {seed}: {now:?}"
-                );
-                if result.is_ok() {
-                    assert_eq!(now.as_deref(), Some(NEW), "acknowledged, then lost");
-                }
+    let calls = MemFs::every_crash_point(
+        disk,
+        |fs| fs.write_file_durably(&target(), NEW),
+        16,
+        |fs, result, point| {
+            let now = fs.read(&target());
+            assert!(
+                now.as_deref() == Some(OLD) || now.as_deref() == Some(NEW),
+                "crash after {point:?}: {now:?}"
+            );
+            if result.is_ok() {
+                assert_eq!(now.as_deref(), Some(NEW), "acknowledged, then lost");
             }
-        }
-    }
+        },
+    );
+    assert_eq!(calls, 5, "create, write, fsync, rename, directory fsync");
 }
 
 #[test]
