@@ -232,6 +232,13 @@ mod seam {
                 media: is_media(path),
             }))
         }
+        fn create_new_mode(&self, path: &Path, mode: u32) -> io::Result<Box<dyn LogFile>> {
+            check(&name(path, "create"))?;
+            Ok(Box::new(File {
+                inner: self.0.create_new_mode(path, mode)?,
+                media: is_media(path),
+            }))
+        }
         fn remove_file(&self, path: &Path) -> io::Result<()> {
             check(&name(path, "remove"))?;
             self.0.remove_file(path)

@@ -388,7 +388,7 @@ fn through_links(path: &std::path::Path) -> anyhow::Result<PathBuf> {
 /// `spark-engine token add DEVICE [--config FILE]`.
 fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode> {
     use anyhow::Context as _;
-    use std::io::Write;
+    use spark_log_format::Fs as _;
     // A symbolic link (as configuration managers lay files out) is written
     // through: the file it names gets the token and the link stays.
     let config = &through_links(config)?;
@@ -410,36 +410,19 @@ fn token_add(device: &str, config: &std::path::Path) -> anyhow::Result<ExitCode>
     // The result must still be valid settings, device rules included.
     let parsed: Settings = toml::from_str(&text)?;
     parsed.validate()?;
-    // Durably: a temporary file, fsync, rename, directory fsync.
-    let dir = config
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let temp = dir.join(format!(
-        ".{}.tmp",
-        config
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("spark")
-    ));
-    {
-        let mut file = std::fs::File::create(&temp)
-            .with_context(|| format!("cannot write {}", temp.display()))?;
-        // The new file keeps the old one's permissions (0600 when new).
-        let permissions = match std::fs::metadata(config) {
-            Ok(meta) => meta.permissions(),
-            Err(_) => {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::Permissions::from_mode(0o600)
-            }
-        };
-        file.set_permissions(permissions)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&temp, config)
+    // Durably (Fs::write_file_durably: a temporary file, fsync, rename,
+    // directory fsync); the new file keeps the old one's permissions (0600
+    // when new).
+    let mode = match std::fs::metadata(config) {
+        Ok(meta) => {
+            use std::os::unix::fs::PermissionsExt;
+            meta.permissions().mode() & 0o7777
+        }
+        Err(_) => 0o600,
+    };
+    spark_log_format::OsFs
+        .write_file_durably_mode(config, text.as_bytes(), Some(mode))
         .with_context(|| format!("cannot replace {}", config.display()))?;
-    std::fs::File::open(dir)?.sync_all()?;
     println!("{token}");
     // The path as the server must be given it, whatever the working
     // directory it is started from.

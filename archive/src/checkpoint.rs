@@ -39,7 +39,7 @@ pub struct Skipped {
 /// and the chain value against the log in `log_dir` at the offset its
 /// header names ([`ckpt::chain_at`]): a checkpoint of another log, a stale
 /// one, or one past the log's end is refused. Then writes it into
-/// `data_dir`'s checkpoint directory durably ([`ckpt::write_file`]: temporary
+/// `data_dir`'s checkpoint directory durably ([`ckpt::write_file`]: `Fs::write_file_durably`, temporary
 /// file, fsync, rename, fsync of the directory). The body is checked by
 /// whoever loads it ([`ckpt::load`]).
 ///
@@ -80,7 +80,7 @@ pub async fn install(
             chain_hex(&chain)
         ));
     }
-    let file = ckpt::write_file(data_dir, at.seq, &bytes)?;
+    let file = ckpt::write_file(&spark_log_format::OsFs, data_dir, at.seq, &bytes)?;
     Ok(Installed {
         key: entry.key.clone(),
         file,

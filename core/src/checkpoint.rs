@@ -12,14 +12,13 @@
 //! encoding (the mirror's packed structures as they are); the other maps'
 //! items go through [`crate::codec`], each length-prefixed.
 
-use std::io::Write as _;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use spark_log_format::format::{chain_value, record_size};
 use spark_log_format::format::{segment_file_name, SegmentHeader};
-use spark_log_format::{ChainValue, LogReader, OsFs, ScanOptions, HEADER_LEN};
+use spark_log_format::{ChainValue, Fs, LogReader, OsFs, ScanOptions, HEADER_LEN};
 use thin_vec::ThinVec;
 
 use crate::ids::Id;
@@ -841,43 +840,35 @@ pub fn load_newest(
     (None, ignored)
 }
 
-/// Writes `bytes` as the checkpoint at `seq` in `data_dir`: a temp file,
-/// fsync, rename, directory fsync (the directory is created, durably, if
-/// missing). Removes leftover temp files first (a crash during an earlier
-/// write). Returns the path. Errors: the I/O error, naming the file.
-pub fn write_file(data_dir: &Path, seq: u64, bytes: &[u8]) -> Result<PathBuf, String> {
+/// Writes `bytes` as the checkpoint at `seq` in `data_dir` on `fs`
+/// ([`OsFs`] outside tests), through [`Fs::write_file_durably`]: a temp
+/// file `<name>.tmp`, fsync, rename, directory fsync (the directory is
+/// created, durably, if missing). Removes leftover temp files first (a
+/// crash during an earlier write). Returns the path. Errors: the I/O error,
+/// naming the file.
+pub fn write_file(fs: &dyn Fs, data_dir: &Path, seq: u64, bytes: &[u8]) -> Result<PathBuf, String> {
     let dir = checkpoint_dir(data_dir);
     let io = |what: &str, path: &Path, e: std::io::Error| format!("{what} {}: {e}", path.display());
-    if !dir.is_dir() {
-        std::fs::create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
-        std::fs::File::open(data_dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io("fsync", data_dir, e))?;
+    match fs.list(&dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs.create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
+            fs.sync_dir(data_dir)
+                .map_err(|e| io("fsync", data_dir, e))?;
+        }
+        _ => remove_temp_files(fs, data_dir),
     }
-    remove_temp_files(data_dir);
     let path = dir.join(file_name(seq));
-    let tmp = dir.join(format!("{seq:020}{TMP_SUFFIX}"));
-    let mut file = std::fs::File::create(&tmp).map_err(|e| io("create", &tmp, e))?;
-    file.write_all(bytes).map_err(|e| io("write", &tmp, e))?;
-    file.sync_all().map_err(|e| io("fsync", &tmp, e))?;
-    drop(file);
-    std::fs::rename(&tmp, &path).map_err(|e| io("rename", &tmp, e))?;
-    std::fs::File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io("fsync", &dir, e))?;
+    fs.write_file_durably(&path, bytes)
+        .map_err(|e| e.to_string())?;
     Ok(path)
 }
 
-/// Removes `*.ckpt.tmp` files in `data_dir`'s checkpoint directory (what a
-/// crash during a write leaves; never read).
-pub fn remove_temp_files(data_dir: &Path) {
-    for entry in std::fs::read_dir(checkpoint_dir(data_dir))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if entry.file_name().to_string_lossy().ends_with(TMP_SUFFIX) {
-            let _ = std::fs::remove_file(entry.path());
+/// Removes `*.ckpt.tmp` files in `data_dir`'s checkpoint directory on `fs`
+/// (what a crash during a write leaves; never read).
+pub fn remove_temp_files(fs: &dyn Fs, data_dir: &Path) {
+    for path in fs.list(&checkpoint_dir(data_dir)).into_iter().flatten() {
+        if path.to_string_lossy().ends_with(TMP_SUFFIX) {
+            let _ = fs.remove_file(&path);
         }
     }
 }
@@ -997,7 +988,7 @@ pub fn build(
     };
     let bytes = encode(&mirror, &at);
     drop(mirror);
-    let file = write_file(data_dir, seq, &bytes)?;
+    let file = write_file(&OsFs, data_dir, seq, &bytes)?;
     prune(data_dir, log_dir, keep);
     Ok(Some(Built {
         file,
@@ -1177,5 +1168,57 @@ mod tests {
         assert_eq!(parse_file_name(&file_name(42)), Some(42));
         assert_eq!(parse_file_name("42.ckpt"), None);
         assert_eq!(parse_file_name("00000000000000000042.ckpt.tmp"), None);
+    }
+
+    /// A checkpoint written through [`MemFs`](spark_log_format::MemFs),
+    /// crashed after every one of its file system calls and then cut off
+    /// the power: each checkpoint file there is whole (old or new bytes,
+    /// its trailer checks), none is torn, and a finished write survives.
+    #[test]
+    fn a_power_cut_at_any_point_of_a_write_leaves_whole_checkpoints() {
+        use spark_log_format::MemFs;
+        let data = Path::new("/data");
+        let newer = sample_mirror(5, 3);
+        let older = sample_mirror(2, 1);
+        // The file at the new checkpoint's name that the write replaces, if
+        // any: other whole checkpoint bytes.
+        let (old, new) = (
+            encode(&older, &point(&older)),
+            encode(&newer, &point(&newer)),
+        );
+        assert_ne!(old, new);
+        let target = checkpoint_dir(data).join(file_name(newer.seq));
+        let stale = checkpoint_dir(data).join(format!("{:020}{TMP_SUFFIX}", 3));
+        let disk = |existing: Option<&[u8]>| {
+            let fs = MemFs::new();
+            fs.insert_durable(&stale, b"a crash left this");
+            if let Some(bytes) = existing {
+                fs.insert_durable(&target, bytes);
+            }
+            fs
+        };
+        for existing in [None, Some(&old[..])] {
+            let fs = disk(existing);
+            let path = write_file(&fs, data, newer.seq, &new).expect("written");
+            assert_eq!(path, target);
+            assert_eq!(fs.paths(), vec![target.clone()], "temp files removed");
+            MemFs::every_crash_point(
+                || disk(existing),
+                |fs| write_file(fs, data, newer.seq, &new),
+                8,
+                |fs, written, point| {
+                    let now = fs.read(&target);
+                    let whole = now.as_deref() == Some(&new[..]) || now.as_deref() == existing;
+                    assert!(whole, "crash after {point:?}");
+                    if let Some(bytes) = &now {
+                        decode_header(bytes).expect("a whole checkpoint");
+                    }
+                    match written {
+                        Ok(_) => assert_eq!(now.as_deref(), Some(&new[..])),
+                        Err(e) => assert!(e.contains("/data/checkpoint"), "{e}"),
+                    }
+                },
+            );
+        }
     }
 }

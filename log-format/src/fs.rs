@@ -41,6 +41,105 @@ pub trait Fs: Send + Sync + 'static {
     /// the time of the call; the caller must not truncate the file while the
     /// view lives.
     fn map(&self, path: &Path) -> io::Result<Box<dyn AsRef<[u8]> + Send + Sync>>;
+
+    /// Like [`Fs::create_new`], with the file's unix permission bits set to
+    /// `mode` (e.g. `0o600`; exactly, whatever the umask). The default
+    /// ignores `mode`: for file systems without permissions ([`MemFs`](crate::MemFs))
+    /// and platforms without unix modes.
+    fn create_new_mode(&self, path: &Path, mode: u32) -> io::Result<Box<dyn LogFile>> {
+        let _ = mode;
+        self.create_new(path)
+    }
+
+    /// Writes `bytes` as the whole file `path`, a new one or in place of the
+    /// old one, durably: see [`Fs::write_file_durably_mode`] (with the new
+    /// file's permissions left to the file system's default).
+    fn write_file_durably(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        self.write_file_durably_mode(path, bytes, None)
+    }
+
+    /// Writes `bytes` as the whole file `path` durably, the one sequence
+    /// every durable whole-file write of the workspace goes through: a
+    /// temporary file `<name>.tmp` in the same directory (a stale one from
+    /// an earlier crash is removed first), created with permission bits
+    /// `mode` when given ([`Fs::create_new_mode`]), write, fsync of the
+    /// file, rename over `path`, fsync of the directory. When it returns
+    /// `Ok`, `path` holds `bytes` across a power cut; at any cut before, it
+    /// holds either its old contents or `bytes`, whole, never a mix (a
+    /// power cut between the rename and the directory fsync may keep
+    /// either). The directory must exist.
+    ///
+    /// Errors: the step's I/O error, of the same kind, its message naming
+    /// the step and the file (`path`, or the temporary file); after a
+    /// failure before the rename, `path` is unchanged and the temporary file
+    /// is removed (best effort).
+    fn write_file_durably_mode(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        mode: Option<u32>,
+    ) -> io::Result<()> {
+        write_durably(self, path, bytes, mode)
+    }
+}
+
+/// The body of [`Fs::write_file_durably_mode`], for every [`Fs`].
+fn write_durably<F: Fs + ?Sized>(
+    fs: &F,
+    path: &Path,
+    bytes: &[u8],
+    mode: Option<u32>,
+) -> io::Result<()> {
+    let named = |step: &str, file: &Path, e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot write {} durably: {step} {}: {e}",
+                path.display(),
+                file.display()
+            ),
+        )
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut name = path
+        .file_name()
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot write {} durably: not a file name", path.display()),
+            )
+        })?
+        .to_owned();
+    name.push(".tmp");
+    let temp = dir.join(name);
+    match fs.remove_file(&temp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(named("remove stale", &temp, e))
+        }
+        _ => {}
+    }
+    let created = match mode {
+        Some(mode) => fs.create_new_mode(&temp, mode),
+        None => fs.create_new(&temp),
+    };
+    let mut file = created.map_err(|e| named("create", &temp, e))?;
+    let written = file
+        .write_all_at(0, bytes)
+        .map_err(|e| named("write", &temp, e))
+        .and_then(|()| file.sync_all().map_err(|e| named("fsync", &temp, e)));
+    drop(file);
+    if let Err(e) = written.and_then(|()| {
+        fs.rename(&temp, path)
+            .map_err(|e| named("rename to", path, e))
+    }) {
+        let _ = fs.remove_file(&temp);
+        return Err(e);
+    }
+    fs.sync_dir(dir)
+        .map_err(|e| named("fsync directory", dir, e))
 }
 
 /// An open file of the log, written at explicit offsets.
@@ -92,6 +191,20 @@ impl Fs for OsFs {
             .write(true)
             .create_new(true)
             .open(path)?;
+        Ok(Box::new(OsFile(file)))
+    }
+
+    #[cfg(unix)]
+    fn create_new_mode(&self, path: &Path, mode: u32) -> io::Result<Box<dyn LogFile>> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(path)?;
+        // Exactly `mode`: the umask may have taken bits off at creation.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         Ok(Box::new(OsFile(file)))
     }
 
@@ -366,6 +479,16 @@ impl Fs for FaultyFs {
         }
         Ok(Box::new(FaultyFile {
             inner: self.inner.create_new(path)?,
+            state: Arc::clone(&self.state),
+        }))
+    }
+
+    fn create_new_mode(&self, path: &Path, mode: u32) -> io::Result<Box<dyn LogFile>> {
+        if let Some(fault) = self.state.enter(FaultOp::CreateNew) {
+            return Err(fault.error());
+        }
+        Ok(Box::new(FaultyFile {
+            inner: self.inner.create_new_mode(path, mode)?,
             state: Arc::clone(&self.state),
         }))
     }

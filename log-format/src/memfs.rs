@@ -437,6 +437,38 @@ impl MemFs {
         state.epoch += 1;
     }
 
+    /// A crash test's sweep: runs `write` once on a fresh `disk()` to count
+    /// its mutating calls (n), then, for every crash point 0..=n, every
+    /// [`CutMode`] and seeds `0..seeds`, runs it again on a fresh `disk()`
+    /// crashed after that many calls ([`crash_after`](Self::crash_after)),
+    /// cuts the power ([`power_cut`](Self::power_cut)) and hands the disk,
+    /// `write`'s result and the point (`crash_after`, mode, seed) to
+    /// `check`. Returns n.
+    pub fn every_crash_point<T>(
+        disk: impl Fn() -> MemFs,
+        write: impl Fn(&MemFs) -> T,
+        seeds: u64,
+        mut check: impl FnMut(&MemFs, T, (u64, CutMode, u64)),
+    ) -> u64 {
+        let calls = {
+            let fs = disk();
+            write(&fs);
+            fs.ops()
+        };
+        for crash_after in 0..=calls {
+            for mode in CutMode::ALL {
+                for seed in 0..seeds {
+                    let fs = disk();
+                    fs.crash_after(crash_after);
+                    let result = write(&fs);
+                    fs.power_cut(mode, seed);
+                    check(&fs, result, (crash_after, mode, seed));
+                }
+            }
+        }
+        calls
+    }
+
     /// Opens the file at `path` as it exists now.
     fn open(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
         let state = self.lock();

@@ -28,7 +28,7 @@ use spark_log_format::format::{
     chain_hasher, chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
     COMMIT_KIND_VERSION, KIND_SEAL, SEAL_KIND_VERSION,
 };
-use spark_log_format::{ScanReport, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
+use spark_log_format::{Fs as _, OsFs, ScanReport, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 
 use crate::scan::At;
 use crate::{exit, progress, scan, Common, Failure, Outcome};
@@ -250,10 +250,10 @@ fn create_file(path: &Path) -> Result<std::fs::File, Failure> {
     std::fs::File::create_new(path).map_err(|e| unwritable(path, e))
 }
 
+/// Writes `bytes` as the file `path` durably ([`Fs::write_file_durably`]:
+/// temporary file, fsync, rename, directory fsync).
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
-    let mut file = create_file(path)?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
+    OsFs.write_file_durably(path, bytes)
         .map_err(|e| unwritable(path, e))
 }
 
@@ -851,7 +851,6 @@ pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: 
             let doc = json!({"url": from.url, "seq": seq, "archived_seq": archived_seq});
             let path = spark_core::layout::restored_at_file(data);
             write_file(&path, doc.to_string().as_bytes())?;
-            sync_dir(data)?;
         }
         Ok(summary)
     });

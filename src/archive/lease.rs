@@ -163,7 +163,7 @@ pub async fn take_over_if_expired_on(
     if lease_ms == 0 {
         return Ok(None);
     }
-    let mine = read_writer_file(data_dir)?;
+    let mine = read_writer_file(&spark_log_format::OsFs, data_dir)?;
     let Some(doc) = store.latest_epoch().await? else {
         return Ok(None);
     };

@@ -44,7 +44,7 @@ pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch, DIVERGED_AD
 pub use takeover::{take_over, take_over_leased, take_over_on, TakenOver};
 
 use std::collections::HashSet;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -64,7 +64,7 @@ use spark_log_format::format::{
     RecordDecode, HEADER_CHAIN_START_OFFSET, KIND_SEAL, RECORD_LEN_OFFSET, RECORD_SEQ_OFFSET,
     SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
 };
-use spark_log_format::{Head, HEADER_LEN};
+use spark_log_format::{Fs, Head, OsFs, HEADER_LEN};
 
 use crate::config::ArchiveSettings;
 use crate::engine::Engine;
@@ -558,18 +558,6 @@ struct WriterFile {
     epoch: u64,
 }
 
-pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let temp = path.with_extension("tmp");
-    {
-        let mut file = std::fs::File::create(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&temp, path)?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
 fn hex_chain(text: &str) -> Option<ChainValue> {
     let mut out = [0u8; 32];
     hex::decode_to_slice(text, &mut out).ok()?;
@@ -728,7 +716,7 @@ async fn take_epoch(
     data_dir: &Path,
     lease_ms: u64,
 ) -> Result<EpochDoc, ArchiveStartError> {
-    let mine = read_writer_file(data_dir)?;
+    let mine = read_writer_file(&OsFs, data_dir)?;
     match store.latest_epoch().await? {
         Some(doc) => match &mine {
             Some(me) if me.writer == doc.writer && me.epoch == doc.epoch => Ok(doc),
@@ -769,18 +757,33 @@ fn writer_file_error(data_dir: &Path, source: std::io::Error) -> ArchiveStartErr
     }
 }
 
-/// `<data>/archive-writer`, `None` when there is none.
-fn read_writer_file(data_dir: &Path) -> Result<Option<WriterFile>, ArchiveStartError> {
-    match std::fs::read(data_dir.join(WRITER_FILE)) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            writer_file_error(
-                data_dir,
-                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            )
-        }),
+/// `<data>/archive-writer` on `fs`, `None` when there is none.
+fn read_writer_file(fs: &dyn Fs, data_dir: &Path) -> Result<Option<WriterFile>, ArchiveStartError> {
+    match fs.map(&data_dir.join(WRITER_FILE)) {
+        Ok(bytes) => serde_json::from_slice((*bytes).as_ref())
+            .map(Some)
+            .map_err(|e| {
+                writer_file_error(
+                    data_dir,
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                )
+            }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(writer_file_error(data_dir, e)),
     }
+}
+
+/// Records `file` as `<data>/archive-writer` on `fs`, durably
+/// ([`Fs::write_file_durably`]): what fencing rests on, so a power cut
+/// leaves the old record or the new one, whole.
+fn write_writer_file(
+    fs: &dyn Fs,
+    data_dir: &Path,
+    file: &WriterFile,
+) -> Result<(), ArchiveStartError> {
+    let text = serde_json::to_vec(file).expect("the writer file serializes");
+    fs.write_file_durably(&data_dir.join(WRITER_FILE), &text)
+        .map_err(|e| writer_file_error(data_dir, e))
 }
 
 /// Takes writer epoch `epoch` for this data directory, with a lease of
@@ -807,9 +810,7 @@ async fn claim_epoch(
         writer: writer.clone(),
         epoch,
     };
-    let text = serde_json::to_vec(&file).expect("the writer file serializes");
-    write_durably(&data_dir.join(WRITER_FILE), &text)
-        .map_err(|e| writer_file_error(data_dir, e))?;
+    write_writer_file(&OsFs, data_dir, &file)?;
     let doc = EpochDoc {
         epoch,
         writer,

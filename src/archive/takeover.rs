@@ -23,11 +23,9 @@ use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, parse_segment_file_name, segment_file_name, ChainValue,
     HEADER_CHAIN_START_OFFSET, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
 };
-use spark_log_format::HEADER_LEN;
+use spark_log_format::{Fs as _, OsFs, HEADER_LEN};
 
-use super::{
-    claim_epoch, count_put, hex_chain, read_writer_file, write_durably, ArchiveStartError,
-};
+use super::{claim_epoch, count_put, hex_chain, read_writer_file, ArchiveStartError};
 use crate::config::ArchiveSettings;
 use crate::engine::Engine;
 
@@ -125,7 +123,7 @@ pub async fn take_over_leased(
         path: log_dir.display().to_string(),
         source,
     })?;
-    let mine = read_writer_file(data_dir)?;
+    let mine = read_writer_file(&OsFs, data_dir)?;
     let latest_epoch = store.latest_epoch().await?;
     let held = matches!((&mine, &latest_epoch),
         (Some(me), Some(doc)) if me.writer == doc.writer && me.epoch == doc.epoch);
@@ -405,7 +403,8 @@ pub(crate) async fn fetch_blob(
         )));
     }
     crate::engine::create_dir_durably(&blobs_dir).map_err(|e| local(&blobs_dir, e))?;
-    write_durably(&path, &bytes).map_err(|e| local(&path, e))?;
+    OsFs.write_file_durably(&path, &bytes)
+        .map_err(|e| local(&path, e))?;
     Ok(BlobFetch::Fetched)
 }
 
@@ -478,7 +477,8 @@ fn read_local(
 /// Writes `bytes` as `path` (a new file or in place of the old one),
 /// durably.
 fn write_segment(path: &Path, bytes: &[u8]) -> Result<(), ArchiveStartError> {
-    write_durably(path, bytes).map_err(|e| local(path, e))
+    OsFs.write_file_durably(path, bytes)
+        .map_err(|e| local(path, e))
 }
 
 /// Brings the local log to what `manifest` names (`None`: an empty

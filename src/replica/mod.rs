@@ -280,7 +280,8 @@ fn write_cache_file(data_dir: &Path, url: &str, manifest: u64) -> std::io::Resul
         manifest,
     };
     let bytes = serde_json::to_vec(&doc).map_err(std::io::Error::other)?;
-    crate::archive::write_durably(&data_dir.join(CACHE_FILE), &bytes)
+    use spark_log_format::Fs as _;
+    spark_log_format::OsFs.write_file_durably(&data_dir.join(CACHE_FILE), &bytes)
 }
 
 /// Sets the cached log aside (`log` becomes `log.stale-<ms>`) so that it
