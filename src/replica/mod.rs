@@ -286,7 +286,10 @@ fn write_cache_file(data_dir: &Path, url: &str, manifest: u64) -> std::io::Resul
 
 /// Sets the cached log aside (`log` becomes `log.stale-<ms>`) so that it
 /// is fetched again; blobs are kept (they are checked by their SHA-256).
+/// The renames are made durable (the data directory is fsynced), so that a
+/// power cut does not bring the stale log back.
 fn set_cache_aside(data_dir: &Path, why: &str) -> Result<(), ReplicaStartError> {
+    use spark_log_format::Fs as _;
     let log_dir = spark_core::layout::log_dir(data_dir);
     if log_dir.exists() {
         let aside = data_dir.join(format!("log.stale-{}", now_ms()));
@@ -304,7 +307,9 @@ fn set_cache_aside(data_dir: &Path, why: &str) -> Result<(), ReplicaStartError> 
         std::fs::rename(&checkpoints, &aside).map_err(|e| local(&checkpoints, e))?;
     }
     let _ = std::fs::remove_file(data_dir.join(CACHE_FILE));
-    Ok(())
+    spark_log_format::OsFs
+        .sync_dir(data_dir)
+        .map_err(|e| local(data_dir, e))
 }
 
 /// `spark-engine replica`, before the engine opens: connects to the
