@@ -6,7 +6,7 @@ use super::*;
 use crate::command::{PostMessage, PutMedia, StartJob, StartRecall};
 use crate::ids::{RequestIdError, JOB_ID_MAX_BYTES, RECALL_ID_MAX_BYTES};
 use crate::op::{MediaRole, MomentCreate, MomentDelete, Op};
-use crate::rules::messages::CLOCK_WINDOW_MS;
+use crate::wire::CLOCK_WINDOW_MS;
 
 const NOW_MS: u64 = 1_767_225_600_000;
 
