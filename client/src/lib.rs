@@ -45,6 +45,7 @@
 //! ```
 
 pub mod answers;
+pub mod client;
 pub mod clock;
 pub mod drain;
 pub mod events;
@@ -57,8 +58,9 @@ pub mod transport;
 
 use std::path::PathBuf;
 
+pub use client::{Client, DrainOptions, WaitHook, WaitRecord};
 pub use clock::{ClientClock, ManualClock, SkewedClientClock, SystemClientClock};
-pub use drain::{Client, DrainOptions, DrainReport, StatusClass, WaitCause, WaitHook, WaitRecord};
+pub use drain::{DrainReport, StatusClass, WaitCause};
 pub use messages::{MessageAttempt, MessageError, MessageOutcome, MessageRecord, MessageState};
 pub use outbox::{Capture, Entry, EntryState, MediaBytes, MediaFile, Outbox, Parked, Step};
 pub use transport::{

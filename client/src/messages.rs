@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::answers::{classify, Refusal, Verdict, WaitCause};
-use crate::drain::Client;
+use crate::client::Client;
 use crate::fsio::{io_error, remove_file_durably, write_file_durably};
 use crate::outbox::{mint, Outbox};
 use crate::requests::json_request;

@@ -9,7 +9,7 @@ use spark_core::wire::{
     MEDIA_ROLE_ORIGINAL, TURN_MODE_PRACTICAL,
 };
 
-use crate::drain::Client;
+use crate::client::Client;
 use crate::outbox::{Entry, MediaFile, Step};
 use crate::transport::{HttpRequest, HttpResponse, Method};
 use crate::ClientError;

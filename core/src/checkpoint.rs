@@ -23,8 +23,9 @@ use thin_vec::ThinVec;
 
 use crate::ids::Id;
 use crate::len_prefixed::{checked_read, checked_read_leb128, push, push_leb128};
-use crate::mirror::{Job, Mark, Media, Message, Mirror, Moment, Recall, RequestRow, Turn};
+use crate::mirror::{Job, Mark, Media, Message, Mirror, Moment, Recall, Turn};
 use crate::op::{Entity, OpKind};
+use crate::request_index::RequestRow;
 
 /// The checkpoint format version this build writes and reads; a file with
 /// another one is ignored.

@@ -4,7 +4,7 @@
 
 use crate::ids::{Id, RequestIdError};
 use crate::op::MediaRole;
-use crate::rules::messages::CLOCK_WINDOW_MS;
+use crate::wire::CLOCK_WINDOW_MS;
 
 /// Why a command was refused. Each maps to one problem `code` (SPEC 10).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -28,8 +28,18 @@ use std::fmt;
 use std::hash::BuildHasher;
 
 use crate::ids::Id;
-use crate::mirror::RequestRow;
 use crate::op::{Entity, OpKind};
+
+/// What a request id produced: a row of the request index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestRow {
+    /// Seq of the op that first carried the request id.
+    pub seq: u64,
+    /// That op's kind.
+    pub kind: OpKind,
+    /// The entity that op was about.
+    pub entity: Entity,
+}
 
 /// The index. Clone, compare and debug-print it like a map.
 #[derive(Clone)]

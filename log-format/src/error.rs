@@ -4,8 +4,6 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use crate::format::Seq;
-
 /// Everything the log can fail with.
 ///
 /// `Corrupt` and `UnsupportedVersion` come from reading (recovery or the
@@ -99,28 +97,32 @@ pub enum LogError {
 /// corrupt, exactly"): the seq it names and what that seq is. Printed in
 /// the error's parentheses: `seq 1023`, `after seq 1022`, `batch of seqs
 /// 5..=7`, `header of the segment expected to start at seq 677`.
+///
+/// Seqs are spelled `u64`, the type [`Seq`](crate::Seq) names: this module
+/// is the leaf every other one reports through (the format's encoder
+/// included), so it imports none of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultSeq {
     /// A record: the seq of the faulty record, which is the seq expected
     /// at the offset (the last good seq + 1; a record whose own seq field
     /// is damaged or wrong is named by the seq it should have).
-    Record(Seq),
+    Record(u64),
     /// No record: a seal, a commit mark, a missing seal, bytes after a seal
     /// or a checkpoint's point, right after the record with this seq (0:
     /// before the log's first record). No record is damaged there.
-    After(Seq),
+    After(u64),
     /// The records `first..=last`, walked whole, whose batch the frame at
     /// the offset (a commit mark that does not match them, or a seal) does
     /// not close as a valid commit mark would: none of them is vouched for.
     Batch {
         /// The batch's first seq.
-        first: Seq,
+        first: u64,
         /// The batch's last seq.
-        last: Seq,
+        last: u64,
     },
     /// A segment header (or a segment file that should be one): the seq
     /// the segment was expected to start at.
-    Header(Seq),
+    Header(u64),
 }
 
 impl FaultSeq {
@@ -128,7 +130,7 @@ impl FaultSeq {
     /// whole: the record before the faulty one, the one the fault lies
     /// after, the one before the batch; `None` for a header, whose walk
     /// stopped in an earlier segment.
-    pub fn last_walked(&self) -> Option<Seq> {
+    pub fn last_walked(&self) -> Option<u64> {
         match *self {
             FaultSeq::Record(seq) => Some(seq.saturating_sub(1)),
             FaultSeq::After(seq) => Some(seq),

@@ -21,6 +21,8 @@
 //!   the reader, so both apply exactly the same rules.
 //! - `recovery`: what [`Log::open`] does before the first append (torn tails,
 //!   interrupted rolls, corruption).
+//! - `state`: what recovery and the writer share: [`LogConfig`], [`Head`] and
+//!   the active segment.
 //! - `writer`: [`Log`], the single appender (batches, rolls, poisoning), and
 //!   [`GroupCommitAppender`], which lets many threads share it.
 //! - `reader`: [`LogReader`], a read-only mapped view for tools.
@@ -44,6 +46,7 @@ mod error;
 mod reader;
 mod recovery;
 mod segment;
+mod state;
 mod writer;
 
 pub use damage::{
@@ -59,4 +62,5 @@ pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
 pub use memfs::{CutMode, MemFs, PAGE_BYTES};
 pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo, LIVE_OPEN_ATTEMPTS};
 pub use recovery::{scrub_segment, DeferredSegment, LogPoint, RecoveryReport, TornTail};
-pub use writer::{record_fits, system_now_ms, GroupCommitAppender, Head, Log, LogConfig};
+pub use state::{system_now_ms, Head, LogConfig};
+pub use writer::{record_fits, GroupCommitAppender, Log};

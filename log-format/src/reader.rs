@@ -14,7 +14,7 @@ use crate::recovery::TornTail;
 use crate::segment::{
     decode_segment, map_segment, segment_files, DecodeOptions, Decoded, Expect, Role, SegmentEnd,
 };
-use crate::writer::Head;
+use crate::state::Head;
 
 /// What the reader knows about one segment after opening.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use crate::segment::{
     check_sealed_link, decode_segment, map_segment, parent_dir, segment_files, DecodeOptions,
     Decoded, Expect, Role, Segment, SegmentEnd, SegmentFile, Torn,
 };
-use crate::writer::{ActiveSegment, Head, LogConfig};
+use crate::state::{ActiveSegment, Head, LogConfig};
 
 /// What recovery found and did.
 #[derive(Clone, Debug, Default)]

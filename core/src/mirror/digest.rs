@@ -1,6 +1,7 @@
 //! The mirror's digest: BLAKE3 over the whole state in a canonical order.
 
-use super::{FastMap, Mirror, RequestRow};
+use super::{FastMap, Mirror};
+use crate::request_index::RequestRow;
 
 impl Mirror {
     /// A BLAKE3 digest of the whole mirror in a canonical order (every map

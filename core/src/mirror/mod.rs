@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
 
 use crate::ids::Id;
-use crate::op::{Entity, MediaRole, OpKind, Sha256, TurnMode};
+use crate::op::{MediaRole, Sha256, TurnMode};
 use crate::request_index::RequestIndex;
 
 /// One moment as the mirror holds it: 64 bytes, and one allocation for its
@@ -296,17 +296,6 @@ pub struct Media {
     pub seq: u64,
     /// Server time of its `media.put`, Unix milliseconds.
     pub ts_ms: u64,
-}
-
-/// What a request id produced: a row of the request index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RequestRow {
-    /// Seq of the op that first carried the request id.
-    pub seq: u64,
-    /// That op's kind.
-    pub kind: OpKind,
-    /// The entity that op was about.
-    pub entity: Entity,
 }
 
 /// Where a turn stands.

@@ -1,10 +1,10 @@
 //! Ops made ready for the fold: a create's moment built and boxed, the
 //! request id hashed, off the fold thread (issue 7).
 
-use super::{Mirror, Moment, RequestRow};
+use super::{Mirror, Moment};
 use crate::ids::Id;
 use crate::op::{MomentCreate, Op, OpBody};
-use crate::request_index::{HashedRequestId, RequestHasher};
+use crate::request_index::{HashedRequestId, RequestHasher, RequestRow};
 
 impl Mirror {
     /// A [`Preparer`] for ops this mirror will fold: startup replay prepares

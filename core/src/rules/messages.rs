@@ -10,10 +10,7 @@ use crate::ids::Id;
 use crate::mirror::Mirror;
 use crate::op::{MessagePost, OpBody};
 use crate::outcome::{Outcome, Replay};
-
-/// The clock window of SPEC section 5 (seed ADR-036), in milliseconds: 5
-/// minutes either way, inclusive.
-pub const CLOCK_WINDOW_MS: u64 = 5 * 60 * 1000;
+use crate::wire::CLOCK_WINDOW_MS;
 
 /// Checks that the time in a message id is within [`CLOCK_WINDOW_MS`] of
 /// the server clock `now_ms` (Unix ms), inclusive.

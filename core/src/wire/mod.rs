@@ -60,11 +60,12 @@ pub const MEDIA_ROLE_ORIGINAL: &str = "original";
 /// only mode that route starts (recall turns start with `POST /api/recall`).
 pub const TURN_MODE_PRACTICAL: &str = "practical";
 
-/// The clock window of ids minted at send time (SPEC section 5), in
-/// milliseconds: its one definition is the rule,
-/// [`crate::rules::messages::CLOCK_WINDOW_MS`]; it is on the wire too, since
-/// the client's reuse margin is derived from it.
-pub use crate::rules::messages::CLOCK_WINDOW_MS;
+/// The clock window of ids minted at send time (SPEC section 5, seed
+/// ADR-036), in milliseconds: 5 minutes either way, inclusive. The server
+/// refuses a new message whose id's time is farther than this from its
+/// clock ([`crate::rules::messages::check_clock_window`]); it is on the wire
+/// because the client's reuse margin is derived from it.
+pub const CLOCK_WINDOW_MS: u64 = 5 * 60 * 1000;
 
 /// What the client keeps back from [`CLOCK_WINDOW_MS`] when it decides to
 /// reuse a message id, in milliseconds: 1 minute for encryption, the

@@ -10,12 +10,13 @@
 use proptest::prelude::*;
 
 use crate::ids::Id;
-use crate::mirror::{FoldError, Mirror, RequestRow, TurnStatus};
+use crate::mirror::{FoldError, Mirror, TurnStatus};
 use crate::op::{
     Entity, JobStart, MarkDrop, MarkKeep, MediaPut, MediaRole, MessagePost, MomentDelete,
     MomentEdit, Op, OpBody, OpKind, RecallStart, Sha256, TurnFail, TurnFinish, TurnMode, TurnStart,
 };
 use crate::outcome::Outcome;
+use crate::request_index::RequestRow;
 use crate::rules::test_support::*;
 
 fn edit_op(n: u128, request_id: Option<&str>, text: &str) -> OpBody {
@@ -424,7 +425,7 @@ fn actions() -> impl Strategy<Value = Vec<(Action, Option<u8>)>> {
 
 fn command(action: &Action, mirror: &Mirror) -> (crate::command::Command, u64) {
     use crate::command::*;
-    use crate::rules::messages::CLOCK_WINDOW_MS;
+    use crate::wire::CLOCK_WINDOW_MS;
     let entity = |e: &u8| id(100 + u128::from(*e));
     let request = |r: &Option<u8>| r.map(|r| REQUEST_POOL[usize::from(r)].to_owned());
     let phrase = |p: &u8| ["eins", "zwei", "drei"][usize::from(*p)].to_owned();
