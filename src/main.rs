@@ -14,7 +14,7 @@ use spark_engine::server;
 
 /// mimalloc instead of the system allocator: startup replay allocates the
 /// mirror's strings by the million, and glibc's malloc and free were 40% of
-/// its profile (issue 7; docs/performance/).
+/// its profile (docs/performance/).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -223,7 +223,7 @@ fn main() -> ExitCode {
     use std::io::IsTerminal;
     // Let mimalloc ask for transparent huge pages (madvise): the mirror of
     // a 10M-op log is about 5 GB, and faulting it in 4 KiB pages was a
-    // quarter of the startup profile (issue 7; docs/performance/).
+    // quarter of the startup profile (docs/performance/).
     // SAFETY: sets a process-wide allocator option; mimalloc reads options
     // at each OS allocation, and no other thread exists yet.
     unsafe {
@@ -304,7 +304,7 @@ fn run_command(cli: Cli, matches: &ArgMatches) -> anyhow::Result<ExitCode> {
 }
 
 /// The outbox commands this binary had until the client became its own
-/// package (issue 13).
+/// package.
 const MOVED_CLIENT_COMMANDS: [&str; 4] = ["capture", "drain", "send-message", "outbox"];
 
 /// When the first argument is one of [`MOVED_CLIENT_COMMANDS`], says where

@@ -14,8 +14,9 @@
 //! blob again unless a committed op or another pending upload names the same
 //! bytes. The hold on a digest lives in a task detached from the request
 //! ([`MediaStore::spawn_put`]), so a request timeout or a closed connection
-//! cannot drop it while the `media.put` is still queued (the reason b1debed
-//! was reverted in db2fa3d). A crash between a blob and its op leaves an
+//! cannot drop it while the `media.put` is still queued (a hold owned by
+//! the request was dropped with it, and a racing refused upload then
+//! removed a blob an acknowledged op names). A crash between a blob and its op leaves an
 //! orphan blob, never an op without its blob; the next start removes
 //! orphans older than `media.orphan_grace_ms`
 //! ([`MediaStore::remove_orphans`]), and `spark-replay audit media` lists

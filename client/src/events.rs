@@ -1,6 +1,6 @@
 //! Following the change stream, `GET /api/events` (SPEC section 4), as a
 //! reconnecting `EventSource` would, with the one answer a browser's
-//! `EventSource` cannot handle: `409 cursor_ahead` (issue 15 item 5).
+//! `EventSource` cannot handle: `409 cursor_ahead`.
 //!
 //! An [`EventsFollower`] keeps a cursor (the [`EventCursor`] of the last
 //! change it gave: its seq and a prefix of the log's chain value there, so
@@ -21,7 +21,7 @@
 //!
 //! After a restore and a take-over (or a failover to a replica of another
 //! archive) the server's log may hold other ops under the seqs the client
-//! saw: the server answers `409 cursor_unknown` (issue 24) and the
+//! saw: the server answers `409 cursor_unknown` and the
 //! follower gives [`Followed::Resync`], then follows after the head the
 //! answer names. The caller resynchronises the same way: refetch what it
 //! holds, then trust the changes that follow (they start at the head the

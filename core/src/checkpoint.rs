@@ -1,6 +1,6 @@
 //! Checkpoints: the mirror and its request index at a seq, in one file
 //! under `<data>/checkpoint/`, so that startup replays only the ops after
-//! it (issue 18). The byte layout is `log-format/CHECKPOINT.md`.
+//! it. The byte layout is `log-format/CHECKPOINT.md`.
 //!
 //! A checkpoint is derived state. It is trusted only when its checksum
 //! holds, its format version is this build's, and the chain value it names
@@ -87,7 +87,7 @@ pub struct Header {
 ///
 /// The segment is mapped, not copied: at startup this runs on up to 64 MiB
 /// of the segment recovery reads next, and a copy cost a fresh process
-/// that much zeroed memory and a copy (issue 18).
+/// that much zeroed memory and a copy.
 pub fn chain_at(log_dir: &Path, segment_first_seq: u64, end: u64) -> Result<ChainValue, String> {
     let path = log_dir.join(segment_file_name(segment_first_seq));
     let file = std::fs::File::open(&path)
@@ -270,7 +270,7 @@ fn header_fields(bytes: &[u8]) -> Result<Header, String> {
 /// kinds, every count within the bytes, no byte left over. Errors in words;
 /// a checksum mismatch is the error whenever the trailer does not match.
 ///
-/// On several threads (issue 18: the load was one thread's work, mostly
+/// On several threads (the load was one thread's work, mostly
 /// the kernel zeroing the pages of a fresh mirror, while the other core
 /// waited): the trailer's hash, each half of the moments, and the request
 /// rows with the other items are decoded at once. The body is only ever

@@ -1,7 +1,7 @@
 //! What a damaged log held: the damaged seq range and, for the damaged
 //! records that still decode, their op kind, entity id, request id and
 //! device, so the clients that still hold those captures can send them
-//! again (issue 6, "Damage reports"). The server's refusal to start and
+//! again ("Damage reports"). The server's refusal to start and
 //! `spark-replay audit damage` both print it.
 
 use serde::Serialize;

@@ -21,7 +21,7 @@ pub const REQUEST_ID_MAX_BYTES: usize = 80;
 /// A ULID held as its 128-bit value: 48 bits of Unix milliseconds, then 80
 /// random bits. `Display` writes the canonical 26-character upper-case form.
 ///
-/// Aligned to 8 bytes, not the 16 of a bare `u128` on x86-64 (issue 7): every
+/// Aligned to 8 bytes, not the 16 of a bare `u128` on x86-64: every
 /// struct and enum that holds an id (a moment, a request index row, an
 /// op) would otherwise pad to a multiple of 16 bytes, paid per record in a
 /// big mirror. Read the value by copy (`id.0`); a reference to the field is
@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn an_id_is_16_bytes_aligned_to_8() {
-        // Issue 7: a u128 would align every struct holding an id to 16.
+        // A u128 would align every struct holding an id to 16.
         assert_eq!(std::mem::size_of::<Id>(), 16);
         assert_eq!(std::mem::align_of::<Id>(), 8);
     }

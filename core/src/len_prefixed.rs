@@ -1,6 +1,6 @@
 //! Length-prefixed byte strings: a LEB128 byte length, then the bytes. The
 //! mirror packs a moment's texts this way, and the request index its request
-//! ids (issue 7: no allocation, no allocator rounding per string).
+//! ids (no allocation, no allocator rounding per string).
 
 /// Bytes of `value` as LEB128 (7 bits a byte, low bits first).
 pub(crate) fn leb128_len(value: u64) -> usize {

@@ -721,7 +721,7 @@ mod tests {
 
     #[test]
     fn an_entity_is_24_bytes() {
-        // Issue 7: an id is 16 bytes aligned to 8; the tag fits in the rest.
+        // An id is 16 bytes aligned to 8; the tag fits in the rest.
         assert_eq!(std::mem::size_of::<Entity>(), 24);
     }
 

@@ -5,7 +5,7 @@ use crate::mirror::{
     JobView, MarkView, MediaView, MessageView, Mirror, MomentView, RecallView, TurnView,
 };
 
-/// Where a known answer came from (issue 19, after the IETF httpapi
+/// Where a known answer came from (after the IETF httpapi
 /// idempotency-key draft): the op that first produced what a replayed write
 /// is answered with.
 #[derive(Clone, Debug, PartialEq, Eq)]

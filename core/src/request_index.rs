@@ -1,7 +1,7 @@
 //! The request index (SPEC section 3): request id -> what the first op that
 //! carried it produced. First producer wins forever (INSERT OR IGNORE).
 //!
-//! Laid out for a big mirror (issues 7 and 18):
+//! Laid out for a big mirror:
 //! - rows live in one dense vector, in the order they were added (32 bytes
 //!   each, no empty slots);
 //! - request ids and entity names live in a byte arena of 1 MiB chunks,

@@ -1,5 +1,5 @@
 //! Synthetic logs for measurement: a data directory holding `count` moment
-//! creates of about 200 bytes each (the record size issue 7's replay
+//! creates of about 200 bytes each (the record size the replay
 //! targets are stated for), written through the real log writer with one
 //! fdatasync per batch. Used by `spark-replay generate` and the replay
 //! benches; never by the server.
@@ -97,7 +97,7 @@ pub fn generate(
 
 /// [`generate`], then `tail` edits and deletes of those moments
 /// ([`tail_op`]): a log whose history outgrows its live state, for
-/// measuring checkpoints (issue 18). `progress` gets the ops written so
+/// measuring checkpoints. `progress` gets the ops written so
 /// far, creates and tail together. Errors as [`generate`]; `tail` above 0
 /// needs `count` above 0 (`InvalidInput` otherwise).
 pub fn generate_with_tail(

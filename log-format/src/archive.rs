@@ -659,7 +659,7 @@ pub enum Fork {
 
 /// Whether manifest `next` extends manifest `prev` (its predecessor in the
 /// history): the one rule that says the archive never forked (ARCHIVE.md
-/// "Manifest history"; issue 15 item 3). It holds when
+/// "Manifest history"). It holds when
 ///
 /// 1. `next.epoch >= prev.epoch` and `next.shipped_seq >= prev.shipped_seq`;
 /// 2. `next.segments` starts with exactly `prev.segments`;

@@ -452,7 +452,7 @@ impl Log {
     }
 
     /// Recovers the log's tail in process after a write or create refused
-    /// for want of space, and lifts the poison (issue 19): overwrites with
+    /// for want of space, and lifts the poison: overwrites with
     /// zeros whatever the failed write left after the active segment's
     /// acknowledged end (the bytes of a batch or seal that was never
     /// acknowledged: with a zero tail the file ends where it did, and a

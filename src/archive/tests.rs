@@ -1899,7 +1899,7 @@ async fn writer_of_two_rounds(store: &ArchiveStore) -> (tempfile::TempDir, Arc<E
     (dir, engine, shipping)
 }
 
-/// Issue 24 item 1: a well-formed manifest under this writer's epoch at the
+/// A well-formed manifest under this writer's epoch at the
 /// number it needs, which it did not store, is never adopted: one that
 /// does not extend the manifest the state is at (before: adopted when its
 /// shipped_seq was not above the ship's, rolling the state back), and one
@@ -1981,7 +1981,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
     }
 }
 
-/// Issue 24 item 1: the writer refuses to start over a gap, naming the
+/// The writer refuses to start over a gap, naming the
 /// missing manifest (before: it resumed from the manifest before the gap,
 /// stored a new one there and adopted the old ones after it), and over a
 /// lost epoch object (before: it claimed epoch 1 again), creating nothing.
@@ -2012,7 +2012,7 @@ async fn the_writer_refuses_to_start_over_a_gap_naming_it() {
     }
 }
 
-/// Issue 24 (async RPO under load): the shipper slept a whole interval
+/// Async RPO under load: the shipper slept a whole interval
 /// after each ship, so with slow puts ships started `interval + ship time`
 /// apart and an op acknowledged just after a ship read the head waited up
 /// to twice the ship time plus the interval. Ships now start an interval

@@ -1,4 +1,4 @@
-//! A replica's metrics (SPEC section 11, issue 16): registered only when a
+//! A replica's metrics (SPEC section 11): registered only when a
 //! replica starts, and rendered after the engine's own at `/metrics`.
 
 use std::sync::atomic::AtomicU64;

@@ -1,4 +1,4 @@
-//! Read replicas (SPEC section 11, issue 16): `spark-engine replica --from
+//! Read replicas (SPEC section 11): `spark-engine replica --from
 //! s3://BUCKET/PREFIX` serves every read route from an archive
 //! (`log-format/ARCHIVE.md`) and follows it as it grows. Writes answer
 //! `421 read_only` ([`crate::api`]).

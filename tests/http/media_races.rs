@@ -1,5 +1,5 @@
-//! Racing uploads strand nothing (the scenarios behind the revert
-//! db2fa3d): an upload whose request times out, or whose client goes away,
+//! Racing uploads strand nothing (the scenarios that once lost a blob an
+//! acknowledged op names): an upload whose request times out, or whose client goes away,
 //! while its `media.put` is queued behind 900 edits keeps its blob when an
 //! upload of the same bytes is refused meanwhile; uploads racing for one
 //! role with the same bytes, and uploads to a moment being deleted, leave

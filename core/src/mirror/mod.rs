@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 /// The mirror's hash maps: hashbrown's std map with foldhash, a fast hash
 /// seeded at random per map (so request ids chosen by clients cannot be
 /// picked to collide). SipHash, std's default, was the largest item in the
-/// replay profile (issue 7).
+/// replay profile.
 pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 use serde::{Deserialize, Serialize};
@@ -36,7 +36,7 @@ use crate::op::{MediaRole, Sha256, TurnMode};
 use crate::request_index::RequestIndex;
 
 /// One moment as the mirror holds it: 64 bytes, and one allocation for its
-/// create's seq and its three texts (issue 7: the mirror pays both per
+/// create's seq and its three texts (the mirror pays both per
 /// moment; it was 120 bytes and three allocations). Read the texts, capture
 /// time, create seq, media and turns through [`Moment::text`],
 /// [`Moment::caption`], [`Moment::lang`], [`Moment::captured_at_ms`],
@@ -46,7 +46,7 @@ pub struct Moment {
     /// The moment's id.
     pub id: Id,
     /// The seq of the `moment.create` as LEB128 (1 to 4 bytes below 2^28
-    /// ops: what a replayed create's answer names, issue 19), then what the
+    /// ops: what a replayed create's answer names), then what the
     /// sign says, the caption and the language tag, each present one as a
     /// LEB128 byte length and its UTF-8 bytes, in that order (see
     /// `present`).
@@ -420,7 +420,7 @@ pub struct Mirror {
     /// paged list walks it directly).
     /// Boxed: appends in id order leave B-tree nodes about half full, and a
     /// pointer per slot wastes far less than a whole moment per slot
-    /// (issue 7: about 160 bytes less per moment).
+    /// (about 160 bytes less per moment).
     pub moments: BTreeMap<Id, Box<Moment>>,
     /// The request index: request id -> what its first op produced.
     pub requests: RequestIndex,
@@ -500,7 +500,7 @@ mod tests {
 
     #[test]
     fn a_moment_is_64_bytes() {
-        // Issue 7: paid once per moment in a big mirror.
+        // Paid once per moment in a big mirror.
         assert_eq!(std::mem::size_of::<Moment>(), 64);
     }
 

@@ -1,5 +1,5 @@
 //! Ops made ready for the fold: a create's moment built and boxed, the
-//! request id hashed, off the fold thread (issue 7).
+//! request id hashed, off the fold thread.
 
 use super::{Mirror, Moment};
 use crate::ids::Id;
@@ -8,7 +8,7 @@ use crate::request_index::{HashedRequestId, RequestHasher, RequestRow};
 
 impl Mirror {
     /// A [`Preparer`] for ops this mirror will fold: startup replay prepares
-    /// on the decoding thread and folds on another (issue 7).
+    /// on the decoding thread and folds on another.
     pub fn preparer(&self) -> Preparer {
         Preparer {
             hasher: self.requests.hasher(),
@@ -20,7 +20,7 @@ impl Mirror {
 /// moment already built and boxed, the request id already hashed, the
 /// request index row already decided. Startup replay prepares on the
 /// decoding thread, so the fold thread moves a few pointers per op instead
-/// of a whole payload (issue 7). Preparing reads no state: it cannot fail.
+/// of a whole payload. Preparing reads no state: it cannot fail.
 #[derive(Debug)]
 pub struct PreparedOp {
     pub(super) seq: u64,
@@ -46,7 +46,7 @@ impl Mirror {
     /// Asks the CPU to bring in the request index slot that folding `op`
     /// will probe, a few ops ahead of [`Mirror::apply_prepared`] (startup
     /// replay: a cache miss per request id was the fold's largest cost
-    /// after first-touch page zeroing, issue 18). A hint: nothing changes.
+    /// after first-touch page zeroing). A hint: nothing changes.
     pub fn prefetch_prepared(&self, op: &PreparedOp) {
         if let Some((request_id, _)) = &op.request {
             self.requests.prefetch(request_id);

@@ -80,7 +80,7 @@ pub fn admit_bytes<'m>(mirror: &'m Mirror, c: &PutMedia) -> Result<Option<&'m Me
 }
 
 /// The answer to a replay of the known upload `existing`: its record, and
-/// its `media.put` as the replay (issue 19).
+/// its `media.put` as the replay.
 pub fn known_upload(mirror: &Mirror, existing: &Media) -> Outcome {
     Outcome::MediaPut {
         created: false,

@@ -88,7 +88,7 @@ pub struct PostMessageBody {
     pub body: String,
 }
 
-/// The `replayed` member of a create-or-known answer (issue 19, after the
+/// The `replayed` member of a create-or-known answer (after the
 /// IETF httpapi idempotency-key draft): on an answer from a known identity
 /// (`created: false`, sent with the header `Idempotent-Replayed: true`),
 /// the op that first produced what the answer carries; `null` on a new

@@ -1,4 +1,4 @@
-//! What `GET /api/events` sends (SPEC section 4; issue 15 item 5): the data
+//! What `GET /api/events` sends (SPEC section 4): the data
 //! of a change event, the names of the other events, and the data of an
 //! `overflow` event. The server writes these, the client reads them.
 
@@ -65,7 +65,7 @@ pub const CURSOR_CHAIN_HEX: usize = 16;
 /// have other chain values there, so a cursor names its history; `0` (no
 /// chain) is the start, which every history shares.
 ///
-/// A bare seq above 0 (the form before issue 24) parses with no chain:
+/// A bare seq above 0 (the form of event ids before cursors) parses with no chain:
 /// the server refuses it, since nothing in it can be checked against its
 /// log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

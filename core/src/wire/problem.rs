@@ -49,14 +49,14 @@ pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported_media_type";
 pub const REQUEST_TIMEOUT: &str = "request_timeout";
 /// `409` on `GET /api/events`: the cursor (`after` or `Last-Event-ID`) is
 /// beyond the log's head, as after a restore from an archive that was
-/// behind what the client saw (issue 15 item 5); members
+/// behind what the client saw; members
 /// [`CursorAheadMembers`]. The client resynchronises from `head_seq`.
 pub const CURSOR_AHEAD: &str = "cursor_ahead";
 /// `409` on `GET /api/events`: the cursor (`after` or `Last-Event-ID`) is
 /// not known to name a point of this server's history: its chain value is
 /// not this log's at its seq (another history shares the seq: a restore
 /// and a take-over, another server's log), or it is a bare seq above 0,
-/// which cannot be checked (issue 24). Members [`CursorAheadMembers`] (the
+/// which cannot be checked. Members [`CursorAheadMembers`] (the
 /// cursor refused and the head). The client resynchronises: it refetches
 /// what it derived from the stream and follows after `head_cursor`.
 pub const CURSOR_UNKNOWN: &str = "cursor_unknown";
@@ -161,8 +161,7 @@ pub struct ClockSkewMembers {
     pub skew_ms: i64,
 }
 
-/// The members `cursor_ahead` and `cursor_unknown` add (issue 15 item 5,
-/// issue 24).
+/// The members `cursor_ahead` and `cursor_unknown` add.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CursorAheadMembers {
     /// The seq the client asked to follow after.

@@ -1,4 +1,4 @@
-//! [`Log::heal`] (issue 19): a write or create refused for want of space
+//! [`Log::heal`]: a write or create refused for want of space
 //! leaves a poison that an in-process recovery lifts, with the head exactly
 //! where the last acknowledged batch left it and none of the failed bytes
 //! kept; a failed fsync stays fatal whatever its errno.

@@ -2,7 +2,7 @@
 //! and bit flips, damage reports, seq gaps, interrupted rolls, power loss on
 //! `MemFs` (also page by page, against commit marks), group commit, poisoning after an I/O error, pre-allocation and
 //! `Fs::write_file_durably` (old or new file, whole, at every crash point).
-//! One test binary (issue 13): each file is the module it was as its own
+//! One test binary: each file is the module it was as its own
 //! binary, under the same name. `vectors`, `fuzz_like` and `record_limit`
 //! stay binaries of their own: the first has a documented regenerate command,
 //! the other two install a counting global allocator each.
