@@ -61,6 +61,18 @@ pub(crate) fn moment(mirror: &mut Mirror, n: u128) -> Id {
     id(n)
 }
 
+/// Folds a `moment.delete` of `moment` (no request id, device [`DEVICE`]).
+pub(crate) fn delete_moment(mirror: &mut Mirror, moment: Id) {
+    apply(
+        mirror,
+        OpBody::MomentDelete(crate::op::MomentDelete {
+            id: moment,
+            request_id: None,
+            device: DEVICE.into(),
+        }),
+    );
+}
+
 /// A `moment.create` command for `id` with `request_id`.
 pub(crate) fn create(id: Option<Id>, request_id: Option<&str>) -> Command {
     Command::CreateMoment(CreateMoment {

@@ -165,14 +165,7 @@ fn a_new_job_needs_an_unused_id_a_live_moment_and_a_seat() {
         refusal(&mirror, job("j1", id(9), &["a"])),
         EngineError::MomentNotFound(id(9))
     );
-    apply(
-        &mut mirror,
-        OpBody::MomentDelete(MomentDelete {
-            id: id(2),
-            request_id: None,
-            device: DEVICE.into(),
-        }),
-    );
+    delete_moment(&mut mirror, id(2));
     assert_eq!(
         refusal(&mirror, job("j1", id(2), &["a"])),
         EngineError::Deleted(id(2))
@@ -203,14 +196,7 @@ fn a_retry_of_a_torn_job_whose_moment_was_deleted_is_refused_not_written() {
     let ops = writes(&mirror, job("j1", id(1), &["a", "b"]));
     apply(&mut mirror, ops[0].clone());
     apply(&mut mirror, ops[1].clone());
-    apply(
-        &mut mirror,
-        OpBody::MomentDelete(MomentDelete {
-            id: id(1),
-            request_id: None,
-            device: DEVICE.into(),
-        }),
-    );
+    delete_moment(&mut mirror, id(1));
     assert_eq!(
         refusal(&mirror, job("j1", id(1), &["a", "b"])),
         EngineError::Deleted(id(1))

@@ -188,14 +188,7 @@ fn a_replayed_upload_answers_its_first_put() {
     }
     // Even once its moment is deleted, the known upload answers (the
     // media id is checked first).
-    apply(
-        &mut mirror,
-        OpBody::MomentDelete(MomentDelete {
-            id: m,
-            request_id: None,
-            device: DEVICE.into(),
-        }),
-    );
+    delete_moment(&mut mirror, m);
     assert!(matches!(
         answered(
             &mirror,

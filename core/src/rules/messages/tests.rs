@@ -7,7 +7,7 @@ use crate::command::{Command, PostMessage};
 use crate::error::{Conflict, EngineError};
 use crate::ids::Id;
 use crate::mirror::Mirror;
-use crate::op::{MessagePost, MomentDelete, OpBody};
+use crate::op::{MessagePost, OpBody};
 use crate::outcome::Outcome;
 use crate::rules::messages::{check_clock_window, CLOCK_WINDOW_MS};
 use crate::rules::test_support::*;
@@ -154,14 +154,7 @@ fn a_new_message_needs_a_live_thread() {
         EngineError::MomentNotFound(id(9))
     );
     let thread = moment(&mut mirror, 1);
-    apply(
-        &mut mirror,
-        OpBody::MomentDelete(MomentDelete {
-            id: thread,
-            request_id: None,
-            device: DEVICE.into(),
-        }),
-    );
+    delete_moment(&mut mirror, thread);
     assert_eq!(
         refusal(&mirror, message(id(5), thread, "hallo")),
         EngineError::Deleted(thread)

@@ -7,7 +7,7 @@ use crate::command::{Command, EndTurn, StartJob, StartRecall, StartTurn};
 use crate::error::{Conflict, EngineError};
 use crate::ids::Id;
 use crate::mirror::{Mirror, TurnStatus};
-use crate::op::{Entity, MomentDelete, OpBody, OpKind, TurnMode};
+use crate::op::{Entity, OpBody, OpKind, TurnMode};
 use crate::outcome::Outcome;
 use crate::rules::test_support::*;
 
@@ -182,14 +182,7 @@ fn a_turn_needs_a_live_moment() {
         EngineError::MomentNotFound(id(9))
     );
     let m = moment(&mut mirror, 1);
-    apply(
-        &mut mirror,
-        OpBody::MomentDelete(MomentDelete {
-            id: m,
-            request_id: None,
-            device: DEVICE.into(),
-        }),
-    );
+    delete_moment(&mut mirror, m);
     assert_eq!(refusal(&mirror, start(m, None)), EngineError::Deleted(m));
 }
 
