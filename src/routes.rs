@@ -75,9 +75,13 @@ pub fn template_of(path: &str) -> &'static str {
         }
         parts.next().is_none()
     };
+    // A path's methods stand together in ROUTES: each template is tried
+    // once, not once per method (this runs for every request).
+    let mut previous = "";
     ROUTES
         .iter()
         .map(|(_, template)| *template)
+        .filter(|template| std::mem::replace(&mut previous, template) != *template)
         .find(|template| fits(template))
         .unwrap_or("other")
 }
@@ -100,5 +104,17 @@ mod tests {
         assert_eq!(template_of("/"), "/");
         assert_eq!(template_of("/assets/app.js"), "/assets/{id}");
         assert_eq!(template_of("/nope/x"), "other");
+    }
+
+    #[test]
+    fn the_methods_of_a_path_stand_together() {
+        // template_of tries each template once, relying on this.
+        let mut seen: Vec<&str> = Vec::new();
+        for (_, path) in ROUTES {
+            if seen.last() != Some(path) {
+                assert!(!seen.contains(path), "{path} apart from its other methods");
+                seen.push(path);
+            }
+        }
     }
 }
