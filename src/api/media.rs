@@ -36,14 +36,10 @@ const CONTENT_TYPE_MAX_BYTES: usize = 255;
 /// Size of the chunks a download is streamed in, in bytes.
 const CHUNK_BYTES: usize = 64 * 1024;
 
-/// `PUT`, `GET` and `HEAD` on `/api/media/{id}`.
-pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Response, ApiError> {
-    let id = Id::parse(&id).map_err(|e| ApiError::invalid_id("the media id in the path", e))?;
-    match req.method {
-        Method::PUT => put(&state, id, req).await,
-        Method::GET | Method::HEAD => get(&state, id, &req).await,
-        _ => Err(ApiError::method_not_allowed_on("/api/media/{id}")),
-    }
+/// The media id of a `/api/media/{id}` path: `400 invalid_id` when it is
+/// not a ULID.
+pub(crate) fn path_id(text: &str) -> Result<Id, ApiError> {
+    Id::parse(text).map_err(|e| ApiError::invalid_id("the media id in the path", e))
 }
 
 fn required<'r>(req: &'r Request, name: &str) -> Result<&'r str, ApiError> {
@@ -181,7 +177,7 @@ fn store_error(state: &AppState, e: &std::io::Error) -> ApiError {
 /// (so a refused upload leaves no orphan); the sequencer decides last, and
 /// an upload it refuses removes its blob unless the bytes are named
 /// elsewhere ([`crate::media::MediaStore::spawn_put`]).
-async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, ApiError> {
+pub(crate) async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, ApiError> {
     let headers = upload_headers(&req).map_err(ApiError::closing)?;
     // Fail fast, before reading a byte, on what the bytes cannot change.
     state
@@ -318,7 +314,7 @@ impl Stream for BlobBody {
 
 /// `GET`/`HEAD`: the blob with `ETag`, `If-None-Match` and one `Range`;
 /// a blob that no longer is what its op recorded is a `500`, never served.
-async fn get(state: &AppState, id: Id, req: &Request) -> Result<Response, ApiError> {
+pub(crate) async fn get(state: &AppState, id: Id, req: &Request) -> Result<Response, ApiError> {
     let media = stored_media(state, id)?;
     let digest: Sha256Digest = media.sha256.0;
     let etag = format!("\"{}\"", hex_digest(&digest));
