@@ -311,22 +311,20 @@ async fn write_buffer(
     .await
 }
 
-/// What a failed write of the media store means: for a full disk or quota,
-/// `507 insufficient_storage` (the upload was not kept; it can be sent
-/// again once space is back), noted on the engine's disk check; else the
-/// store's own failure.
+/// What a failed write of the media store means, as the disk check
+/// decides ([`crate::disk::DiskSpace::full_refusal`]): for a full disk or
+/// quota, `507 insufficient_storage` (the upload was not kept; it can be
+/// sent again once space is back); else the store's own failure.
 fn store_error(engine: &Engine, e: std::io::Error) -> UploadError {
-    if !spark_log_format::is_no_space_error(&e) {
-        return UploadError::Store(e);
+    match engine.disk().full_refusal(
+        "a media upload",
+        &e,
+        1,
+        "the upload was not kept, send it again once space is freed",
+    ) {
+        Some(refusal) => UploadError::Engine(refusal),
+        None => UploadError::Store(e),
     }
-    engine.disk().note_full(&format!("a media upload: {e}"));
-    crate::metrics::get()
-        .writes_refused
-        .get_or_create(&crate::metrics::label("reason", "disk_full"))
-        .inc();
-    UploadError::Engine(EngineError::InsufficientStorage(format!(
-        "the disk is full ({e}); the upload was not kept, send it again once space is freed"
-    )))
 }
 
 impl MediaStore {
@@ -600,16 +598,10 @@ impl MediaStore {
                 return Err(UploadError::Empty);
             }
         }
-        if let Err(refusal) = engine
+        engine
             .disk()
-            .admit(upload.declared_length_bytes.unwrap_or(0))
-        {
-            crate::metrics::get()
-                .writes_refused
-                .get_or_create(&crate::metrics::label("reason", "disk_reserve"))
-                .inc();
-            return Err(UploadError::Unread(refusal));
-        }
+            .admit_writes(upload.declared_length_bytes.unwrap_or(0), 1)
+            .map_err(UploadError::Unread)?;
         let received = self.receive(body, limit_bytes).await.map_err(|e| match e {
             ReceiveError::TooLarge { limit_bytes } => UploadError::TooLarge { limit_bytes },
             ReceiveError::Body(why) => UploadError::Body(why),
