@@ -27,7 +27,8 @@ use parking_lot::Mutex;
 use crate::engine::EngineError;
 
 /// The reserve check of one data directory; shared by the journal (one
-/// check per group-commit batch) and the upload handler (one per upload).
+/// check per group-commit batch) and the media store (one per upload,
+/// [`crate::media::MediaStore::put`]).
 #[derive(Debug)]
 pub struct DiskSpace {
     /// The data directory: its file system is measured.
