@@ -11,6 +11,13 @@
 //! not); below the reserve every check measures again, so writes resume at
 //! once when space comes back. A measure costs one `statvfs` call (about a
 //! microsecond; docs/operations.md "A full disk").
+//!
+//! Both writers, the journal (a group-commit batch) and the media store (an
+//! upload), ask this module alone whether a write is refused for want of
+//! space: [`DiskSpace::admit_writes`] before writing (the reserve), and
+//! [`DiskSpace::full_refusal`] / [`DiskSpace::refuse_full`] after a write
+//! failed (`ENOSPC`, `EDQUOT`). Each refusal is `InsufficientStorage`
+//! (`507`), counted in `writes_refused` by reason.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -20,7 +27,8 @@ use parking_lot::Mutex;
 use crate::engine::EngineError;
 
 /// The reserve check of one data directory; shared by the journal (one
-/// check per group-commit batch) and the upload handler (one per upload).
+/// check per group-commit batch) and the media store (one per upload,
+/// [`crate::media::MediaStore::put`]).
 #[derive(Debug)]
 pub struct DiskSpace {
     /// The data directory: its file system is measured.
@@ -80,6 +88,28 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     Ok(free)
 }
 
+/// Why a write was refused for want of space: the `reason` label of
+/// `writes_refused`.
+#[derive(Debug, Clone, Copy)]
+enum Shortage {
+    /// Free space below the reserve, before writing: `disk_reserve`.
+    Reserve,
+    /// A write failed with `ENOSPC` or `EDQUOT`: `disk_full`.
+    Full,
+}
+
+/// Counts `writes` writes refused for `shortage`.
+fn count_refused(shortage: Shortage, writes: u64) {
+    let reason = match shortage {
+        Shortage::Reserve => "disk_reserve",
+        Shortage::Full => "disk_full",
+    };
+    crate::metrics::get()
+        .writes_refused
+        .get_or_create(&crate::metrics::label("reason", reason))
+        .inc_by(writes);
+}
+
 impl DiskSpace {
     /// The reserve check of `dir`'s file system: keep `reserve_bytes` free
     /// (0: never refuse), trusting a measure for `check_interval_ms`.
@@ -113,6 +143,56 @@ impl DiskSpace {
     pub fn admit(&self, need_bytes: u64) -> Result<(), EngineError> {
         let mut sample = self.sample.lock();
         self.admit_locked(&mut sample, need_bytes)
+    }
+
+    /// [`DiskSpace::admit`] of `writes` writes (a batch's ops, one upload)
+    /// needing about `need_bytes` in all; a refusal is counted in
+    /// `writes_refused{reason="disk_reserve"}` once per write.
+    ///
+    /// Errors: as [`DiskSpace::admit`].
+    pub fn admit_writes(&self, need_bytes: u64, writes: u64) -> Result<(), EngineError> {
+        self.admit(need_bytes)
+            .inspect_err(|_| count_refused(Shortage::Reserve, writes))
+    }
+
+    /// Counts `writes` writes refused below the reserve (or while the log
+    /// waits for space to recover its tail) that were refused elsewhere than
+    /// in [`DiskSpace::admit_writes`].
+    pub fn count_refused_for_reserve(&self, writes: u64) {
+        count_refused(Shortage::Reserve, writes);
+    }
+
+    /// What a write that failed with `error` means: when it is for want of
+    /// space (`ENOSPC`, `EDQUOT`: [`spark_log_format::is_no_space_error`]),
+    /// the refusal of [`DiskSpace::refuse_full`]; any other error is the
+    /// writer's own failure (`None`).
+    pub fn full_refusal(
+        &self,
+        source: &str,
+        error: &std::io::Error,
+        writes: u64,
+        lost: &str,
+    ) -> Option<EngineError> {
+        spark_log_format::is_no_space_error(error)
+            .then(|| self.refuse_full(source, error, writes, lost))
+    }
+
+    /// The refusal of `writes` writes (of `source`, in words: "a log
+    /// append") that failed for want of space with `error`: notes the disk
+    /// full ([`DiskSpace::note_full`]), counts them in
+    /// `writes_refused{reason="disk_full"}`, and returns
+    /// `InsufficientStorage` saying the disk is full and then `lost` (what
+    /// became of the write).
+    pub fn refuse_full(
+        &self,
+        source: &str,
+        error: &dyn std::fmt::Display,
+        writes: u64,
+        lost: &str,
+    ) -> EngineError {
+        self.note_full(&format!("{source}: {error}"));
+        count_refused(Shortage::Full, writes);
+        EngineError::InsufficientStorage(format!("the disk is full ({error}); {lost}"))
     }
 
     /// [`DiskSpace::admit`] with the sample already locked.

@@ -1,5 +1,10 @@
 //! The media store: content-addressed blobs under `<data>/media/`.
 //!
+//! [`MediaStore::put`] owns an upload from its request to its op (the
+//! checks, the streaming, the digest, the durable blob, the `media.put`),
+//! answering a typed [`UploadError`]; the HTTP handler only reads the
+//! request and maps the outcome.
+//!
 //! An upload streams into a temporary file under `media/tmp/` while its
 //! SHA-256 is computed (never held whole in memory); then the file is
 //! fsynced, renamed to `media/blobs/<sha256 hex>`, and the directory fsynced.
@@ -38,6 +43,9 @@ use bytes::Bytes;
 use futures_util::Stream;
 
 use crate::engine::{Command, Engine, EngineError, Outcome, PutMedia};
+use crate::ids::Id;
+use crate::op::MediaRole;
+use spark_core::rules::media as media_rules;
 
 /// Bytes of an upload gathered before one write to its temporary file.
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
@@ -119,6 +127,73 @@ pub enum PutError {
     /// The engine refused the `media.put` or could not write it.
     #[error(transparent)]
     Engine(#[from] EngineError),
+}
+
+/// One upload as its request describes it: where the blob goes, what it
+/// is and what the client says of its bytes (SPEC section 4,
+/// `PUT /api/media/{id}`).
+#[derive(Debug, Clone)]
+pub struct Upload {
+    /// The media id (from the path).
+    pub id: Id,
+    /// The moment it belongs to (`X-Moment-Id`).
+    pub moment_id: Id,
+    /// Copy or original (`X-Media-Role`).
+    pub role: MediaRole,
+    /// `Content-Type` as uploaded, kept with the blob.
+    pub content_type: String,
+    /// `X-Content-SHA256`, when sent: the bytes must hash to it.
+    pub declared_sha256: Option<Sha256Digest>,
+    /// `Content-Length`, when sent (a chunked body has none).
+    pub declared_length_bytes: Option<u64>,
+    /// Who sent it.
+    pub device: String,
+}
+
+/// Why [`MediaStore::put`] kept no upload. Nothing of a refused upload is
+/// left behind (no temporary file, no blob no op names).
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// Refused on what the request declares, before a byte of the body
+    /// was read: the rules of `spark_core::rules::media` on the target
+    /// (`404`, `409`, `410`...), or a disk below its reserve (`507
+    /// insufficient_storage`). The body is left unread.
+    #[error(transparent)]
+    Unread(EngineError),
+    /// The body is over `limit_bytes`, by its `Content-Length` (the body
+    /// is then left unread) or once read that far: `413 too_large`.
+    #[error("the upload is over the limit of {limit_bytes} bytes")]
+    TooLarge {
+        /// The limit, in bytes (`limits.media_limit_bytes`).
+        limit_bytes: u64,
+    },
+    /// The body is empty (0 bytes): `400 invalid_request`.
+    #[error("the media body is empty")]
+    Empty,
+    /// The client's body broke off: `400 invalid_request`.
+    #[error("the upload broke off: {0}")]
+    Body(String),
+    /// The bytes do not hash to `X-Content-SHA256`: `400 digest_mismatch`.
+    #[error("the bytes do not hash to the declared digest")]
+    DigestMismatch {
+        /// What `X-Content-SHA256` said.
+        declared: Sha256Digest,
+        /// What the bytes hash to.
+        actual: Sha256Digest,
+    },
+    /// The engine refused the upload once its bytes were known (the rules
+    /// on the bytes, the sequencer), or could not write it; a disk found
+    /// full while the blob was written is `InsufficientStorage` here too.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The store could not write, not for want of space: `503
+    /// unavailable`.
+    #[error("the media store cannot write: {0}")]
+    Store(std::io::Error),
+    /// The task that puts the blob in place and submits the op failed
+    /// (a panic): `503 unavailable`.
+    #[error("the upload task failed: {0}")]
+    Task(String),
 }
 
 /// Digests of blobs put in place by uploads whose `media.put` is not
@@ -234,6 +309,22 @@ async fn write_buffer(
         Ok((file, buffer))
     })
     .await
+}
+
+/// What a failed write of the media store means, as the disk check
+/// decides ([`crate::disk::DiskSpace::full_refusal`]): for a full disk or
+/// quota, `507 insufficient_storage` (the upload was not kept; it can be
+/// sent again once space is back); else the store's own failure.
+fn store_error(engine: &Engine, e: std::io::Error) -> UploadError {
+    match engine.disk().full_refusal(
+        "a media upload",
+        &e,
+        1,
+        "the upload was not kept, send it again once space is freed",
+    ) {
+        Some(refusal) => UploadError::Engine(refusal),
+        None => UploadError::Store(e),
+    }
 }
 
 impl MediaStore {
@@ -470,6 +561,100 @@ impl MediaStore {
             Ok(true)
         })
         .await
+    }
+
+    /// Takes one upload from its request to its op (SPEC section 4, DESIGN.md
+    /// "Media"): the rules of `spark_core::rules::media` admit the target
+    /// before a byte is read; the declared length is held to `limit_bytes`
+    /// and, with what else is admitted, to the disk reserve; the body
+    /// streams into a temporary file while it is hashed, is fsynced, and is
+    /// held to `X-Content-SHA256`; the rules admit the bytes (a replay of a
+    /// known upload answers by content and keeps nothing, in `sync` mode
+    /// once its original is archived); then [`MediaStore::spawn_put`] puts
+    /// the blob in place and submits the op, the sequencer deciding last.
+    /// An upload refused anywhere leaves nothing behind.
+    ///
+    /// Returns the engine's outcome (`created: true` for a new upload).
+    /// Errors: [`UploadError`], each saying which answer it is.
+    pub async fn put(
+        &self,
+        engine: &Arc<Engine>,
+        upload: Upload,
+        body: impl Stream<Item = std::io::Result<Bytes>> + Unpin,
+        limit_bytes: u64,
+    ) -> Result<Outcome, UploadError> {
+        // Fail fast, before reading a byte, on what the bytes cannot change.
+        engine
+            .read(|mirror| {
+                media_rules::admit_target(mirror, upload.id, upload.moment_id, upload.role)
+                    .map(|_| ())
+            })
+            .map_err(UploadError::Unread)?;
+        if let Some(length) = upload.declared_length_bytes {
+            if length > limit_bytes {
+                return Err(UploadError::TooLarge { limit_bytes });
+            }
+            if length == 0 {
+                return Err(UploadError::Empty);
+            }
+        }
+        engine
+            .disk()
+            .admit_writes(upload.declared_length_bytes.unwrap_or(0), 1)
+            .map_err(UploadError::Unread)?;
+        let received = self.receive(body, limit_bytes).await.map_err(|e| match e {
+            ReceiveError::TooLarge { limit_bytes } => UploadError::TooLarge { limit_bytes },
+            ReceiveError::Body(why) => UploadError::Body(why),
+            ReceiveError::Io(e) => store_error(engine, e),
+        })?;
+        if received.size_bytes == 0 {
+            // A chunked body without a length, found empty once read.
+            self.discard(received).await;
+            return Err(UploadError::Empty);
+        }
+        if let Some(declared) = upload.declared_sha256 {
+            if declared != received.sha256 {
+                let actual = received.sha256;
+                self.discard(received).await;
+                return Err(UploadError::DigestMismatch { declared, actual });
+            }
+        }
+        let command = PutMedia {
+            id: upload.id,
+            moment_id: upload.moment_id,
+            role: upload.role,
+            sha256: received.sha256,
+            size_bytes: received.size_bytes,
+            content_type: upload.content_type,
+            device: upload.device,
+        };
+        // A replay of a known upload answers by content and keeps nothing; a
+        // refused one keeps nothing either.
+        let admitted = engine.read(|mirror| {
+            media_rules::admit_bytes(mirror, &command)
+                .map(|known| known.map(|m| media_rules::known_upload(mirror, m)))
+        });
+        match admitted {
+            Ok(None) => {}
+            Ok(Some(known)) => {
+                self.discard(received).await;
+                // In `sync` mode a replay waits until its original is archived.
+                return Ok(engine.acknowledge(known).await?);
+            }
+            Err(e) => {
+                self.discard(received).await;
+                return Err(e.into());
+            }
+        }
+        // The blob goes in place and the op is submitted by a task of its own,
+        // which holds the digest until the engine answers: a request timeout or
+        // a closed connection drops this future, never that task.
+        match self.spawn_put(Arc::clone(engine), received, command).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(PutError::Engine(e))) => Err(e.into()),
+            Ok(Err(PutError::Store(e))) => Err(store_error(engine, e)),
+            Err(e) => Err(UploadError::Task(e.to_string())),
+        }
     }
 
     /// Puts a received upload's blob in place and submits its `media.put`,

@@ -1,47 +1,250 @@
-//! The route table: every (method, path template) the server answers. The
-//! one list from which the `Allow` header of a `405`
-//! ([`crate::api::ApiError::method_not_allowed_on`]) and the `route` label
-//! of the request metrics ([`template_of`]) are derived, and against which
-//! `tests/http/openapi.rs` checks the router and the OpenAPI document.
+//! The route table: every path the server answers, the methods it takes
+//! there and the handler of each. The one list from which the router
+//! ([`crate::api::routes`], with warp's method filters), the `Allow` header
+//! of a `405` ([`crate::api::ApiError::method_not_allowed_on`]) and the
+//! `route` label of the request metrics ([`template_of`]) are derived, and
+//! against which `tests/http/openapi.rs` checks the OpenAPI document.
 
-/// Every (method, path template) the router serves, in the spelling of the
-/// document's `paths` (path parameters as `{id}`). A route added to
-/// [`crate::api::routes`] or a method added to a handler goes here and in
-/// `src/api/openapi.json`; `tests/http/openapi.rs` fails while the three
-/// disagree.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("GET", "/api/moments"),
-    ("POST", "/api/moments"),
-    ("GET", "/api/moments/{id}"),
-    ("PATCH", "/api/moments/{id}"),
-    ("DELETE", "/api/moments/{id}"),
-    ("PUT", "/api/media/{id}"),
-    ("GET", "/api/media/{id}"),
-    ("HEAD", "/api/media/{id}"),
-    ("POST", "/api/moments/{id}/turns"),
-    ("GET", "/api/turns/{id}"),
-    ("GET", "/api/phrases"),
-    ("POST", "/api/phrases"),
-    ("DELETE", "/api/phrases/{id}"),
-    ("POST", "/api/recall"),
-    ("POST", "/api/jobs"),
-    ("GET", "/api/messages"),
-    ("POST", "/api/messages"),
-    ("GET", "/api/events"),
-    ("GET", "/api/log/head"),
-    ("GET", "/api/openapi.json"),
-    ("GET", "/metrics"),
-    ("GET", "/healthz"),
-    ("HEAD", "/healthz"),
-    ("GET", "/readyz"),
-    ("HEAD", "/readyz"),
-    ("POST", "/api/session"),
-    ("DELETE", "/api/session"),
-    ("GET", "/"),
-    ("GET", "/assets/{id}"),
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use warp::reply::Response;
+
+use crate::api::{
+    events, health, jobs, log, media, messages, moments, openapi, phrases, recall, session, turns,
+    web, ApiError, AppState, Request,
+};
+
+/// What a handler answers: a response, or an error the router turns into
+/// problem+json.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Response, ApiError>> + Send>>;
+
+/// One (method, path) handler: the state, the path's `{id}` segment as
+/// sent (still percent-encoded; empty for a path without one) and the
+/// request.
+pub type Handler = fn(Arc<AppState>, String, Request) -> HandlerFuture;
+
+/// A check of a path's `{id}` segment that answers before the method is
+/// looked at: a malformed id is refused with its own problem whatever the
+/// method (`400 invalid_id` on `/api/moments/{id}`, say), as its handlers
+/// refuse it.
+pub type PathCheck = fn(&str) -> Result<(), ApiError>;
+
+/// Who may call a path (SPEC section 9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A bearer token or a session cookie when tokens are configured; the
+    /// repeated-header, cross-site, replica and `min_seq` checks and the
+    /// request timeout apply (`crate::api::guarded`).
+    Token,
+    /// Answers without a token (liveness, readiness, the page and its
+    /// assets, SPEC sections 9 and 12), with none of those checks.
+    Public,
+}
+
+/// One path of the table and what it takes.
+pub struct Resource {
+    /// The path template in the spelling of the document's `paths` (a
+    /// path parameter is `{id}`; a path has at most one).
+    pub template: &'static str,
+    /// Who may call it.
+    pub access: Access,
+    /// Checked before a method the path does not take is answered `405`.
+    pub path_check: Option<PathCheck>,
+    /// Each method the path takes (upper case, as on the wire) and its
+    /// handler. Any other method is `405` with these in `Allow`.
+    pub methods: &'static [(&'static str, Handler)],
+}
+
+/// Every path the router serves, with its methods and handlers. A route
+/// added here is served, is named in a `405`'s `Allow` and gets its metrics
+/// label; it goes in `src/api/openapi.json` too, which
+/// `tests/http/openapi.rs` holds equal to [`routes`].
+pub const RESOURCES: &[Resource] = &[
+    Resource {
+        template: "/api/moments",
+        access: Access::Token,
+        path_check: None,
+        methods: &[
+            ("GET", |s, _, r| {
+                Box::pin(async move { moments::list(&s, &r) })
+            }),
+            ("POST", |s, _, mut r| {
+                Box::pin(async move { moments::create(&s, &mut r).await })
+            }),
+        ],
+    },
+    Resource {
+        template: "/api/moments/{id}",
+        access: Access::Token,
+        path_check: Some(|id| moments::path_id(id).map(drop)),
+        methods: &[
+            ("GET", |s, id, _| {
+                Box::pin(async move { moments::get(&s, moments::path_id(&id)?) })
+            }),
+            ("PATCH", |s, id, mut r| {
+                Box::pin(async move { moments::edit(&s, moments::path_id(&id)?, &mut r).await })
+            }),
+            ("DELETE", |s, id, mut r| {
+                Box::pin(async move { moments::delete(&s, moments::path_id(&id)?, &mut r).await })
+            }),
+        ],
+    },
+    Resource {
+        template: "/api/media/{id}",
+        access: Access::Token,
+        path_check: Some(|id| media::path_id(id).map(drop)),
+        methods: &[
+            ("PUT", |s, id, r| {
+                Box::pin(async move { media::put(&s, media::path_id(&id)?, r).await })
+            }),
+            ("GET", |s, id, r| {
+                Box::pin(async move { media::get(&s, media::path_id(&id)?, &r).await })
+            }),
+            ("HEAD", |s, id, r| {
+                Box::pin(async move { media::get(&s, media::path_id(&id)?, &r).await })
+            }),
+        ],
+    },
+    Resource {
+        template: "/api/moments/{id}/turns",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("POST", |s, id, r| Box::pin(turns::start(s, id, r)))],
+    },
+    Resource {
+        template: "/api/turns/{id}",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("GET", |s, id, r| Box::pin(turns::get(s, id, r)))],
+    },
+    Resource {
+        template: "/api/phrases",
+        access: Access::Token,
+        path_check: None,
+        methods: &[
+            ("GET", |s, _, r| {
+                Box::pin(async move { phrases::list(&s, &r) })
+            }),
+            ("POST", |s, _, mut r| {
+                Box::pin(async move { phrases::keep(&s, &mut r).await })
+            }),
+        ],
+    },
+    Resource {
+        template: "/api/phrases/{id}",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("DELETE", |s, id, r| Box::pin(phrases::forget(s, id, r)))],
+    },
+    Resource {
+        template: "/api/recall",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("POST", |s, _, r| Box::pin(recall::start(s, r)))],
+    },
+    Resource {
+        template: "/api/jobs",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("POST", |s, _, r| Box::pin(jobs::start(s, r)))],
+    },
+    Resource {
+        template: "/api/messages",
+        access: Access::Token,
+        path_check: None,
+        methods: &[
+            ("GET", |s, _, r| {
+                Box::pin(async move { messages::list(&s, &r) })
+            }),
+            ("POST", |s, _, mut r| {
+                Box::pin(async move { messages::post(&s, &mut r).await })
+            }),
+        ],
+    },
+    Resource {
+        template: "/api/events",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("GET", |s, _, r| Box::pin(events::stream(s, r)))],
+    },
+    Resource {
+        template: "/api/log/head",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("GET", |s, _, r| Box::pin(log::head(s, r)))],
+    },
+    Resource {
+        template: "/api/openapi.json",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("GET", |s, _, r| Box::pin(openapi::get(s, r)))],
+    },
+    Resource {
+        template: "/metrics",
+        access: Access::Token,
+        path_check: None,
+        methods: &[("GET", |s, _, r| Box::pin(health::metrics(s, r)))],
+    },
+    Resource {
+        template: "/healthz",
+        access: Access::Public,
+        path_check: None,
+        methods: &[
+            ("GET", |s, _, r| Box::pin(health::healthz(s, r))),
+            ("HEAD", |s, _, r| Box::pin(health::healthz(s, r))),
+        ],
+    },
+    Resource {
+        template: "/readyz",
+        access: Access::Public,
+        path_check: None,
+        methods: &[
+            ("GET", |s, _, r| Box::pin(health::readyz(s, r))),
+            ("HEAD", |s, _, r| Box::pin(health::readyz(s, r))),
+        ],
+    },
+    Resource {
+        template: "/api/session",
+        access: Access::Token,
+        path_check: None,
+        methods: &[
+            ("POST", |s, _, r| Box::pin(session::start(s, r))),
+            ("DELETE", |s, _, r| Box::pin(session::end(s, r))),
+        ],
+    },
+    Resource {
+        template: "/",
+        access: Access::Public,
+        path_check: None,
+        methods: &[("GET", |s, _, r| Box::pin(web::page(s, r)))],
+    },
+    Resource {
+        template: "/assets/{id}",
+        access: Access::Public,
+        path_check: Some(web::asset_name),
+        methods: &[("GET", |s, name, r| Box::pin(web::asset(s, name, r)))],
+    },
 ];
 
-/// The template in [`ROUTES`] of a request path, for the request metrics'
+/// Every (method, path template) the router serves, in the order of
+/// [`RESOURCES`].
+pub fn routes() -> impl Iterator<Item = (&'static str, &'static str)> {
+    RESOURCES.iter().flat_map(|resource| {
+        resource
+            .methods
+            .iter()
+            .map(|(method, _)| (*method, resource.template))
+    })
+}
+
+/// The path of [`RESOURCES`] whose template is `template`.
+pub fn resource(template: &str) -> Option<&'static Resource> {
+    RESOURCES.iter().find(|r| r.template == template)
+}
+
+/// The template in [`RESOURCES`] of a request path, for the request metrics'
 /// `route` label: ULIDs and mark ids become `{id}`, so the label set stays
 /// small. Unknown paths are `other`.
 pub fn template_of(path: &str) -> &'static str {
@@ -75,13 +278,9 @@ pub fn template_of(path: &str) -> &'static str {
         }
         parts.next().is_none()
     };
-    // A path's methods stand together in ROUTES: each template is tried
-    // once, not once per method (this runs for every request).
-    let mut previous = "";
-    ROUTES
+    RESOURCES
         .iter()
-        .map(|(_, template)| *template)
-        .filter(|template| std::mem::replace(&mut previous, template) != *template)
+        .map(|resource| resource.template)
         .find(|template| fits(template))
         .unwrap_or("other")
 }
@@ -107,14 +306,27 @@ mod tests {
     }
 
     #[test]
-    fn the_methods_of_a_path_stand_together() {
-        // template_of tries each template once, relying on this.
-        let mut seen: Vec<&str> = Vec::new();
-        for (_, path) in ROUTES {
-            if seen.last() != Some(path) {
-                assert!(!seen.contains(path), "{path} apart from its other methods");
-                seen.push(path);
-            }
+    fn each_path_once_each_method_once() {
+        let mut templates: Vec<&str> = RESOURCES.iter().map(|r| r.template).collect();
+        templates.sort_unstable();
+        templates.dedup();
+        assert_eq!(templates.len(), RESOURCES.len(), "a path listed twice");
+        for resource in RESOURCES {
+            let mut methods: Vec<&str> = resource.methods.iter().map(|(m, _)| *m).collect();
+            assert!(!methods.is_empty(), "{} takes no method", resource.template);
+            methods.sort_unstable();
+            methods.dedup();
+            assert_eq!(
+                methods.len(),
+                resource.methods.len(),
+                "{}: a method listed twice",
+                resource.template
+            );
+            assert!(
+                resource.template.matches("{id}").count() <= 1,
+                "{}: one path parameter at most",
+                resource.template
+            );
         }
     }
 }

@@ -35,7 +35,6 @@ use std::task::{Context, Poll};
 use futures_util::Stream;
 use serde::Deserialize;
 use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit, Semaphore};
-use warp::http::Method;
 use warp::reply::{Reply, Response};
 use warp::sse::Event;
 
@@ -216,9 +215,6 @@ fn event(change: &Change) -> (Event, usize) {
 
 /// `GET /api/events`.
 pub async fn stream(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
-    if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed_on("/api/events"));
-    }
     let query: Query = req.query()?;
     // Streams have their own cap, below the connections': open streams
     // never take the connections health checks need.

@@ -5,16 +5,13 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use warp::http::{Method, StatusCode};
+use warp::http::StatusCode;
 use warp::reply::Response;
 
 use super::{json_response, ApiError, AppState, Request};
 
 /// `GET /healthz`: `200 {"status":"ok"}` while the process serves.
-pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
-    if req.method != Method::GET && req.method != Method::HEAD {
-        return Err(ApiError::method_not_allowed_on("/healthz"));
-    }
+pub async fn healthz(_state: Arc<AppState>, _req: Request) -> Result<Response, ApiError> {
     Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
 }
 
@@ -44,10 +41,7 @@ pub async fn healthz(_state: Arc<AppState>, req: Request) -> Result<Response, Ap
 /// offset and seq) leaves the answer `200`, since the running state and
 /// every write are unaffected; it is for the operator to restore the
 /// segment before a start without the checkpoint (docs/guarantees.md).
-pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
-    if req.method != Method::GET && req.method != Method::HEAD {
-        return Err(ApiError::method_not_allowed_on("/readyz"));
-    }
+pub async fn readyz(state: Arc<AppState>, _req: Request) -> Result<Response, ApiError> {
     if let Some(reason) = state.engine.poisoned() {
         return Err(ApiError::from(crate::engine::EngineError::Unavailable(
             reason,
@@ -101,10 +95,7 @@ pub async fn readyz(state: Arc<AppState>, req: Request) -> Result<Response, ApiE
 /// `GET /metrics`: every metric of [`crate::metrics`], mirror sizes as of
 /// now, in the OpenMetrics 1.0 text format (what `prometheus-client`
 /// writes: `_total` samples, `# EOF`), which Prometheus scrapes.
-pub async fn metrics(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
-    if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed_on("/metrics"));
-    }
+pub async fn metrics(state: Arc<AppState>, _req: Request) -> Result<Response, ApiError> {
     let metrics = crate::metrics::get();
     state.engine.read(|mirror| metrics.observe_mirror(mirror));
     state.engine.disk().refresh();

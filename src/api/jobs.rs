@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use serde::Deserialize;
-use warp::http::Method;
 use warp::reply::Response;
 
 use crate::engine::{Command, StartJob};
@@ -25,9 +24,6 @@ struct JobBody {
 /// job id's cap is the core's rule (`spark_core::rules::jobs`), checked
 /// for every caller of `Engine::submit`.
 pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
-    if req.method != Method::POST {
-        return Err(ApiError::method_not_allowed_on("/api/jobs"));
-    }
     let body: JobBody = req
         .json(state.settings.limits.json_body_limit_bytes)
         .await?

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use warp::http::{Method, StatusCode};
+use warp::http::StatusCode;
 use warp::reply::Response;
 
 use super::{json_response, ApiError, AppState, Request};
@@ -42,10 +42,7 @@ struct HeadView {
 }
 
 /// `GET /api/log/head`.
-pub async fn head(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
-    if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed_on("/api/log/head"));
-    }
+pub async fn head(state: Arc<AppState>, _req: Request) -> Result<Response, ApiError> {
     let head = state.engine.head();
     Ok(json_response(
         StatusCode::OK,

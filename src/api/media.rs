@@ -20,13 +20,11 @@ use tokio::sync::mpsc;
 use warp::http::{header, HeaderValue, Method, StatusCode};
 use warp::reply::{Reply, Response};
 
-use crate::engine::PutMedia;
 use crate::ids::Id;
-use crate::media::{hex_digest, parse_hex_digest, PutError, ReceiveError, Received, Sha256Digest};
+use crate::media::{hex_digest, parse_hex_digest, Sha256Digest, Upload, UploadError};
 use crate::mirror::Media;
 use crate::op::MediaRole;
 use spark_core::blob::BlobFault;
-use spark_core::rules::media as media_rules;
 
 use super::{ApiError, AppState, Request};
 
@@ -36,14 +34,10 @@ const CONTENT_TYPE_MAX_BYTES: usize = 255;
 /// Size of the chunks a download is streamed in, in bytes.
 const CHUNK_BYTES: usize = 64 * 1024;
 
-/// `PUT`, `GET` and `HEAD` on `/api/media/{id}`.
-pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Response, ApiError> {
-    let id = Id::parse(&id).map_err(|e| ApiError::invalid_id("the media id in the path", e))?;
-    match req.method {
-        Method::PUT => put(&state, id, req).await,
-        Method::GET | Method::HEAD => get(&state, id, &req).await,
-        _ => Err(ApiError::method_not_allowed_on("/api/media/{id}")),
-    }
+/// The media id of a `/api/media/{id}` path: `400 invalid_id` when it is
+/// not a ULID.
+pub(crate) fn path_id(text: &str) -> Result<Id, ApiError> {
+    Id::parse(text).map_err(|e| ApiError::invalid_id("the media id in the path", e))
 }
 
 fn required<'r>(req: &'r Request, name: &str) -> Result<&'r str, ApiError> {
@@ -52,15 +46,10 @@ fn required<'r>(req: &'r Request, name: &str) -> Result<&'r str, ApiError> {
         .ok_or_else(|| ApiError::invalid_request(format!("header {name} is required")))
 }
 
-/// What an upload's headers say: where the blob goes and what it is.
-struct UploadHeaders {
-    moment_id: Id,
-    role: MediaRole,
-    content_type: String,
-    declared_sha256: Option<Sha256Digest>,
-}
-
-fn upload_headers(req: &Request) -> Result<UploadHeaders, ApiError> {
+/// What an upload's headers say (`400 invalid_request` or `400
+/// invalid_id` when they say it wrong): where the blob goes, what it is,
+/// and what the client says of its bytes.
+fn upload_of(id: Id, req: &Request) -> Result<Upload, ApiError> {
     let moment_id = Id::parse(required(req, HEADER_MOMENT_ID)?)
         .map_err(|e| ApiError::invalid_id("X-Moment-Id", e))?;
     let role = match required(req, HEADER_MEDIA_ROLE)? {
@@ -87,11 +76,14 @@ fn upload_headers(req: &Request) -> Result<UploadHeaders, ApiError> {
             ApiError::invalid_request("X-Content-SHA256 is not 64 hex characters")
         })?),
     };
-    Ok(UploadHeaders {
+    Ok(Upload {
+        id,
         moment_id,
         role,
         content_type,
         declared_sha256,
+        declared_length_bytes: None,
+        device: req.device.clone(),
     })
 }
 
@@ -119,129 +111,39 @@ fn digest_mismatch(declared: &Sha256Digest, actual: &Sha256Digest) -> ApiError {
 /// file that does not exist): `400 invalid_request`, nothing written.
 const EMPTY_BODY: &str = "the media body is empty (0 bytes): send the file's bytes";
 
-/// Streams the body into the store (refusing past the limit, or an empty
-/// body, by `Content-Length` before a byte is read, and below the disk
-/// reserve, counting the declared length: `507 insufficient_storage`).
-async fn receive_body(state: &AppState, req: &mut Request) -> Result<Received, ApiError> {
-    let limit_bytes = state.settings.limits.media_limit_bytes;
-    let declared = req
+/// `PUT /api/media/{id}`: reads the upload's headers and hands it to
+/// [`crate::media::MediaStore::put`], which owns it, then answers its
+/// outcome. A refusal made before the body was read answers with
+/// `Connection: close`.
+pub(crate) async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, ApiError> {
+    let mut upload = upload_of(id, &req).map_err(ApiError::closing)?;
+    upload.declared_length_bytes = req
         .header("content-length")?
         .and_then(|v| v.parse::<u64>().ok());
-    if let Some(length) = declared {
-        if length > limit_bytes {
-            return Err(ApiError::too_large(limit_bytes).closing());
-        }
-        if length == 0 {
-            return Err(ApiError::invalid_request(EMPTY_BODY));
-        }
-    }
-    if let Err(refusal) = state.engine.disk().admit(declared.unwrap_or(0)) {
-        crate::metrics::get()
-            .writes_refused
-            .get_or_create(&crate::metrics::label("reason", "disk_reserve"))
-            .inc();
-        return Err(ApiError::from(refusal).closing());
-    }
     let body = std::mem::replace(&mut req.body, Box::pin(futures_util::stream::empty()))
         .map_err(std::io::Error::other);
-    state
+    let limit_bytes = state.settings.limits.media_limit_bytes;
+    match state
         .media
-        .receive(body, limit_bytes)
+        .put(&state.engine, upload, body, limit_bytes)
         .await
-        .map_err(|e| match e {
-            ReceiveError::TooLarge { limit_bytes } => ApiError::too_large(limit_bytes).closing(),
-            ReceiveError::Body(why) => ApiError::invalid_request(why),
-            ReceiveError::Io(e) => store_error(state, &e),
-        })
+    {
+        Ok(outcome) => Ok(super::outcome_response(outcome)),
+        Err(e) => Err(upload_error(e)),
+    }
 }
 
-/// The answer to a media store write that failed: `507
-/// insufficient_storage` for a full disk or quota (the upload was not kept;
-/// it can be sent again once space is back), else `503 unavailable`.
-fn store_error(state: &AppState, e: &std::io::Error) -> ApiError {
-    if !spark_log_format::is_no_space_error(e) {
-        return unavailable(format!("the media store cannot write: {e}"));
-    }
-    state
-        .engine
-        .disk()
-        .note_full(&format!("a media upload: {e}"));
-    crate::metrics::get()
-        .writes_refused
-        .get_or_create(&crate::metrics::label("reason", "disk_full"))
-        .inc();
-    crate::engine::EngineError::InsufficientStorage(format!(
-        "the disk is full ({e}); the upload was not kept, send it again once space is freed"
-    ))
-    .into()
-}
-
-/// `PUT /api/media/{id}`: the rules of `spark_core::rules::media` admit the
-/// upload before a byte is read and again before the blob is put in place
-/// (so a refused upload leaves no orphan); the sequencer decides last, and
-/// an upload it refuses removes its blob unless the bytes are named
-/// elsewhere ([`crate::media::MediaStore::spawn_put`]).
-async fn put(state: &AppState, id: Id, mut req: Request) -> Result<Response, ApiError> {
-    let headers = upload_headers(&req).map_err(ApiError::closing)?;
-    // Fail fast, before reading a byte, on what the bytes cannot change.
-    state
-        .engine
-        .read(|mirror| {
-            media_rules::admit_target(mirror, id, headers.moment_id, headers.role).map(|_| ())
-        })
-        .map_err(|e| ApiError::from(e).closing())?;
-    let received = receive_body(state, &mut req).await?;
-    if received.size_bytes == 0 {
-        // A chunked body without a length, found empty once read.
-        state.media.discard(received).await;
-        return Err(ApiError::invalid_request(EMPTY_BODY));
-    }
-    if let Some(declared) = headers.declared_sha256 {
-        if declared != received.sha256 {
-            let actual = received.sha256;
-            state.media.discard(received).await;
-            return Err(digest_mismatch(&declared, &actual));
-        }
-    }
-    let command = PutMedia {
-        id,
-        moment_id: headers.moment_id,
-        role: headers.role,
-        sha256: received.sha256,
-        size_bytes: received.size_bytes,
-        content_type: headers.content_type,
-        device: req.device.clone(),
-    };
-    // A replay of a known upload answers by content and keeps nothing; a
-    // refused one keeps nothing either.
-    let admitted = state.engine.read(|mirror| {
-        media_rules::admit_bytes(mirror, &command)
-            .map(|known| known.map(|m| media_rules::known_upload(mirror, m)))
-    });
-    match admitted {
-        Ok(None) => {}
-        Ok(Some(known)) => {
-            state.media.discard(received).await;
-            // In `sync` mode a replay waits until its original is archived.
-            let known = state.engine.acknowledge(known).await?;
-            return Ok(super::outcome_response(known));
-        }
-        Err(e) => {
-            state.media.discard(received).await;
-            return Err(e.into());
-        }
-    }
-    // The blob goes in place and the op is submitted by a task of its own,
-    // which holds the digest until the engine answers: a request timeout or
-    // a closed connection drops this handler, never that task.
-    let put = state
-        .media
-        .spawn_put(Arc::clone(&state.engine), received, command);
-    match put.await {
-        Ok(Ok(outcome)) => Ok(super::outcome_response(outcome)),
-        Ok(Err(PutError::Engine(e))) => Err(e.into()),
-        Ok(Err(PutError::Store(e))) => Err(store_error(state, &e)),
-        Err(e) => Err(unavailable(format!("the upload task failed: {e}"))),
+/// The answer to an upload [`crate::media::MediaStore::put`] refused.
+fn upload_error(e: UploadError) -> ApiError {
+    match e {
+        UploadError::Unread(refusal) => ApiError::from(refusal).closing(),
+        UploadError::TooLarge { limit_bytes } => ApiError::too_large(limit_bytes).closing(),
+        UploadError::Empty => ApiError::invalid_request(EMPTY_BODY),
+        UploadError::Body(why) => ApiError::invalid_request(why),
+        UploadError::DigestMismatch { declared, actual } => digest_mismatch(&declared, &actual),
+        UploadError::Engine(e) => e.into(),
+        UploadError::Store(e) => unavailable(format!("the media store cannot write: {e}")),
+        UploadError::Task(e) => unavailable(format!("the upload task failed: {e}")),
     }
 }
 
@@ -318,7 +220,7 @@ impl Stream for BlobBody {
 
 /// `GET`/`HEAD`: the blob with `ETag`, `If-None-Match` and one `Range`;
 /// a blob that no longer is what its op recorded is a `500`, never served.
-async fn get(state: &AppState, id: Id, req: &Request) -> Result<Response, ApiError> {
+pub(crate) async fn get(state: &AppState, id: Id, req: &Request) -> Result<Response, ApiError> {
     let media = stored_media(state, id)?;
     let digest: Sha256Digest = media.sha256.0;
     let etag = format!("\"{}\"", hex_digest(&digest));

@@ -8,11 +8,10 @@
 //! writes nothing; the same id with another body is `409`.
 
 use spark_core::wire::problem as wire;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spark_core::wire::bodies::PostMessageBody as PostBody;
-use warp::http::{Method, StatusCode};
+use warp::http::StatusCode;
 use warp::reply::Response;
 
 use crate::engine::{Command, PostMessage};
@@ -35,16 +34,8 @@ struct Page {
     next: Option<Id>,
 }
 
-/// `POST` (post) and `GET` (a thread's page) on `/api/messages`.
-pub async fn collection(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
-    match req.method {
-        Method::POST => post(&state, &mut req).await,
-        Method::GET => list(&state, &req),
-        _ => Err(ApiError::method_not_allowed_on("/api/messages")),
-    }
-}
-
-async fn post(state: &AppState, req: &mut Request) -> Result<Response, ApiError> {
+/// `POST /api/messages`: posts a message.
+pub(crate) async fn post(state: &AppState, req: &mut Request) -> Result<Response, ApiError> {
     let body: PostBody = req
         .json(state.settings.limits.json_body_limit_bytes)
         .await?
@@ -72,7 +63,8 @@ async fn post(state: &AppState, req: &mut Request) -> Result<Response, ApiError>
     Ok(super::outcome_response(outcome))
 }
 
-fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
+/// `GET /api/messages`: a page of a thread.
+pub(crate) fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
     let query: ListQuery = req.query()?;
     let thread = Id::parse(&query.thread).map_err(|e| ApiError::invalid_id("thread", e))?;
     let after = query

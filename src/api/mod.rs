@@ -1,9 +1,10 @@
 //! The HTTP API (SPEC section 4), on warp 0.4.
 //!
-//! One filter per path pattern hands the whole request ([`Request`]) to its
-//! resource module, which dispatches on the method; every handler returns a
-//! response or an [`ApiError`], and [`recover`] turns what no route matched
-//! into a problem+json `404`. Bodies are read through [`Request::json`],
+//! The router is built from the route table ([`RESOURCES`]): per path,
+//! warp's method filters pick the handler of each method it takes and any
+//! other method is `405`; every handler returns a response or an
+//! [`ApiError`], and [`recover`] turns what no route matched into a
+//! problem+json `404`. Bodies are read through [`Request::json`],
 //! which enforces the size limit before parsing and takes only a body
 //! declared JSON (`415 unsupported_media_type` otherwise). Writes from
 //! another site are refused before any handler runs ([`authorize`]).
@@ -37,6 +38,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use warp::filters::BoxedFilter;
 use warp::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use warp::reply::Response;
 use warp::Filter;
@@ -45,6 +47,7 @@ use crate::config::Settings;
 use crate::engine::Engine;
 use crate::ids::{check_request_id, REQUEST_ID_MAX_BYTES};
 use crate::media::{MediaStore, Sha256Digest};
+use crate::routes::{Access, Handler, HandlerFuture, Resource, RESOURCES};
 
 pub(crate) use answer::outcome_response;
 pub use problem::ApiError;
@@ -592,152 +595,21 @@ fn timed_out(limit: Duration, body_done: bool) -> ApiError {
     }
 }
 
-/// Every route, with rejections turned into problem+json.
+/// Every route of [`RESOURCES`], with rejections turned into problem+json.
 pub fn routes(
     state: Arc<AppState>,
 ) -> impl Filter<Extract = (impl warp::Reply,), Error = Infallible> + Clone + Send + Sync + 'static
 {
     let host_state = Arc::clone(&state);
     let with_host_state = warp::any().map(move || Arc::clone(&host_state));
-    let with_state = warp::any().map(move || Arc::clone(&state));
-    // Every route is boxed: a chain of this many `or`s of unboxed filters
+    let with_state = warp::any().map(move || Arc::clone(&state)).boxed();
+    // Boxed, path by path: a chain of this many `or`s of unboxed filters
     // overflows rustc's type recursion limit in release builds (E0275).
-    let moments = warp::path!("api" / "moments")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, moments::collection))
-        .boxed();
-    let moment = warp::path!("api" / "moments" / String)
-        .and(with_state.clone())
-        .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| moments::item(s, id, r)))
-        .boxed();
-    let media = warp::path!("api" / "media" / String)
-        .and(with_state.clone())
-        .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| media::item(s, id, r)))
-        .boxed();
-    let start_turn = warp::path!("api" / "moments" / String / "turns")
-        .and(with_state.clone())
-        .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| turns::start(s, id, r)))
-        .boxed();
-    let turn = warp::path!("api" / "turns" / String)
-        .and(with_state.clone())
-        .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| turns::get(s, id, r)))
-        .boxed();
-    let phrases = warp::path!("api" / "phrases")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, phrases::collection))
-        .boxed();
-    let phrase = warp::path!("api" / "phrases" / String)
-        .and(with_state.clone())
-        .and(request())
-        .then(|id, state, req| guarded(state, req, move |s, r| phrases::item(s, id, r)))
-        .boxed();
-    let recall = warp::path!("api" / "recall")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, recall::start))
-        .boxed();
-    let jobs = warp::path!("api" / "jobs")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, jobs::start))
-        .boxed();
-    let messages = warp::path!("api" / "messages")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, messages::collection))
-        .boxed();
-    let events = warp::path!("api" / "events")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, events::stream))
-        .boxed();
-    let openapi = warp::path!("api" / "openapi.json")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, openapi::get))
-        .boxed();
-    let metrics = warp::path!("metrics")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, health::metrics))
-        .boxed();
-    // Liveness and readiness answer without a token (SPEC section 9).
-    let healthz = warp::path!("healthz")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| async move { into_response(health::healthz(state, req).await) })
-        .boxed();
-    let readyz = warp::path!("readyz")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| async move { into_response(health::readyz(state, req).await) })
-        .boxed();
-    let session = warp::path!("api" / "session")
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| guarded(state, req, session::item))
-        .boxed();
-    // The page and its assets answer without a token, so that the page can
-    // ask for one (SPEC section 12); every `/api/` route still needs it.
-    let page = warp::path::end()
-        .and(with_state.clone())
-        .and(request())
-        .then(|state, req| async move { into_response(web::page(state, req).await) })
-        .boxed();
-    let asset = warp::path!("assets" / String)
-        .and(with_state.clone())
-        .and(request())
-        .then(|name, state, req| async move { into_response(web::asset(state, name, req).await) })
-        .boxed();
-    let head = warp::path!("api" / "log" / "head")
-        .and(with_state)
-        .and(request())
-        .then(|state, req| guarded(state, req, log::head))
-        .boxed();
-    let api = moments
-        .or(moment)
-        .unify()
-        .or(media)
-        .unify()
-        .or(start_turn)
-        .unify()
-        .or(turn)
-        .unify()
-        .or(phrases)
-        .unify()
-        .or(phrase)
-        .unify()
-        .or(recall)
-        .unify()
-        .or(jobs)
-        .unify()
-        .boxed();
-    let rest = messages
-        .or(events)
-        .unify()
-        .or(openapi)
-        .unify()
-        .or(metrics)
-        .unify()
-        .or(healthz)
-        .unify()
-        .or(readyz)
-        .unify()
-        .or(head)
-        .unify()
-        .or(session)
-        .unify()
-        .or(page)
-        .unify()
-        .or(asset)
-        .unify()
-        .boxed();
+    let served = RESOURCES
+        .iter()
+        .map(|resource| resource_filter(resource, with_state.clone()))
+        .reduce(|served, next| served.or(next).unify().boxed())
+        .expect("RESOURCES lists a path");
     // Before any route: the Host check (DNS rebinding, [`host`]).
     let host_check = warp::header::headers_cloned()
         .and(with_host_state)
@@ -747,7 +619,7 @@ pub fn routes(
         })
         .untuple_one();
     host_check
-        .and(api.or(rest).unify())
+        .and(served)
         .recover(recover)
         .unify()
         .with(warp::log::custom(|info| {
@@ -765,6 +637,97 @@ pub fn routes(
                 "request"
             );
         }))
+}
+
+/// The filter of one path of the table: the path (its `{id}` segment
+/// extracted), then warp's filter of each method the path takes
+/// (`warp::get()`, ...) choosing that method's handler, and any other
+/// method answered `405` with the path's `Allow` (after the path's
+/// [`crate::routes::Resource::path_check`]). The path is matched before the
+/// method, and every method of a matched path is answered, so no method
+/// rejection reaches [`recover`]: a path nobody serves stays `404 no such
+/// route`, never a warp `405`.
+fn resource_filter(
+    resource: &'static Resource,
+    with_state: BoxedFilter<(Arc<AppState>,)>,
+) -> BoxedFilter<(Response,)> {
+    let chosen = resource
+        .methods
+        .iter()
+        .map(|&(method, handler)| method_filter(method).map(move || Some(handler)).boxed())
+        .reduce(|chosen, next| chosen.or(next).unify().boxed())
+        .expect("a path of RESOURCES takes a method")
+        .or(warp::any().map(|| None::<Handler>))
+        .unify();
+    path_filter(resource.template)
+        .and(chosen)
+        .and(with_state)
+        .and(request())
+        .then(move |id, handler, state, req| answer(resource, handler, id, state, req))
+        .boxed()
+}
+
+/// Warp's filter of one method of [`RESOURCES`] (`GET` is `warp::get()`:
+/// it takes `GET` only, not `HEAD`).
+///
+/// # Panics
+/// On a method warp has no filter for; the table's unit test builds every
+/// one.
+fn method_filter(method: &str) -> BoxedFilter<()> {
+    match method {
+        "GET" => warp::get().boxed(),
+        "HEAD" => warp::head().boxed(),
+        "POST" => warp::post().boxed(),
+        "PUT" => warp::put().boxed(),
+        "PATCH" => warp::patch().boxed(),
+        "DELETE" => warp::delete().boxed(),
+        other => panic!("RESOURCES lists the method {other}, which has no filter here"),
+    }
+}
+
+/// Warp's path filter of a template of [`RESOURCES`]: a literal segment is
+/// `warp::path(segment)`, `{id}` extracts the segment as sent, and the path
+/// ends there (`warp::path::end()`); extracts the `{id}` segment, or the
+/// empty string for a path without one.
+fn path_filter(template: &'static str) -> BoxedFilter<(String,)> {
+    let mut filter = warp::any().map(String::new).boxed();
+    for segment in template.split('/').filter(|s| !s.is_empty()) {
+        filter = if segment == "{id}" {
+            filter
+                .and(warp::path::param::<String>())
+                .map(|_: String, id: String| id)
+                .boxed()
+        } else {
+            filter.and(warp::path(segment)).boxed()
+        };
+    }
+    filter.and(warp::path::end()).boxed()
+}
+
+/// Runs the handler a method filter chose (or, with none, the path's `405`)
+/// behind the checks of the path's [`Access`].
+async fn answer(
+    resource: &'static Resource,
+    handler: Option<Handler>,
+    id: String,
+    state: Arc<AppState>,
+    req: Request,
+) -> Response {
+    let run = move |state: Arc<AppState>, req: Request| -> HandlerFuture {
+        match handler {
+            Some(handler) => handler(state, id, req),
+            None => Box::pin(async move {
+                if let Some(check) = resource.path_check {
+                    check(&id)?;
+                }
+                Err(ApiError::method_not_allowed_on(resource.template))
+            }),
+        }
+    };
+    match resource.access {
+        Access::Token => guarded(state, req, run).await,
+        Access::Public => into_response(run(state, req).await),
+    }
 }
 
 fn into_response(result: Result<Response, ApiError>) -> Response {
@@ -793,6 +756,17 @@ async fn recover(rejection: warp::Rejection) -> Result<Response, Infallible> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every method and path of the table has its warp filter.
+    #[test]
+    fn every_route_has_its_filters() {
+        for resource in RESOURCES {
+            let _ = path_filter(resource.template);
+            for (method, _) in resource.methods {
+                let _ = method_filter(method);
+            }
+        }
+    }
 
     /// JSON is `application/json` or `application/*+json`, parameters
     /// and case aside; nothing else a browser sends without a preflight is.

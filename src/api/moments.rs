@@ -1,12 +1,10 @@
 //! `/api/moments` and `/api/moments/{id}` (SPEC sections 3, 4 and 10).
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 use spark_core::wire::bodies::{
     CreateMomentBody as CreateBody, DeleteMomentBody as DeleteBody, EditMomentBody as EditBody,
 };
-use warp::http::{Method, StatusCode};
+use warp::http::StatusCode;
 use warp::reply::Response;
 
 use crate::engine::{Command, CreateMoment, DeleteMoment, EditMoment};
@@ -79,31 +77,14 @@ fn if_match(state: &AppState, id: Id, req: &Request) -> Result<Option<u32>, ApiE
     }))
 }
 
-/// `GET` (list) and `POST` (create) on `/api/moments`.
-pub async fn collection(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
-    match req.method {
-        Method::GET => list(&state, &req),
-        Method::POST => create(&state, &mut req).await,
-        _ => Err(ApiError::method_not_allowed_on("/api/moments")),
-    }
+/// The moment id of a `/api/moments/{id}` path: `400 invalid_id` when it
+/// is not a ULID.
+pub(crate) fn path_id(text: &str) -> Result<Id, ApiError> {
+    parse_id(text, "the moment id in the path")
 }
 
-/// `GET`, `PATCH` and `DELETE` on `/api/moments/{id}`.
-pub async fn item(
-    state: Arc<AppState>,
-    id: String,
-    mut req: Request,
-) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "the moment id in the path")?;
-    match req.method {
-        Method::GET => get(&state, id),
-        Method::PATCH => edit(&state, id, &mut req).await,
-        Method::DELETE => delete(&state, id, &mut req).await,
-        _ => Err(ApiError::method_not_allowed_on("/api/moments/{id}")),
-    }
-}
-
-fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
+/// `GET /api/moments`: a page of moments.
+pub(crate) fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
     let query: ListQuery = req.query()?;
     let after = query
         .after
@@ -128,7 +109,8 @@ fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
     Ok(page_limit.mark(json_response(StatusCode::OK, &page)))
 }
 
-async fn create(state: &AppState, req: &mut Request) -> Result<Response, ApiError> {
+/// `POST /api/moments`: creates a moment.
+pub(crate) async fn create(state: &AppState, req: &mut Request) -> Result<Response, ApiError> {
     let body: CreateBody = req
         .json(state.settings.limits.json_body_limit_bytes)
         .await?
@@ -154,7 +136,8 @@ async fn create(state: &AppState, req: &mut Request) -> Result<Response, ApiErro
     Ok(super::outcome_response(outcome))
 }
 
-fn get(state: &AppState, id: Id) -> Result<Response, ApiError> {
+/// `GET /api/moments/{id}`.
+pub(crate) fn get(state: &AppState, id: Id) -> Result<Response, ApiError> {
     let view = state
         .engine
         .read(|mirror| mirror.moment(id).map(|m| mirror.moment_view(m)));
@@ -171,7 +154,12 @@ fn get(state: &AppState, id: Id) -> Result<Response, ApiError> {
     }
 }
 
-async fn edit(state: &AppState, id: Id, req: &mut Request) -> Result<Response, ApiError> {
+/// `PATCH /api/moments/{id}`.
+pub(crate) async fn edit(
+    state: &AppState,
+    id: Id,
+    req: &mut Request,
+) -> Result<Response, ApiError> {
     let body: EditBody = req
         .json(state.settings.limits.json_body_limit_bytes)
         .await?
@@ -190,7 +178,12 @@ async fn edit(state: &AppState, id: Id, req: &mut Request) -> Result<Response, A
     Ok(super::outcome_response(outcome))
 }
 
-async fn delete(state: &AppState, id: Id, req: &mut Request) -> Result<Response, ApiError> {
+/// `DELETE /api/moments/{id}`.
+pub(crate) async fn delete(
+    state: &AppState,
+    id: Id,
+    req: &mut Request,
+) -> Result<Response, ApiError> {
     let body: DeleteBody = req
         .json(state.settings.limits.json_body_limit_bytes)
         .await?

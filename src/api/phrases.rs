@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use warp::http::{Method, StatusCode};
+use warp::http::StatusCode;
 use warp::reply::Response;
 
 use crate::engine::{Command, DropPhrase, KeepPhrase};
@@ -39,20 +39,8 @@ struct Page {
     next: Option<String>,
 }
 
-/// `POST` (keep) and `GET` (list the active ones) on `/api/phrases`.
-pub async fn collection(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
-    match req.method {
-        Method::POST => keep(&state, &mut req).await,
-        Method::GET => list(&state, &req),
-        _ => Err(ApiError::method_not_allowed_on("/api/phrases")),
-    }
-}
-
 /// `DELETE /api/phrases/{mark id}` (the mark id percent-encoded in the path).
-pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Response, ApiError> {
-    if req.method != Method::DELETE {
-        return Err(ApiError::method_not_allowed_on("/api/phrases/{id}"));
-    }
+pub async fn forget(state: Arc<AppState>, id: String, req: Request) -> Result<Response, ApiError> {
     let mark_id = percent_encoding::percent_decode_str(&id)
         .decode_utf8()
         .map_err(|_| ApiError::invalid_request("the mark id in the path is not UTF-8"))?
@@ -72,7 +60,8 @@ pub async fn item(state: Arc<AppState>, id: String, req: Request) -> Result<Resp
     Ok(super::outcome_response(outcome))
 }
 
-async fn keep(state: &AppState, req: &mut Request) -> Result<Response, ApiError> {
+/// `POST /api/phrases`: keeps a phrase.
+pub(crate) async fn keep(state: &AppState, req: &mut Request) -> Result<Response, ApiError> {
     let body: KeepBody = req
         .json(state.settings.limits.json_body_limit_bytes)
         .await?
@@ -92,7 +81,8 @@ async fn keep(state: &AppState, req: &mut Request) -> Result<Response, ApiError>
     Ok(super::outcome_response(outcome))
 }
 
-fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
+/// `GET /api/phrases`: the active marks.
+pub(crate) fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
     let query: ListQuery = req.query()?;
     let limits = &state.settings.limits;
     let page_limit = super::page_limit(query.limit.as_deref(), limits)?;

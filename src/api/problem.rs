@@ -90,17 +90,14 @@ impl ApiError {
         )
     }
 
-    /// `405`, for the route whose template (as in [`crate::routes::ROUTES`],
+    /// `405`, for the path whose template (as in [`crate::routes::RESOURCES`],
     /// e.g. `/api/moments/{id}`) is `route`, naming in `Allow` the methods
-    /// [`crate::routes::ROUTES`] lists for it: the one list of what each
-    /// route takes.
+    /// the table lists for it: the one list of what each path takes.
     pub fn method_not_allowed_on(route: &str) -> ApiError {
-        let allowed: Vec<&str> = crate::routes::ROUTES
-            .iter()
-            .filter(|(_, path)| *path == route)
-            .map(|(method, _)| *method)
-            .collect();
-        debug_assert!(!allowed.is_empty(), "{route} is not in ROUTES");
+        let allowed: Vec<&str> = crate::routes::resource(route)
+            .map(|resource| resource.methods.iter().map(|(method, _)| *method).collect())
+            .unwrap_or_default();
+        debug_assert!(!allowed.is_empty(), "{route} is not in RESOURCES");
         ApiError::method_not_allowed(&allowed.join(", "))
     }
 

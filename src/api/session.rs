@@ -350,7 +350,7 @@ fn bearer_hash(headers: &HeaderMap) -> Option<String> {
         .map(|t| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(t.as_bytes())))
 }
 
-/// `POST /api/session` and `DELETE /api/session`.
+/// `POST /api/session`; with `DELETE /api/session` ([`end`]):
 ///
 /// - `POST` with `Authorization: Bearer <token>`: `201` with a new
 ///   session's cookie and `{"device", "expires_at", "revoked": 0}`. With no
@@ -360,58 +360,56 @@ fn bearer_hash(headers: &HeaderMap) -> Option<String> {
 /// - `DELETE`: with the cookie, ends that session; with the token, every
 ///   session made with it; `200` with how many, and a cookie that clears
 ///   the browser's.
-pub async fn item(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
+pub async fn start(state: Arc<AppState>, mut req: Request) -> Result<Response, ApiError> {
     let secure = is_tls(&req.headers);
     let tokens = &state.settings.access.tokens;
-    match req.method {
-        Method::POST => {
-            let limit = state.settings.limits.json_body_limit_bytes;
-            let _: Option<Empty> = req.json(limit).await?;
-            if tokens.is_empty() {
-                let answer = SessionAnswer {
-                    device: req.device.clone(),
-                    expires_at: None,
-                    revoked: 0,
-                };
-                return Ok(json_response(StatusCode::OK, &answer));
-            }
-            let Some(token_sha256) = bearer_hash(&req.headers) else {
-                return Err(ApiError::invalid_request(
-                    "a session is made from a token: send Authorization: Bearer <token>",
-                ));
-            };
-            let ttl_ms = state.settings.access.session_ttl_ms;
-            let (secret, session) = state.sessions.create(&req.device, &token_sha256, ttl_ms);
-            let answer = SessionAnswer {
-                device: session.device,
-                expires_at: Some(spark_core::time::format_rfc3339_ms(
-                    i64::try_from(session.expires_at_ms).unwrap_or(i64::MAX),
-                )),
-                revoked: 0,
-            };
-            let mut response = json_response(StatusCode::CREATED, &answer);
-            set_cookie(&mut response, &secret, ttl_ms.div_ceil(1000), secure);
-            Ok(response)
-        }
-        Method::DELETE => {
-            let revoked = if let Some(token_sha256) = bearer_hash(&req.headers) {
-                state.sessions.revoke_token(&token_sha256)
-            } else if let Some(secret) = cookie_secret(&req.headers) {
-                usize::from(state.sessions.revoke(secret))
-            } else {
-                0
-            };
-            let answer = SessionAnswer {
-                device: req.device.clone(),
-                expires_at: None,
-                revoked,
-            };
-            let mut response = json_response(StatusCode::OK, &answer);
-            set_cookie(&mut response, "", 0, secure);
-            Ok(response)
-        }
-        _ => Err(ApiError::method_not_allowed_on("/api/session")),
+    let limit = state.settings.limits.json_body_limit_bytes;
+    let _: Option<Empty> = req.json(limit).await?;
+    if tokens.is_empty() {
+        let answer = SessionAnswer {
+            device: req.device.clone(),
+            expires_at: None,
+            revoked: 0,
+        };
+        return Ok(json_response(StatusCode::OK, &answer));
     }
+    let Some(token_sha256) = bearer_hash(&req.headers) else {
+        return Err(ApiError::invalid_request(
+            "a session is made from a token: send Authorization: Bearer <token>",
+        ));
+    };
+    let ttl_ms = state.settings.access.session_ttl_ms;
+    let (secret, session) = state.sessions.create(&req.device, &token_sha256, ttl_ms);
+    let answer = SessionAnswer {
+        device: session.device,
+        expires_at: Some(spark_core::time::format_rfc3339_ms(
+            i64::try_from(session.expires_at_ms).unwrap_or(i64::MAX),
+        )),
+        revoked: 0,
+    };
+    let mut response = json_response(StatusCode::CREATED, &answer);
+    set_cookie(&mut response, &secret, ttl_ms.div_ceil(1000), secure);
+    Ok(response)
+}
+
+/// `DELETE /api/session`: see [`start`].
+pub async fn end(state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
+    let secure = is_tls(&req.headers);
+    let revoked = if let Some(token_sha256) = bearer_hash(&req.headers) {
+        state.sessions.revoke_token(&token_sha256)
+    } else if let Some(secret) = cookie_secret(&req.headers) {
+        usize::from(state.sessions.revoke(secret))
+    } else {
+        0
+    };
+    let answer = SessionAnswer {
+        device: req.device.clone(),
+        expires_at: None,
+        revoked,
+    };
+    let mut response = json_response(StatusCode::OK, &answer);
+    set_cookie(&mut response, "", 0, secure);
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use spark_core::wire::bodies::StartTurnBody as StartBody;
 use spark_core::wire::TURN_MODE_PRACTICAL;
-use warp::http::{Method, StatusCode};
+use warp::http::StatusCode;
 use warp::reply::Response;
 
 use crate::engine::{Command, StartTurn};
@@ -28,9 +28,6 @@ pub async fn start(
     id: String,
     mut req: Request,
 ) -> Result<Response, ApiError> {
-    if req.method != Method::POST {
-        return Err(ApiError::method_not_allowed_on("/api/moments/{id}/turns"));
-    }
     let moment_id =
         Id::parse(&id).map_err(|e| ApiError::invalid_id("the moment id in the path", e))?;
     let body: StartBody = req
@@ -74,9 +71,6 @@ pub async fn start(
 /// request until the turn ends or the wait (clamped to
 /// `brains.turn_wait_max_s`) runs out, then answers with what there is.
 pub async fn get(state: Arc<AppState>, id: String, req: Request) -> Result<Response, ApiError> {
-    if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed_on("/api/turns/{id}"));
-    }
     let turn_id = Id::parse(&id).map_err(|e| ApiError::invalid_id("the turn id in the path", e))?;
     let query: GetQuery = req.query()?;
     let wait_s = match query.wait.as_deref() {

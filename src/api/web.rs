@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use include_dir::{include_dir, Dir};
-use warp::http::{header, HeaderValue, Method, StatusCode};
+use warp::http::{header, HeaderValue, StatusCode};
 use warp::reply::Response;
 
 use super::{ApiError, AppState, Request};
@@ -75,12 +75,8 @@ fn not_modified(req: &Request, etag: &str) -> bool {
 }
 
 /// Answers one built file: `200` with its bytes, or `304` when the
-/// browser's copy is current; `404 not_found` when there is no such file;
-/// `405` for a method the route (`route`, its template) does not take.
-fn serve(req: &Request, route: &str, path: &str) -> Result<Response, ApiError> {
-    if req.method != Method::GET {
-        return Err(ApiError::method_not_allowed_on(route));
-    }
+/// browser's copy is current; `404 not_found` when there is no such file.
+fn serve(req: &Request, path: &str) -> Result<Response, ApiError> {
     let file = DIST
         .get_file(path)
         .ok_or_else(|| ApiError::not_found(format!("no asset {path}")))?;
@@ -124,7 +120,7 @@ fn serve(req: &Request, route: &str, path: &str) -> Result<Response, ApiError> {
 
 /// `GET /`: the page.
 pub async fn page(_state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
-    serve(&req, "/", "index.html")
+    serve(&req, "index.html")
 }
 
 /// `GET /assets/{name}`: a script, style sheet or image of the page.
@@ -134,10 +130,17 @@ pub async fn asset(
     name: String,
     req: Request,
 ) -> Result<Response, ApiError> {
+    asset_name(&name)?;
+    serve(&req, &format!("assets/{name}"))
+}
+
+/// Refuses an asset name that is not a plain file name (empty, with a
+/// `/` or a backslash, or starting with `.`): `404 not_found`, whatever the method.
+pub(crate) fn asset_name(name: &str) -> Result<(), ApiError> {
     if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
         return Err(ApiError::not_found(format!("no asset {name}")));
     }
-    serve(&req, "/assets/{id}", &format!("assets/{name}"))
+    Ok(())
 }
 
 /// The SHA-256 (hex) over the page's sources, as `web/build.mjs` computes

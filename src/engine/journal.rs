@@ -164,14 +164,7 @@ impl Journal {
         let Some((encoded, mut writes)) = self.encode_batch(writes) else {
             return;
         };
-        if let Err(refusal) = self.space_for(&encoded) {
-            let metrics = crate::metrics::get();
-            if matches!(refusal, EngineError::InsufficientStorage(_)) {
-                metrics
-                    .writes_refused
-                    .get_or_create(&crate::metrics::label("reason", "disk_reserve"))
-                    .inc_by(writes.len() as u64);
-            }
+        if let Err(refusal) = self.space_for(&encoded, writes.len() as u64) {
             for (_, _, reply) in writes {
                 let _ = reply.send(Err(refusal.clone()));
             }
@@ -228,17 +221,15 @@ impl Journal {
             // for the reserve.
             Err(e) if self.log.is_healable() => {
                 tracing::warn!(error = %e, "append failed for want of space; answering 507 and recovering the log's tail in process");
-                let refusal = EngineError::InsufficientStorage(format!(
-                    "the disk is full ({e}); nothing of this write was kept, and writes resume by themselves once space is freed"
-                ));
-                metrics
-                    .writes_refused
-                    .get_or_create(&crate::metrics::label("reason", "disk_full"))
-                    .inc_by(writes.len() as u64);
+                let refusal = self.shared.disk.refuse_full(
+                    "a log append",
+                    &e,
+                    writes.len() as u64,
+                    "nothing of this write was kept, and writes resume by themselves once space is freed",
+                );
                 for (_, _, reply) in writes.drain(..) {
                     let _ = reply.send(Err(refusal.clone()));
                 }
-                self.shared.disk.note_full(&format!("a log append: {e}"));
                 let _ = self.heal();
                 return None;
             }
@@ -449,18 +440,26 @@ impl Journal {
         (ts_ms, writes)
     }
 
-    /// Room for a batch: the reserve admits its bytes, and a log tail left
-    /// by a write that failed for want of space is recovered first.
+    /// Room for a batch of `writes` ops: the reserve admits its bytes
+    /// ([`crate::disk::DiskSpace::admit_writes`]), and a log tail left by a
+    /// write that failed for want of space is recovered first.
     /// Errors: `InsufficientStorage` (507) below the reserve or while the
-    /// recovery itself lacks space; `Unavailable` when the recovery failed
-    /// for good (the write path is then poisoned).
-    fn space_for(&mut self, encoded: &[Encoded]) -> Result<(), EngineError> {
+    /// recovery itself lacks space (both counted as `disk_reserve`
+    /// refusals); `Unavailable` when the recovery failed for good (the write
+    /// path is then poisoned).
+    fn space_for(&mut self, encoded: &[Encoded], writes: u64) -> Result<(), EngineError> {
         let bytes: u64 = encoded
             .iter()
             .map(|(_, _, payload)| payload.len() as u64 + RECORD_FRAME_BYTES)
             .sum();
-        self.shared.disk.admit(bytes + RECORD_FRAME_BYTES)?;
-        self.heal()
+        self.shared
+            .disk
+            .admit_writes(bytes + RECORD_FRAME_BYTES, writes)?;
+        self.heal().inspect_err(|refusal| {
+            if matches!(refusal, EngineError::InsufficientStorage(_)) {
+                self.shared.disk.count_refused_for_reserve(writes);
+            }
+        })
     }
 
     /// Recovers the log's tail if a write failed for want of space

@@ -1,28 +1,22 @@
 //! The API description (`src/api/openapi.json`, served at
-//! `GET /api/openapi.json`) against [`ROUTES`] and against the router.
-//!
-//! How a route the document lacks is caught, whichever way it differs:
+//! `GET /api/openapi.json`) against the route table
+//! ([`spark_engine::routes::RESOURCES`], its (method, path) pairs
+//! [`routes`]) and against the router, which is built from the table (a
+//! path or a method is served only through it).
 //!
 //! - (a) `document_operations_equal_routes`: the document's (method, path)
-//!   pairs equal [`ROUTES`] exactly, both ways; every `$ref` resolves.
-//! - (b) `every_route_reaches_a_handler`: on a live server, every [`ROUTES`]
-//!   entry reaches a handler (neither the router's `404 no such route`, nor
-//!   `405`, nor a warp rejection). So nothing is documented that is not
-//!   served.
-//! - (c) the other direction, a route served but missing from [`ROUTES`]
-//!   (and so, by (a), from the document):
-//!   - a new path: `router_paths_equal_routes` reads every `warp::path!`
-//!     filter in `src/api/mod.rs` (the only place routes are built; the
-//!     page's `warp::path::end()` counts as `/`) and
-//!     requires its template to be a path of [`ROUTES`], and each path of
-//!     [`ROUTES`] to have its filter;
-//!   - a new method on a known path (a handler that starts to take `PUT`,
-//!     say): `unlisted_methods_are_not_served` sends every other method to
-//!     every path of [`ROUTES`] on a live server and requires the answer
-//!     that no handler took it (`405`, `no such route`, or a rejection).
-//!     A method a handler serves but [`ROUTES`] lacks fails there.
+//!   pairs equal [`routes`] exactly, both ways; every `$ref` resolves.
+//! - (b) `every_route_reaches_a_handler`: on a live server, every entry of
+//!   [`routes`] reaches a handler (neither the router's `404 no such
+//!   route`, nor `405`, nor a warp rejection). So nothing is documented
+//!   that is not served.
+//! - (c) `unlisted_methods_are_not_served`: on a live server, every other
+//!   method on every path of the table answers `405` with the table's
+//!   methods in `Allow`; `unserved_paths_are_no_such_route`: a path the
+//!   table lacks is `404 no such route` whatever the method (a method
+//!   filter's rejection never wins over it).
 //!
-//!   Together with (a) and (b): document = [`ROUTES`] = what the router serves.
+//!   Together with (a) and (b): document = table = what the router serves.
 //! - (d) `security_matches_the_router`: with a token configured, exactly the
 //!   operations the document marks `security: []` answer without one; every
 //!   other answers `401 unauthorized`, as the document says.
@@ -34,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{settings, ulid, TestServer};
 use serde_json::{json, Value};
 use spark_engine::api::openapi::document;
-use spark_engine::routes::ROUTES;
+use spark_engine::routes::routes;
 
 /// The HTTP methods an OpenAPI path item can hold (as its lower-case keys).
 const METHODS: &[&str] = &[
@@ -46,16 +40,11 @@ fn parsed() -> Value {
 }
 
 fn routes_set() -> BTreeSet<(String, String)> {
-    let set: BTreeSet<(String, String)> = ROUTES
-        .iter()
-        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+    let set: BTreeSet<(String, String)> = routes()
+        .map(|(m, p)| (m.to_owned(), p.to_owned()))
         .collect();
-    assert_eq!(set.len(), ROUTES.len(), "ROUTES lists an entry twice");
+    assert_eq!(set.len(), routes().count(), "the table lists a route twice");
     set
-}
-
-fn route_paths() -> BTreeSet<String> {
-    ROUTES.iter().map(|(_, p)| (*p).to_owned()).collect()
 }
 
 /// Resolves a local JSON pointer (`#/components/...`).
@@ -81,7 +70,7 @@ fn check_refs(doc: &Value, node: &Value, broken: &mut Vec<String>) {
     }
 }
 
-/// (a) The document is OpenAPI 3.1, its operations are exactly [`ROUTES`],
+/// (a) The document is OpenAPI 3.1, its operations are exactly [`routes`],
 /// and every `$ref` in it resolves.
 #[test]
 fn document_operations_equal_routes() {
@@ -102,8 +91,8 @@ fn document_operations_equal_routes() {
     let unserved: Vec<_> = operations.difference(&routes).collect();
     assert!(
         undocumented.is_empty() && unserved.is_empty(),
-        "in ROUTES but not in the document: {undocumented:?}; \
-         in the document but not in ROUTES: {unserved:?}"
+        "in the table but not in the document: {undocumented:?}; \
+         in the document but not in the table: {unserved:?}"
     );
     let mut broken = Vec::new();
     check_refs(&doc, &doc, &mut broken);
@@ -120,51 +109,6 @@ fn document_operations_equal_routes() {
             }
         }
     }
-}
-
-/// The templates of the `warp::path!` filters in `src/api/mod.rs`, with
-/// path parameters spelled `{id}` as in the document.
-fn router_templates() -> Vec<String> {
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/api/mod.rs"))
-        .expect("src/api/mod.rs reads");
-    let mut templates = Vec::new();
-    let mut rest = source.as_str();
-    while let Some(start) = rest.find("path!(") {
-        rest = &rest[start + "path!(".len()..];
-        let end = rest.find(')').expect("a closed path! macro");
-        let template: String = rest[..end]
-            .split('/')
-            .map(str::trim)
-            .map(|segment| match segment.strip_prefix('"') {
-                Some(literal) => format!("/{}", literal.trim_end_matches('"')),
-                None => "/{id}".to_owned(),
-            })
-            .collect();
-        templates.push(template);
-        rest = &rest[end..];
-    }
-    // The page at `/` is the one route without a path segment.
-    if source.contains("warp::path::end()") {
-        templates.push("/".to_owned());
-    }
-    templates
-}
-
-/// (c) Every path filter of the router is a path of [`ROUTES`], and every
-/// path of [`ROUTES`] has its filter.
-#[test]
-fn router_paths_equal_routes() {
-    let templates = router_templates();
-    let in_router: BTreeSet<String> = templates.iter().cloned().collect();
-    assert_eq!(in_router.len(), templates.len(), "a path filter twice");
-    let listed = route_paths();
-    let unlisted: Vec<_> = in_router.difference(&listed).collect();
-    let missing: Vec<_> = listed.difference(&in_router).collect();
-    assert!(
-        unlisted.is_empty() && missing.is_empty(),
-        "router paths not in ROUTES (add them to ROUTES and openapi.json): {unlisted:?}; \
-         ROUTES paths with no filter in routes(): {missing:?}"
-    );
 }
 
 /// What a live server answered.
@@ -288,7 +232,7 @@ async fn fixtures(server: &TestServer) -> Fixtures {
     }
 }
 
-/// A minimal request for one [`ROUTES`] entry: the path with its `{id}`
+/// A minimal request for one [`routes`] entry: the path with its `{id}`
 /// filled in, a body, and headers.
 fn minimal(
     method: &str,
@@ -353,14 +297,14 @@ fn minimal(
     }
 }
 
-/// (b) Every [`ROUTES`] entry reaches a handler on a live server.
+/// (b) Every [`routes`] entry reaches a handler on a live server.
 #[tokio::test]
 async fn every_route_reaches_a_handler() {
     let data = tempfile::tempdir().unwrap();
     let server = TestServer::start(data.path()).await;
     let f = fixtures(&server).await;
     let mut unserved = Vec::new();
-    for (method, template) in ROUTES {
+    for (method, template) in routes() {
         let (path, body, headers) = minimal(method, template, &f);
         let answer = send(&server, method, &path, body, &headers).await;
         if !answer.served(method) {
@@ -386,20 +330,21 @@ async fn every_route_reaches_a_handler() {
     server.stop().await;
     assert!(
         unserved.is_empty(),
-        "ROUTES entries the router does not serve:\n{}",
+        "the table entries the router does not serve:\n{}",
         unserved.join("\n")
     );
 }
 
-/// (c) On every path of [`ROUTES`], every method it does not list is
-/// refused without reaching a handler's work.
+/// (c) On every path of the table, every method it does not list is
+/// answered `405` with the table's methods in `Allow`, without reaching a
+/// handler.
 #[tokio::test]
 async fn unlisted_methods_are_not_served() {
     let data = tempfile::tempdir().unwrap();
     let server = TestServer::start(data.path()).await;
     let f = fixtures(&server).await;
     let mut by_path: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (method, path) in ROUTES {
+    for (method, path) in routes() {
         by_path.entry(path).or_default().insert(method);
     }
     let mut served = Vec::new();
@@ -414,37 +359,94 @@ async fn unlisted_methods_are_not_served() {
             let (path, body, headers) = minimal(like, template, &f);
             let body = if method == "HEAD" { None } else { body };
             let answer = send(&server, method, &path, body, &headers).await;
-            let refused = if method == "HEAD" {
-                matches!(answer.status, 400 | 404 | 405)
-            } else {
-                !answer.served(method)
-            };
-            if !refused {
+            if answer.status != 405 {
                 served.push(format!(
                     "{method} {path}: {} {}",
                     answer.status, answer.body
                 ));
+                continue;
             }
-            // A handler's 405 names in `Allow` what ROUTES lists for the
-            // route (the table is where its methods are written).
-            if answer.status == 405 {
-                let allowed: BTreeSet<&str> = answer
-                    .allow
-                    .as_deref()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(str::trim)
-                    .collect();
-                assert_eq!(&allowed, listed, "{method} {path}: Allow");
+            if method != "HEAD" {
+                assert_eq!(answer.body["code"], "invalid_request", "{method} {path}");
             }
+            // The 405 names in `Allow` what the table lists for the path,
+            // in the table's order.
+            let allowed: BTreeSet<&str> = answer
+                .allow
+                .as_deref()
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .collect();
+            assert_eq!(&allowed, listed, "{method} {path}: Allow");
         }
     }
     server.stop().await;
     assert!(
         served.is_empty(),
-        "methods the router serves that ROUTES and the document lack:\n{}",
+        "methods on a path of the table not answered 405:\n{}",
         served.join("\n")
     );
+}
+
+/// (c) A path the table lacks is `404 not_found`, `no such route`, for
+/// every method (a method the router takes elsewhere included); a
+/// malformed id on a path that checks it before the method keeps its own
+/// answer whatever the method.
+#[tokio::test]
+async fn unserved_paths_are_no_such_route() {
+    let data = tempfile::tempdir().unwrap();
+    let server = TestServer::start(data.path()).await;
+    let id = ulid();
+    let paths = [
+        "/nope".to_owned(),
+        "/api".to_owned(),
+        "/api/".to_owned(),
+        "/api/moment".to_owned(),
+        format!("/api/moments/{id}/turns/x"),
+        format!("/api/moments/{id}/nope"),
+        format!("/api/turns/{id}/x"),
+        "/api/log".to_owned(),
+        "/api/log/head/x".to_owned(),
+        "/assets".to_owned(),
+        "/assets/app.js/x".to_owned(),
+        "/healthz/x".to_owned(),
+    ];
+    let mut wrong = Vec::new();
+    for path in &paths {
+        for method in ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] {
+            let answer = send(&server, method, path, None, &[]).await;
+            let detail = answer.body["detail"].as_str().unwrap_or_default();
+            let fits = answer.status == 404
+                && answer.allow.is_none()
+                && (method == "HEAD"
+                    || (answer.body["code"] == "not_found" && detail == "no such route"));
+            if !fits {
+                wrong.push(format!(
+                    "{method} {path}: {} {}",
+                    answer.status, answer.body
+                ));
+            }
+        }
+    }
+    // The id of `/api/moments/{id}` and `/api/media/{id}`, and the name of
+    // `/assets/{id}`, are refused before the method is.
+    for (method, path, status, code) in [
+        ("PUT", "/api/moments/not-a-ulid", 400, "invalid_id"),
+        ("POST", "/api/media/not-a-ulid", 400, "invalid_id"),
+        ("POST", "/assets/.hidden", 404, "not_found"),
+        ("POST", "/api/turns/not-a-ulid", 405, "invalid_request"),
+    ] {
+        let answer = send(&server, method, path, None, &[]).await;
+        if (answer.status, answer.body["code"].as_str()) != (status, Some(code)) {
+            wrong.push(format!(
+                "{method} {path}: {} {}",
+                answer.status, answer.body
+            ));
+        }
+    }
+    server.stop().await;
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 /// (d) With a token configured, the operations the document marks
@@ -464,22 +466,22 @@ async fn security_matches_the_router() {
     let server = TestServer::start_with(config).await;
     let bearer = vec![("Authorization".to_owned(), format!("Bearer {token}"))];
     let mut wrong = Vec::new();
-    for (method, template) in ROUTES {
-        let op = &doc["paths"][*template][method.to_ascii_lowercase()];
+    for (method, template) in routes() {
+        let op = &doc["paths"][template][method.to_ascii_lowercase()];
         let public = op
             .get("security")
             .and_then(Value::as_array)
             .is_some_and(|requirements| requirements.is_empty());
         // No fixtures exist: the id routes answer 404 once past the check.
         let path = template.replace("{id}", &ulid());
-        let path = if *template == "/api/messages" && *method == "GET" {
+        let path = if template == "/api/messages" && method == "GET" {
             format!("{path}?thread={}", ulid())
         } else {
             path
         };
         let anonymous = send(&server, method, &path, None, &[]).await;
         let refused = anonymous.status == 401
-            && (*method == "HEAD" || anonymous.body["code"] == "unauthorized");
+            && (method == "HEAD" || anonymous.body["code"] == "unauthorized");
         if public == refused {
             wrong.push(format!(
                 "{method} {template}: the document says {}, without a token it answers {} {}",
