@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::engine::EngineError;
+use spark_core::error::EngineError;
 
 /// The reserve check of one data directory; shared by the journal (one
 /// check per group-commit batch) and the upload handler (one per upload).
