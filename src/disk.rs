@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::engine::EngineError;
+use spark_core::error::EngineError;
 
 /// The reserve check of one data directory; shared by the journal (one
 /// check per group-commit batch) and the media store (one per upload,

@@ -252,14 +252,15 @@ impl Metrics {
         }
     }
 
-    /// The registry in the Prometheus text format.
+    /// The engine's own registry in the OpenMetrics text format; `GET
+    /// /metrics` appends the archive's and a replica's after it
+    /// (`crate::archive::metrics::render_into`,
+    /// `crate::replica::metrics::render_into`).
     pub fn render(&self) -> String {
         let mut text = String::new();
         if encode(&mut text, &self.registry).is_err() {
             text.push_str("# metrics could not be encoded\n");
         }
-        crate::archive::metrics::render_into(&mut text);
-        crate::replica::metrics::render_into(&mut text);
         text
     }
 }

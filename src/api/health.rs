@@ -99,7 +99,12 @@ pub async fn metrics(state: Arc<AppState>, _req: Request) -> Result<Response, Ap
     let metrics = crate::metrics::get();
     state.engine.read(|mirror| metrics.observe_mirror(mirror));
     state.engine.disk().refresh();
-    let mut response = Response::new(metrics.render().into());
+    // The engine's metrics, then the archive's and a replica's where this
+    // process runs one (each module appends its own registry).
+    let mut text = metrics.render();
+    crate::archive::metrics::render_into(&mut text);
+    crate::replica::metrics::render_into(&mut text);
+    let mut response = Response::new(text.into());
     response.headers_mut().insert(
         warp::http::header::CONTENT_TYPE,
         warp::http::HeaderValue::from_static(

@@ -27,7 +27,8 @@ use std::collections::VecDeque;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, Notify};
 
-use crate::engine::{EngineError, Outcome};
+use spark_core::error::EngineError;
+use spark_core::outcome::Outcome;
 
 /// Where a writer waits for its answer.
 pub type Reply = oneshot::Sender<Result<Outcome, EngineError>>;

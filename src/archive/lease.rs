@@ -1,7 +1,9 @@
 //! Leases (SPEC section 11, ARCHIVE.md "Lease"): a second engine on a
 //! prefix held by another writer takes it over by itself, as `--take-over`
 //! does, once the holder's lease expired; otherwise it refuses to start,
-//! saying when the lease expires.
+//! saying when the lease expires. This file reads a lease ([`LeaseView`],
+//! [`still_expired`]); the take-over on expiry that uses it is
+//! [`super::takeover::take_over_if_expired`].
 //!
 //! The holder renews its lease with its manifests (the shipper, `mod.rs`):
 //! every manifest carries its writer's `lease_ms`, and one is stored at
@@ -17,15 +19,11 @@
 //! take-over come early (the old writer is then fenced, as with
 //! `--take-over`) or late.
 
-use std::path::Path;
-
 use spark_archive::ArchiveStore;
 use spark_log_format::archive::{EpochDoc, Manifest};
 
-use super::takeover::{take_over_leased, TakenOver};
-use super::{read_writer_file, ArchiveStartError};
+use super::ArchiveStartError;
 use crate::clock::Clock;
-use crate::config::ArchiveSettings;
 
 /// The holder's lease as the archive shows it (ARCHIVE.md "Lease").
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,7 +79,7 @@ impl LeaseView {
     }
 
     /// The refusal of a start that finds this lease live (or no lease).
-    fn refusal(&self, own_lease_ms: u64, now_ms: u64, since: &str) -> ArchiveStartError {
+    pub(super) fn refusal(&self, own_lease_ms: u64, now_ms: u64, since: &str) -> ArchiveStartError {
         let age = self.age_ms(now_ms);
         let renewed = spark_core::time::format_rfc3339_ms(self.renewed_ms as i64);
         let lease = match self.expires_in_ms(own_lease_ms, now_ms) {
@@ -108,108 +106,6 @@ impl LeaseView {
             lease,
         }
     }
-}
-
-/// `spark-engine serve` without `--take-over`, before the engine opens,
-/// when `[archive] lease_ms` is above 0 (see [`take_over_if_expired_on`]);
-/// `Ok(None)` at once with leases off.
-pub async fn take_over_if_expired(
-    settings: &ArchiveSettings,
-    data_dir: &Path,
-    max_record_bytes: u32,
-    clock: &dyn Clock,
-) -> Result<Option<TakenOver>, ArchiveStartError> {
-    if settings.lease_ms == 0 {
-        return Ok(None);
-    }
-    take_over_if_expired_on(
-        super::connect(settings)?,
-        data_dir,
-        max_record_bytes,
-        settings.lease_ms,
-        clock,
-    )
-    .await
-}
-
-/// With leases on (`lease_ms` above 0; 0: `Ok(None)` at once), before the
-/// engine opens: reads who holds the prefix and its lease
-/// ([`LeaseView`]).
-///
-/// - Nobody yet, or this data directory: `Ok(None)`, the usual start goes
-///   on (and claims epoch 1, or resumes its own); except when this
-///   directory holds the latest epoch but the latest manifest is of an
-///   older one (a take-over that stopped between its epoch and its
-///   manifest): that take-over is finished, as a start with `--take-over`
-///   would, and `Ok(Some(_))`.
-/// - Another writer whose lease expired by `clock` (this engine's): a WARN line
-///   naming it and how long ago its lease was last renewed, then the
-///   take-over `--take-over` runs ([`super::take_over_leased`]), checking
-///   the lease again right before it claims the next epoch; `Ok(Some(_))`
-///   to open the engine on and start shipping with, as after
-///   `--take-over`.
-/// - Another writer whose lease is live, or that holds the prefix without a
-///   lease: [`ArchiveStartError::Held`], its `lease` saying when the lease
-///   expires (or that it never does).
-///
-/// Errors as [`super::take_over_on`] does for the take-over itself.
-pub async fn take_over_if_expired_on(
-    store: ArchiveStore,
-    data_dir: &Path,
-    max_record_bytes: u32,
-    lease_ms: u64,
-    clock: &dyn Clock,
-) -> Result<Option<TakenOver>, ArchiveStartError> {
-    if lease_ms == 0 {
-        return Ok(None);
-    }
-    let mine = read_writer_file(&spark_log_format::OsFs, data_dir)?;
-    let Some(doc) = store.latest_epoch().await? else {
-        return Ok(None);
-    };
-    let latest = store.latest_manifest().await?;
-    if mine
-        .as_ref()
-        .is_some_and(|me| me.writer == doc.writer && me.epoch == doc.epoch)
-    {
-        if latest.as_ref().is_some_and(|m| m.epoch < doc.epoch) {
-            tracing::warn!(
-                epoch = doc.epoch,
-                "archive: this directory took epoch {} but its take-over stopped before its \
-                 manifest; finishing it",
-                doc.epoch
-            );
-            return take_over_leased(store, data_dir, max_record_bytes, lease_ms, None)
-                .await
-                .map(Some);
-        }
-        return Ok(None);
-    }
-    let view = LeaseView::of(&doc, latest.as_ref());
-    let now_ms = clock.now_ms();
-    if view.expires_in_ms(lease_ms, now_ms) != Some(0) {
-        return Err(view.refusal(lease_ms, now_ms, ""));
-    }
-    tracing::warn!(
-        writer = %view.writer,
-        epoch = view.epoch,
-        renewed_ms_ago = view.age_ms(now_ms),
-        lease_ms = view.effective_ms(lease_ms).unwrap_or(0),
-        "archive: the lease of writer {} (epoch {}) expired: it was last renewed {} ms ago; \
-         taking the prefix over without --take-over (that engine is fenced if it comes back)",
-        view.writer,
-        view.epoch,
-        view.age_ms(now_ms)
-    );
-    take_over_leased(
-        store,
-        data_dir,
-        max_record_bytes,
-        lease_ms,
-        Some((&view, clock)),
-    )
-    .await
-    .map(Some)
 }
 
 /// Right before a take-over of an expired lease claims the next epoch: the

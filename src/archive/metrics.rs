@@ -61,15 +61,27 @@ fn ship_histogram() -> Histogram {
 
 static METRICS: OnceLock<ArchiveMetrics> = OnceLock::new();
 
+/// What a scrape reads of a running shipper: the gauges computed when
+/// read. Implemented by the shipper's status; this module knows nothing
+/// else of it.
+pub(crate) trait Watched: Send + Sync {
+    /// Seconds the oldest acknowledged op not yet shipped has waited (0
+    /// when caught up).
+    fn lag_seconds(&self) -> f64;
+    /// Blobs the archive recorded lost since the shipper started.
+    fn blobs_missing(&self) -> usize;
+}
+
 /// The running shippers a scrape reads (one in a server; tests run
 /// several in one process).
-static WATCHED: Mutex<Vec<Weak<super::ArchiveStatus>>> = parking_lot::const_mutex(Vec::new());
+static WATCHED: Mutex<Vec<Weak<dyn Watched>>> = parking_lot::const_mutex(Vec::new());
 
 /// Makes [`render_into`] read `status` at each scrape, until it is dropped.
-pub(crate) fn watch(status: &Arc<super::ArchiveStatus>) {
+pub(crate) fn watch<S: Watched + 'static>(status: &Arc<S>) {
     let mut watched = WATCHED.lock();
     watched.retain(|w| w.strong_count() > 0);
-    watched.push(Arc::downgrade(status));
+    let status: Arc<dyn Watched> = status.clone();
+    watched.push(Arc::downgrade(&status));
 }
 
 /// Sets the gauges computed when read: the largest lag and the lost blobs

@@ -39,9 +39,12 @@ mod lease;
 pub mod metrics;
 mod takeover;
 
-pub use lease::{take_over_if_expired, take_over_if_expired_on, LeaseView};
+pub use lease::LeaseView;
 pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch, DIVERGED_ADVICE};
-pub use takeover::{take_over, take_over_leased, take_over_on, TakenOver};
+pub use takeover::{
+    take_over, take_over_if_expired, take_over_if_expired_on, take_over_leased, take_over_on,
+    TakenOver,
+};
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
@@ -198,6 +201,15 @@ pub struct ArchiveStatus {
     failing: Mutex<Option<String>>,
     /// Blobs the archive records lost since this engine started.
     missing: Mutex<MissingBlobs>,
+}
+
+impl metrics::Watched for ArchiveStatus {
+    fn lag_seconds(&self) -> f64 {
+        ArchiveStatus::lag_seconds(self)
+    }
+    fn blobs_missing(&self) -> usize {
+        ArchiveStatus::blobs_missing(self)
+    }
 }
 
 impl std::fmt::Debug for ArchiveStatus {

@@ -25,7 +25,9 @@ use spark_log_format::format::{
 };
 use spark_log_format::{Fs as _, OsFs, HEADER_LEN};
 
+use super::lease::{still_expired, LeaseView};
 use super::{claim_epoch, count_put, hex_chain, read_writer_file, ArchiveStartError};
+use crate::clock::Clock;
 use crate::config::ArchiveSettings;
 use crate::engine::Engine;
 
@@ -135,7 +137,7 @@ pub async fn take_over_leased(
             // before anything is taken.
             catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await?;
             if let Some((view, clock)) = expired {
-                super::lease::still_expired(&store, view, lease_ms, clock).await?;
+                still_expired(&store, view, lease_ms, clock).await?;
             }
             let next = other.map_or(1, |doc| doc.epoch + 1);
             claim_epoch(&store, data_dir, mine, next, lease_ms)
@@ -217,6 +219,108 @@ pub async fn take_over_leased(
          tried to take over after them; this directory holds epoch {epoch}: start again with \
          --take-over"
     )))
+}
+
+/// `spark-engine serve` without `--take-over`, before the engine opens,
+/// when `[archive] lease_ms` is above 0 (see [`take_over_if_expired_on`]);
+/// `Ok(None)` at once with leases off.
+pub async fn take_over_if_expired(
+    settings: &ArchiveSettings,
+    data_dir: &Path,
+    max_record_bytes: u32,
+    clock: &dyn Clock,
+) -> Result<Option<TakenOver>, ArchiveStartError> {
+    if settings.lease_ms == 0 {
+        return Ok(None);
+    }
+    take_over_if_expired_on(
+        super::connect(settings)?,
+        data_dir,
+        max_record_bytes,
+        settings.lease_ms,
+        clock,
+    )
+    .await
+}
+
+/// With leases on (`lease_ms` above 0; 0: `Ok(None)` at once), before the
+/// engine opens: reads who holds the prefix and its lease
+/// ([`LeaseView`]).
+///
+/// - Nobody yet, or this data directory: `Ok(None)`, the usual start goes
+///   on (and claims epoch 1, or resumes its own); except when this
+///   directory holds the latest epoch but the latest manifest is of an
+///   older one (a take-over that stopped between its epoch and its
+///   manifest): that take-over is finished, as a start with `--take-over`
+///   would, and `Ok(Some(_))`.
+/// - Another writer whose lease expired by `clock` (this engine's): a WARN line
+///   naming it and how long ago its lease was last renewed, then the
+///   take-over `--take-over` runs ([`super::take_over_leased`]), checking
+///   the lease again right before it claims the next epoch; `Ok(Some(_))`
+///   to open the engine on and start shipping with, as after
+///   `--take-over`.
+/// - Another writer whose lease is live, or that holds the prefix without a
+///   lease: [`ArchiveStartError::Held`], its `lease` saying when the lease
+///   expires (or that it never does).
+///
+/// Errors as [`super::take_over_on`] does for the take-over itself.
+pub async fn take_over_if_expired_on(
+    store: ArchiveStore,
+    data_dir: &Path,
+    max_record_bytes: u32,
+    lease_ms: u64,
+    clock: &dyn Clock,
+) -> Result<Option<TakenOver>, ArchiveStartError> {
+    if lease_ms == 0 {
+        return Ok(None);
+    }
+    let mine = read_writer_file(&spark_log_format::OsFs, data_dir)?;
+    let Some(doc) = store.latest_epoch().await? else {
+        return Ok(None);
+    };
+    let latest = store.latest_manifest().await?;
+    if mine
+        .as_ref()
+        .is_some_and(|me| me.writer == doc.writer && me.epoch == doc.epoch)
+    {
+        if latest.as_ref().is_some_and(|m| m.epoch < doc.epoch) {
+            tracing::warn!(
+                epoch = doc.epoch,
+                "archive: this directory took epoch {} but its take-over stopped before its \
+                 manifest; finishing it",
+                doc.epoch
+            );
+            return take_over_leased(store, data_dir, max_record_bytes, lease_ms, None)
+                .await
+                .map(Some);
+        }
+        return Ok(None);
+    }
+    let view = LeaseView::of(&doc, latest.as_ref());
+    let now_ms = clock.now_ms();
+    if view.expires_in_ms(lease_ms, now_ms) != Some(0) {
+        return Err(view.refusal(lease_ms, now_ms, ""));
+    }
+    tracing::warn!(
+        writer = %view.writer,
+        epoch = view.epoch,
+        renewed_ms_ago = view.age_ms(now_ms),
+        lease_ms = view.effective_ms(lease_ms).unwrap_or(0),
+        "archive: the lease of writer {} (epoch {}) expired: it was last renewed {} ms ago; \
+         taking the prefix over without --take-over (that engine is fenced if it comes back)",
+        view.writer,
+        view.epoch,
+        view.age_ms(now_ms)
+    );
+    take_over_leased(
+        store,
+        data_dir,
+        max_record_bytes,
+        lease_ms,
+        Some((&view, clock)),
+    )
+    .await
+    .map(Some)
 }
 
 /// Refuses a directory `spark-replay restore --at` cut short of the

@@ -15,7 +15,7 @@ pub struct ReplicaMetrics {
     /// `spark_replica_seq`: the last seq the replica applied and serves.
     pub seq: Gauge,
     /// `spark_replica_lag_seconds`: seconds since the replica last knew it
-    /// held everything the archive held ([`super::ReplicaStatus::lag_ms`]),
+    /// held everything the archive held ([`Watched::lag_ms`]),
     /// computed at each scrape.
     pub lag_seconds: Gauge<f64, AtomicU64>,
     /// `spark_replica_failures_total`: polls or fetches that failed (the
@@ -27,14 +27,25 @@ static METRICS: OnceLock<ReplicaMetrics> = OnceLock::new();
 
 /// The running replicas a scrape reads (one in a server; tests may run
 /// several in one process).
-static WATCHED: Mutex<Vec<Weak<super::ReplicaStatus>>> = parking_lot::const_mutex(Vec::new());
+static WATCHED: Mutex<Vec<Weak<dyn Watched>>> = parking_lot::const_mutex(Vec::new());
+
+/// What a scrape reads of a running replica. Implemented by the replica's
+/// status; this module knows nothing else of it.
+pub(crate) trait Watched: Send + Sync {
+    /// The last seq the replica applied and serves.
+    fn seq(&self) -> u64;
+    /// Milliseconds since the replica last knew it held everything the
+    /// archive held.
+    fn lag_ms(&self) -> u64;
+}
 
 /// Makes [`render_into`] read `status` at each scrape, until it is dropped.
-pub(crate) fn watch(status: &Arc<super::ReplicaStatus>) {
+pub(crate) fn watch<S: Watched + 'static>(status: &Arc<S>) {
     get();
     let mut watched = WATCHED.lock();
     watched.retain(|w| w.strong_count() > 0);
-    watched.push(Arc::downgrade(status));
+    let status: Arc<dyn Watched> = status.clone();
+    watched.push(Arc::downgrade(&status));
 }
 
 /// The replica metrics, registered on first use (when a replica starts).

@@ -142,6 +142,15 @@ impl std::fmt::Debug for ReplicaStatus {
     }
 }
 
+impl metrics::Watched for ReplicaStatus {
+    fn seq(&self) -> u64 {
+        ReplicaStatus::seq(self)
+    }
+    fn lag_ms(&self) -> u64 {
+        ReplicaStatus::lag_ms(self)
+    }
+}
+
 impl ReplicaStatus {
     /// The writer's address (`replica.writer_url`), named in `421
     /// read_only` answers; `None` when not configured.
