@@ -45,7 +45,6 @@ pub use spark_core::{codec, damage, ids, layout, mirror, op, replay, request_ind
 pub mod media;
 pub mod metrics;
 pub mod replica;
-pub mod routes;
 pub mod server;
 pub mod turns;
 

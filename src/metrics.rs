@@ -204,7 +204,7 @@ impl Metrics {
     }
 
     /// Observes one request of `seconds` in `request_seconds`, labelled
-    /// `route` (a [`crate::routes::template_of`] template), `method` (a [`method_of`] label)
+    /// `route` (a [`crate::api::route_table::template_of`] template), `method` (a [`method_of`] label)
     /// and `status`. The label set stays small (templates and standard
     /// methods only), and so does the cache of their histograms.
     pub fn observe_request(

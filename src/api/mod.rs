@@ -23,6 +23,7 @@ pub mod openapi;
 pub mod phrases;
 pub mod problem;
 pub mod recall;
+pub mod route_table;
 pub mod session;
 pub mod turns;
 pub mod web;
@@ -43,11 +44,11 @@ use warp::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode}
 use warp::reply::Response;
 use warp::Filter;
 
+use self::route_table::{Access, Handler, HandlerFuture, Resource, RESOURCES};
 use crate::config::Settings;
 use crate::engine::Engine;
 use crate::ids::{check_request_id, REQUEST_ID_MAX_BYTES};
 use crate::media::{MediaStore, Sha256Digest};
-use crate::routes::{Access, Handler, HandlerFuture, Resource, RESOURCES};
 
 pub(crate) use answer::outcome_response;
 pub use problem::ApiError;
@@ -624,7 +625,7 @@ pub fn routes(
         .unify()
         .with(warp::log::custom(|info| {
             crate::metrics::get().observe_request(
-                crate::routes::template_of(info.path()),
+                route_table::template_of(info.path()),
                 crate::metrics::method_of(info.method().as_str()),
                 info.status().as_u16(),
                 info.elapsed().as_secs_f64(),
@@ -643,7 +644,7 @@ pub fn routes(
 /// extracted), then warp's filter of each method the path takes
 /// (`warp::get()`, ...) choosing that method's handler, and any other
 /// method answered `405` with the path's `Allow` (after the path's
-/// [`crate::routes::Resource::path_check`]). The path is matched before the
+/// [`route_table::Resource::path_check`]). The path is matched before the
 /// method, and every method of a matched path is answered, so no method
 /// rejection reaches [`recover`]: a path nobody serves stays `404 no such
 /// route`, never a warp `405`.
@@ -720,7 +721,7 @@ async fn answer(
                 if let Some(check) = resource.path_check {
                     check(&id)?;
                 }
-                Err(ApiError::method_not_allowed_on(resource.template))
+                Err(ApiError::method_not_allowed(&resource.allow()))
             }),
         }
     };

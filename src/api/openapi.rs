@@ -2,7 +2,7 @@
 //!
 //! The document is hand-written in `src/api/openapi.json` and compiled into
 //! the binary. `tests/http/openapi.rs` keeps it in step with
-//! [`crate::routes::routes`]: the document's operations must equal the
+//! [`crate::api::route_table::routes`]: the document's operations must equal the
 //! table, and every entry of the table must reach a handler on a live
 //! server; CI runs schemathesis against a live server with the document
 //! (`.ci/run`).

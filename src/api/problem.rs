@@ -90,20 +90,10 @@ impl ApiError {
         )
     }
 
-    /// `405`, for the path whose template (as in [`crate::routes::RESOURCES`],
-    /// e.g. `/api/moments/{id}`) is `route`, naming in `Allow` the methods
-    /// the table lists for it: the one list of what each path takes.
-    pub fn method_not_allowed_on(route: &str) -> ApiError {
-        let allowed: Vec<&str> = crate::routes::resource(route)
-            .map(|resource| resource.methods.iter().map(|(method, _)| *method).collect())
-            .unwrap_or_default();
-        debug_assert!(!allowed.is_empty(), "{route} is not in RESOURCES");
-        ApiError::method_not_allowed(&allowed.join(", "))
-    }
-
     /// `405`, for a route that exists with other methods (`allowed`, the
-    /// `Allow` header's value).
-    fn method_not_allowed(allowed: &str) -> ApiError {
+    /// `Allow` header's value: what the route table lists for the path,
+    /// [`crate::api::route_table::Resource::allow`]).
+    pub fn method_not_allowed(allowed: &str) -> ApiError {
         let mut e = ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             wire::INVALID_REQUEST,

@@ -1,6 +1,6 @@
 //! The API description (`src/api/openapi.json`, served at
 //! `GET /api/openapi.json`) against the route table
-//! ([`spark_engine::routes::RESOURCES`], its (method, path) pairs
+//! ([`spark_engine::api::route_table::RESOURCES`], its (method, path) pairs
 //! [`routes`]) and against the router, which is built from the table (a
 //! path or a method is served only through it).
 //!
@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use common::{settings, ulid, TestServer};
 use serde_json::{json, Value};
 use spark_engine::api::openapi::document;
-use spark_engine::routes::routes;
+use spark_engine::api::route_table::routes;
 
 /// The HTTP methods an OpenAPI path item can hold (as its lower-case keys).
 const METHODS: &[&str] = &[

@@ -183,7 +183,9 @@ async fn the_store_down_for_a_while_loses_nothing_and_the_lag_recovers() {
     );
     assert!(shipping.status.failing().is_some());
     assert_eq!(shipping.status.to_json()["status"], "failing");
-    let metrics = spark_engine::metrics::get().render();
+    // What `GET /metrics` appends after the engine's own.
+    let mut metrics = String::new();
+    spark_engine::archive::metrics::render_into(&mut metrics);
     assert!(
         metrics.contains("spark_archive_failures_total{kind=\"unreachable\"}"),
         "{metrics}"

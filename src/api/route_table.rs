@@ -1,7 +1,7 @@
 //! The route table: every path the server answers, the methods it takes
 //! there and the handler of each. The one list from which the router
 //! ([`crate::api::routes`], with warp's method filters), the `Allow` header
-//! of a `405` ([`crate::api::ApiError::method_not_allowed_on`]) and the
+//! of a `405` ([`Resource::allow`]) and the
 //! `route` label of the request metrics ([`template_of`]) are derived, and
 //! against which `tests/http/openapi.rs` checks the OpenAPI document.
 
@@ -239,9 +239,13 @@ pub fn routes() -> impl Iterator<Item = (&'static str, &'static str)> {
     })
 }
 
-/// The path of [`RESOURCES`] whose template is `template`.
-pub fn resource(template: &str) -> Option<&'static Resource> {
-    RESOURCES.iter().find(|r| r.template == template)
+impl Resource {
+    /// The methods this path takes, as an `Allow` header's value
+    /// (`GET, PATCH, DELETE`), in the table's order.
+    pub fn allow(&self) -> String {
+        let methods: Vec<&str> = self.methods.iter().map(|(method, _)| *method).collect();
+        methods.join(", ")
+    }
 }
 
 /// The template in [`RESOURCES`] of a request path, for the request metrics'
