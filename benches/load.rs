@@ -121,10 +121,9 @@ use rand::{Rng, SeedableRng};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// The `weed mini` server of the archive tests (SeaweedFS), the store of
-/// the archive rows.
-#[path = "../replay-tools/tests/tools/weed.rs"]
-mod weed;
+// The `weed mini` server of the archive tests (SeaweedFS), the store of
+// the archive rows.
+use spark_test_support::weed;
 
 #[path = "load/archive.rs"]
 mod archive;

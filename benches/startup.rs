@@ -27,8 +27,7 @@ use spark_engine::config::{log_dir, Settings};
 use spark_engine::Engine;
 use spark_log_format::{LogConfig, LogReader, OsFs, ScanOptions};
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use spark_test_support::server as common;
 
 /// The same allocator as the server (mimalloc; see `src/main.rs`).
 #[global_allocator]

@@ -701,14 +701,14 @@ impl Settings {
         }
         if !replica.endpoint.is_empty() {
             if let Err(message) = spark_archive::check_endpoint(&replica.endpoint) {
-                return invalid("replica.endpoint", message);
+                return invalid("replica.endpoint", message.to_string());
             }
         }
         let Some(from) = &self.replica_from else {
             return Ok(());
         };
         if let Err(message) = ArchiveUrl::parse(from) {
-            return invalid("--from", message);
+            return invalid("--from", message.to_string());
         }
         if self.archive.is_some() || self.take_over {
             return invalid(
@@ -803,11 +803,11 @@ impl Settings {
         self.validate_replica()?;
         if let Some(archive) = &self.archive {
             if let Err(message) = ArchiveUrl::parse(&archive.url) {
-                return invalid("archive.url", &message);
+                return invalid("archive.url", &message.to_string());
             }
             if let Some(endpoint) = &archive.endpoint {
                 if let Err(message) = spark_archive::check_endpoint(endpoint) {
-                    return invalid("archive.endpoint", &message);
+                    return invalid("archive.endpoint", &message.to_string());
                 }
             }
             if archive.region.is_empty() {

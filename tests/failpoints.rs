@@ -4,7 +4,7 @@
 //!
 //! `cargo test --features failpoints --test failpoints`
 
-mod common;
+use spark_test_support::server as common;
 
 use common::{log_records, settings, ulid, TestServer};
 use serde_json::json;

@@ -6,7 +6,7 @@
 //! allocated bytes does not move with the allocator's page use or with how
 //! busy the machine is.
 
-mod common;
+use spark_test_support::server as common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use spark_core::checkpoint as ckpt;
-use spark_log_format::archive::{CheckpointEntry, Manifest};
+use spark_log_format::archive::{CheckpointEntry, Manifest, ObjectError};
 use spark_log_format::format::chain_hex;
 
 use crate::{ArchiveStore, StoreError};
@@ -25,12 +25,89 @@ pub struct Installed {
 
 /// An archived checkpoint that was not used: its key and why (missing,
 /// damaged, stale: its chain value is not the log's at its seq).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Skipped {
     /// The object key.
     pub key: String,
-    /// Why, in words.
-    pub why: String,
+    /// Why (its text does not name the key).
+    pub why: InstallError,
+}
+
+/// Why an archived checkpoint was not installed ([`install`]). Each
+/// carries the object's key; the texts do not name it (the caller does, as
+/// [`Skipped`] does).
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The object the manifest names is missing.
+    #[error("the object is missing")]
+    Missing {
+        /// The object key.
+        key: String,
+    },
+    /// The object's length or BLAKE3 is not the manifest entry's.
+    #[error("damaged: {source}")]
+    Damaged {
+        /// The object key.
+        key: String,
+        /// What the check found.
+        source: ObjectError,
+    },
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(StoreError),
+    /// The object's checkpoint frame does not check
+    /// ([`ckpt::decode_header`]).
+    #[error("damaged: {source}")]
+    Frame {
+        /// The object key.
+        key: String,
+        /// Why.
+        source: ckpt::CheckpointError,
+    },
+    /// The object's header is not the manifest entry's seq and chain.
+    #[error(
+        "its header (seq {seq}, chain {chain}) is not the manifest's entry \
+         (seq {entry_seq}, chain {entry_chain})"
+    )]
+    NotTheEntry {
+        /// The object key.
+        key: String,
+        /// The header's seq.
+        seq: u64,
+        /// The header's chain value, hex.
+        chain: String,
+        /// The entry's seq.
+        entry_seq: u64,
+        /// The entry's chain value, hex.
+        entry_chain: String,
+    },
+    /// The log in the data directory cannot give a chain value at the
+    /// header's point ([`ckpt::chain_at`]: missing, short, damaged).
+    #[error("stale: {source}")]
+    LogShort {
+        /// The object key.
+        key: String,
+        /// Why.
+        source: ckpt::CheckpointError,
+    },
+    /// The header's chain value is not the log's at its seq.
+    #[error("stale: its chain value at seq {seq} is not the log's ({log_chain} there)")]
+    Stale {
+        /// The object key.
+        key: String,
+        /// The header's seq.
+        seq: u64,
+        /// The log's chain value there, hex.
+        log_chain: String,
+    },
+    /// The checkpoint file cannot be written ([`ckpt::write_file`]).
+    #[error("{source}")]
+    Write {
+        /// The object key.
+        key: String,
+        /// Why.
+        source: ckpt::CheckpointError,
+    },
 }
 
 /// Fetches the checkpoint `entry` names and checks it: its length and
@@ -43,44 +120,49 @@ pub struct Skipped {
 /// file, fsync, rename, fsync of the directory). The body is checked by
 /// whoever loads it ([`ckpt::load`]).
 ///
-/// Errors: why, in words; the store unreachable is an error too (the
+/// Errors: [`InstallError`]; the store unreachable is an error too (the
 /// caller goes on without a checkpoint).
 pub async fn install(
     store: &ArchiveStore,
     entry: &CheckpointEntry,
     data_dir: &Path,
     log_dir: &Path,
-) -> Result<Installed, String> {
+) -> Result<Installed, InstallError> {
+    let key = || entry.key.clone();
     let bytes = match store
         .get_listed(&entry.key, entry.bytes, &entry.blake3)
         .await
     {
         Ok(bytes) => bytes,
-        Err(StoreError::Missing { .. }) => return Err("the object is missing".into()),
-        Err(StoreError::Damaged { source, .. }) => return Err(format!("damaged: {source}")),
-        Err(e) => return Err(e.to_string()),
+        Err(StoreError::Missing { key }) => return Err(InstallError::Missing { key }),
+        Err(StoreError::Damaged { key, source }) => {
+            return Err(InstallError::Damaged { key, source })
+        }
+        Err(e) => return Err(InstallError::Store(e)),
     };
-    let header = ckpt::decode_header(&bytes).map_err(|e| format!("damaged: {e}"))?;
+    let header =
+        ckpt::decode_header(&bytes).map_err(|source| InstallError::Frame { key: key(), source })?;
     if header.at.seq != entry.seq || chain_hex(&header.at.chain) != entry.chain {
-        return Err(format!(
-            "its header (seq {}, chain {}) is not the manifest's entry (seq {}, chain {})",
-            header.at.seq,
-            chain_hex(&header.at.chain),
-            entry.seq,
-            entry.chain
-        ));
+        return Err(InstallError::NotTheEntry {
+            key: key(),
+            seq: header.at.seq,
+            chain: chain_hex(&header.at.chain),
+            entry_seq: entry.seq,
+            entry_chain: entry.chain.clone(),
+        });
     }
     let at = header.at;
     let chain = ckpt::chain_at(log_dir, at.segment_first_seq, at.frame_end_offset)
-        .map_err(|e| format!("stale: {e}"))?;
+        .map_err(|source| InstallError::LogShort { key: key(), source })?;
     if chain != at.chain {
-        return Err(format!(
-            "stale: its chain value at seq {} is not the log's ({} there)",
-            at.seq,
-            chain_hex(&chain)
-        ));
+        return Err(InstallError::Stale {
+            key: key(),
+            seq: at.seq,
+            log_chain: chain_hex(&chain),
+        });
     }
-    let file = ckpt::write_file(&spark_log_format::OsFs, data_dir, at.seq, &bytes)?;
+    let file = ckpt::write_file(&spark_log_format::OsFs, data_dir, at.seq, &bytes)
+        .map_err(|source| InstallError::Write { key: key(), source })?;
     Ok(Installed {
         key: entry.key.clone(),
         file,

@@ -87,6 +87,71 @@ impl StoreError {
     }
 }
 
+/// Why a store's settings were refused before any request: the URL, the
+/// endpoint, the credentials, or the client's own check (SPEC section 11).
+/// Each names what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The archive URL does not start with `s3://`.
+    #[error("{url:?} does not start with s3://")]
+    Scheme {
+        /// The URL.
+        url: String,
+    },
+    /// The bucket is not 3 to 63 of `a-z`, `0-9`, `-` or `.`.
+    #[error("bucket {bucket:?} is not 3 to 63 lower-case letters, digits, '-' or '.'")]
+    Bucket {
+        /// The bucket.
+        bucket: String,
+    },
+    /// The prefix has an empty path part (`a//b`, a leading `/`).
+    #[error("prefix {prefix:?} has an empty path part")]
+    Prefix {
+        /// The prefix.
+        prefix: String,
+    },
+    /// The endpoint's scheme is not `http://` or `https://`.
+    #[error("must start with http:// or https://")]
+    EndpointScheme,
+    /// The endpoint's IPv6 host has no closing `]`.
+    #[error("an IPv6 host needs its closing ]")]
+    Ipv6Host,
+    /// The endpoint names no host (or has user info).
+    #[error("must name a host after the scheme (e.g. http://127.0.0.1:8333)")]
+    Host,
+    /// The endpoint's port is not 1 to 65535.
+    #[error("port {port:?} is not 1 to 65535")]
+    Port {
+        /// The port as written.
+        port: String,
+    },
+    /// The endpoint of a store config, refused by [`check_endpoint`].
+    #[error("endpoint {endpoint:?}: {source}")]
+    Endpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// Why it is refused.
+        source: Box<ConfigError>,
+    },
+    /// The key id or the secret is unset or empty.
+    #[error(
+        "no credentials: {} not set; set AWS_ACCESS_KEY_ID and \
+         AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
+         credentials) in the environment (the archive reads no other source)",
+        .unset.join(" and ")
+    )]
+    Credentials {
+        /// The variables unset or empty.
+        unset: Vec<&'static str>,
+    },
+    /// The S3 client refused the settings.
+    #[error("{source}")]
+    Client {
+        /// What the client said.
+        source: object_store::Error,
+    },
+}
+
 /// What a create-only put found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Put {
@@ -108,23 +173,27 @@ pub struct ArchiveUrl {
 
 impl ArchiveUrl {
     /// Parses `s3://BUCKET[/PREFIX]`; the error says what is wrong.
-    pub fn parse(url: &str) -> Result<ArchiveUrl, String> {
+    pub fn parse(url: &str) -> Result<ArchiveUrl, ConfigError> {
         let rest = url
             .strip_prefix("s3://")
-            .ok_or_else(|| format!("{url:?} does not start with s3://"))?;
+            .ok_or_else(|| ConfigError::Scheme {
+                url: url.to_owned(),
+            })?;
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let bucket_ok = (3..=63).contains(&bucket.len())
             && bucket
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
         if !bucket_ok {
-            return Err(format!(
-                "bucket {bucket:?} is not 3 to 63 lower-case letters, digits, '-' or '.'"
-            ));
+            return Err(ConfigError::Bucket {
+                bucket: bucket.to_owned(),
+            });
         }
         let prefix = prefix.trim_end_matches('/');
         if !prefix.is_empty() && prefix.split('/').any(str::is_empty) {
-            return Err(format!("prefix {prefix:?} has an empty path part"));
+            return Err(ConfigError::Prefix {
+                prefix: prefix.to_owned(),
+            });
         }
         Ok(ArchiveUrl {
             bucket: bucket.to_owned(),
@@ -167,16 +236,14 @@ pub fn endpoint_from_env(var: impl Fn(&str) -> Option<String>) -> Option<String>
 /// `https://s3.example.com`). The one rule for the engine's
 /// `archive.endpoint` and the tools' `--endpoint`; the error says what is
 /// wrong (the S3 client would panic on some of these).
-pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+pub fn check_endpoint(endpoint: &str) -> Result<(), ConfigError> {
     let rest = endpoint
         .strip_prefix("http://")
         .or_else(|| endpoint.strip_prefix("https://"))
-        .ok_or("must start with http:// or https://")?;
+        .ok_or(ConfigError::EndpointScheme)?;
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (host, after) = v6
-            .split_once(']')
-            .ok_or("an IPv6 host needs its closing ]")?;
+        let (host, after) = v6.split_once(']').ok_or(ConfigError::Ipv6Host)?;
         (host, after.strip_prefix(':'))
     } else {
         match authority.rsplit_once(':') {
@@ -189,11 +256,13 @@ pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b));
     if !host_ok || authority.contains('@') {
-        return Err("must name a host after the scheme (e.g. http://127.0.0.1:8333)".into());
+        return Err(ConfigError::Host);
     }
     if let Some(port) = port {
         if port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(format!("port {port:?} is not 1 to 65535"));
+            return Err(ConfigError::Port {
+                port: port.to_owned(),
+            });
         }
     }
     Ok(())
@@ -225,7 +294,7 @@ impl Credentials {
     /// The credentials from the variables `var` gives (`std::env::var` in
     /// use). Errors when the key id or the secret is unset or empty, naming
     /// the variables.
-    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Credentials, String> {
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Credentials, ConfigError> {
         let get = |name: &str| var(name).filter(|v| !v.is_empty());
         let id = get("AWS_ACCESS_KEY_ID");
         let secret = get("AWS_SECRET_ACCESS_KEY");
@@ -236,19 +305,14 @@ impl Credentials {
                 session_token: get("AWS_SESSION_TOKEN"),
             }),
             (id, secret) => {
-                let unset: Vec<&str> = [
+                let unset: Vec<&'static str> = [
                     (id.is_none(), "AWS_ACCESS_KEY_ID"),
                     (secret.is_none(), "AWS_SECRET_ACCESS_KEY"),
                 ]
                 .into_iter()
                 .filter_map(|(unset, name)| unset.then_some(name))
                 .collect();
-                Err(format!(
-                    "no credentials: {} not set; set AWS_ACCESS_KEY_ID and \
-                     AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
-                     credentials) in the environment (the archive reads no other source)",
-                    unset.join(" and ")
-                ))
+                Err(ConfigError::Credentials { unset })
             }
         }
     }
@@ -272,14 +336,14 @@ impl ArchiveStore {
     /// client retries a failed request at most twice; the caller retries
     /// beyond that.
     ///
-    /// Errors (in words, before any request): a bad URL, an endpoint
+    /// Errors ([`ConfigError`], before any request): a bad URL, an endpoint
     /// [`check_endpoint`] refuses, or no credentials ([`Credentials::from_env`];
     /// the client never falls back to the EC2 instance metadata service).
     ///
     /// A `config` with no endpoint takes the one of the environment
     /// ([`endpoint_from_env`]), so an endpoint in the settings or on the
     /// command line wins over it.
-    pub fn connect(config: &StoreConfig) -> Result<ArchiveStore, String> {
+    pub fn connect(config: &StoreConfig) -> Result<ArchiveStore, ConfigError> {
         let credentials = Credentials::from_env(|name| std::env::var(name).ok())?;
         let endpoint = config
             .endpoint
@@ -298,7 +362,7 @@ impl ArchiveStore {
     pub fn connect_with(
         config: &StoreConfig,
         credentials: Credentials,
-    ) -> Result<ArchiveStore, String> {
+    ) -> Result<ArchiveStore, ConfigError> {
         let url = ArchiveUrl::parse(&config.url)?;
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(&url.bucket)
@@ -320,12 +384,17 @@ impl ArchiveStore {
             builder = builder.with_token(token);
         }
         if let Some(endpoint) = &config.endpoint {
-            check_endpoint(endpoint).map_err(|e| format!("endpoint {endpoint:?}: {e}"))?;
+            check_endpoint(endpoint).map_err(|e| ConfigError::Endpoint {
+                endpoint: endpoint.clone(),
+                source: Box::new(e),
+            })?;
             builder = builder
                 .with_endpoint(endpoint)
                 .with_allow_http(endpoint.starts_with("http://"));
         }
-        let store = builder.build().map_err(|e| e.to_string())?;
+        let store = builder
+            .build()
+            .map_err(|source| ConfigError::Client { source })?;
         Ok(ArchiveStore::new(Arc::new(store), url.prefix))
     }
 
@@ -703,7 +772,7 @@ mod tests {
             ("http://user@host", "host"),
         ] {
             let error = check_endpoint(bad).unwrap_err();
-            assert!(error.contains(says), "{bad}: {error}");
+            assert!(error.to_string().contains(says), "{bad}: {error}");
         }
         let config = StoreConfig {
             url: "s3://spark/p".into(),
@@ -712,20 +781,23 @@ mod tests {
         };
         let credentials = Credentials::from_env(|_| Some("x".into())).unwrap();
         let error = ArchiveStore::connect_with(&config, credentials).unwrap_err();
-        assert!(error.contains("127.0.0.1:8333"), "{error}");
+        assert!(error.to_string().contains("127.0.0.1:8333"), "{error}");
     }
 
     #[test]
     fn credentials_come_only_from_the_aws_variables() {
         let none = Credentials::from_env(|_| None).unwrap_err();
         assert!(
-            none.contains("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY not set"),
+            none.to_string()
+                .contains("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY not set"),
             "{none}"
         );
         let no_secret =
             Credentials::from_env(|name| (name == "AWS_ACCESS_KEY_ID").then(|| "id".to_owned()))
                 .unwrap_err();
-        assert!(no_secret.starts_with("no credentials: AWS_SECRET_ACCESS_KEY not set"));
+        assert!(no_secret
+            .to_string()
+            .starts_with("no credentials: AWS_SECRET_ACCESS_KEY not set"));
         let all = Credentials::from_env(|name| Some(format!("{name}-value"))).unwrap();
         assert_eq!(all.access_key_id, "AWS_ACCESS_KEY_ID-value");
         assert_eq!(

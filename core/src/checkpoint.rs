@@ -17,19 +17,304 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use spark_log_format::format::{chain_value, record_size};
-use spark_log_format::format::{segment_file_name, SegmentHeader};
-use spark_log_format::{ChainValue, Fs, LogReader, OsFs, ScanOptions, HEADER_LEN};
+use spark_log_format::format::{segment_file_name, HeaderError, SegmentHeader};
+use spark_log_format::{ChainValue, Fs, LogError, LogReader, OsFs, ScanOptions, HEADER_LEN};
 use thin_vec::ThinVec;
 
+use crate::codec::CodecError;
 use crate::ids::Id;
 use crate::len_prefixed::{checked_read, checked_read_leb128, push, push_leb128};
+use crate::mirror::PackedMomentError;
 use crate::mirror::{Job, Mark, Media, Message, Mirror, Moment, Recall, Turn};
 use crate::op::{Entity, OpKind};
+use crate::replay::ReplayError;
 use crate::request_index::RequestRow;
 
 /// The checkpoint format version this build writes and reads; a file with
 /// another one is ignored.
 pub const FORMAT_VERSION: u16 = 1;
+
+/// Why a checkpoint file was not used, or could not be built or written.
+/// The texts do not name the checkpoint file (the caller does, as
+/// [`Ignored`] does); they name a log segment when one is at fault. Body
+/// offsets are bytes from the start of the body.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The log segment a checkpoint stands in cannot be opened.
+    #[error("segment {} cannot be read: {source}", .path.display())]
+    SegmentUnreadable {
+        /// The segment file.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The log segment a checkpoint stands in cannot be mapped.
+    #[error("segment {} cannot be mapped: {source}", .path.display())]
+    SegmentUnmappable {
+        /// The segment file.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The point's offset lies past the segment's end (or inside its
+    /// header).
+    #[error("offset {end} is beyond the log (segment {} holds {len_bytes} bytes)", .path.display())]
+    BeyondSegment {
+        /// The segment file.
+        path: PathBuf,
+        /// The point's offset in the segment, bytes.
+        end: u64,
+        /// The segment's length, bytes.
+        len_bytes: u64,
+    },
+    /// The point's offset lies past the segment's mapping.
+    #[error("offset {end} is beyond the log")]
+    BeyondMap {
+        /// The segment file.
+        path: PathBuf,
+        /// The point's offset in the segment, bytes.
+        end: u64,
+    },
+    /// The segment's header does not decode (FORMAT.md "Segment header").
+    #[error("segment {} header: {error:?}", .path.display())]
+    SegmentHeader {
+        /// The segment file.
+        path: PathBuf,
+        /// Why the header does not decode.
+        error: HeaderError,
+    },
+    /// The checkpoint file cannot be opened or its length read.
+    #[error("cannot be read: {source}")]
+    Unreadable {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The checkpoint file cannot be mapped.
+    #[error("cannot be mapped: {source}")]
+    Unmappable {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// Fewer bytes than a header and a trailer.
+    #[error("{len_bytes} bytes: shorter than a checkpoint")]
+    TooShort {
+        /// The file's length, bytes.
+        len_bytes: u64,
+    },
+    /// The first 8 bytes are not [`MAGIC`].
+    #[error("not a checkpoint (bad magic)")]
+    BadMagic,
+    /// Another format version than [`FORMAT_VERSION`].
+    #[error("format version {found}, this build reads {}", FORMAT_VERSION)]
+    Version {
+        /// The file's version.
+        found: u16,
+    },
+    /// The header's reserved bytes are not zero.
+    #[error("reserved header bytes are not zero")]
+    ReservedBytes,
+    /// The header's body length is not the bytes between header and
+    /// trailer (the whole file read).
+    #[error("header says {body_bytes} body bytes, the file holds {held_bytes}")]
+    BodyLength {
+        /// The header's body length, bytes.
+        body_bytes: u64,
+        /// The bytes between header and trailer.
+        held_bytes: u64,
+    },
+    /// The header's body length does not give the file's length (only
+    /// the header read).
+    #[error("header says {body_bytes} body bytes, the file holds {file_bytes} bytes in all")]
+    FileLength {
+        /// The header's body length, bytes.
+        body_bytes: u64,
+        /// The file's length, bytes.
+        file_bytes: u64,
+    },
+    /// The BLAKE3 trailer is not the hash of the bytes before it.
+    #[error("checksum mismatch (BLAKE3 trailer)")]
+    Checksum,
+    /// A decoding thread panicked (`what` names it).
+    #[error("{what} panicked")]
+    Panicked {
+        /// The thread, e.g. "the checksum thread".
+        what: &'static str,
+    },
+    /// The body ends inside an item.
+    #[error("body ends inside an item at byte {at}")]
+    BodyEnds {
+        /// Where the item starts in the body.
+        at: usize,
+    },
+    /// A LEB128 number does not decode.
+    #[error("{what}: bad number at body byte {at}")]
+    BadNumber {
+        /// What the number is.
+        what: &'static str,
+        /// Where it starts in the body.
+        at: usize,
+    },
+    /// A length-prefixed item runs past the body.
+    #[error("{what}: runs past the body at byte {at}")]
+    RunsPast {
+        /// What the item is.
+        what: &'static str,
+        /// Where it starts in the body.
+        at: usize,
+    },
+    /// A text is not UTF-8.
+    #[error("{what}: not UTF-8")]
+    NotUtf8 {
+        /// What the text is.
+        what: &'static str,
+    },
+    /// A count of items the rest of the body cannot hold.
+    #[error("{what}: {count} items do not fit the body")]
+    TooMany {
+        /// What the items are.
+        what: &'static str,
+        /// The count read.
+        count: u64,
+    },
+    /// An item does not decode ([`crate::codec`]).
+    #[error("{what}: {source}")]
+    Item {
+        /// What the items are.
+        what: &'static str,
+        /// Why it does not decode.
+        source: CodecError,
+    },
+    /// A moment's version does not fit a `u32`.
+    #[error("version above u32")]
+    VersionAboveU32,
+    /// A moment's deleted flag is neither 0 nor 1.
+    #[error("moment {id}: deleted flag {flag}")]
+    DeletedFlag {
+        /// The moment.
+        id: Id,
+        /// The flag byte.
+        flag: u8,
+    },
+    /// A moment's packed parts do not check.
+    #[error(transparent)]
+    Moment(#[from] PackedMomentError),
+    /// Moments are not in strictly rising id order.
+    #[error("moment {id} out of id order")]
+    MomentOrder {
+        /// The first moment out of order.
+        id: Id,
+    },
+    /// A request row's op kind does not fit a `u16`.
+    #[error("op kind above u16")]
+    OpKindAboveU16,
+    /// A request row's op kind is not one this build knows.
+    #[error("unknown op kind {code}")]
+    UnknownOpKind {
+        /// The op kind's code.
+        code: u16,
+    },
+    /// A request row's entity tag is neither 0 (id) nor 1 (name).
+    #[error("request {key:?}: entity tag {tag}")]
+    EntityTag {
+        /// The request id.
+        key: String,
+        /// The tag byte.
+        tag: u8,
+    },
+    /// Request rows are not in strictly rising seq order, or one is past
+    /// the checkpoint's seq.
+    #[error("request {key:?}: seq {seq} out of order")]
+    RequestOrder {
+        /// The request id.
+        key: String,
+        /// Its seq.
+        seq: u64,
+    },
+    /// A request id has two rows.
+    #[error("request {key:?} appears twice")]
+    RequestTwice {
+        /// The request id.
+        key: String,
+    },
+    /// An item's id appears twice (`what`: media, turn, mark, job,
+    /// recall, message).
+    #[error("a {what} id appears twice")]
+    IdTwice {
+        /// What the item is.
+        what: &'static str,
+    },
+    /// Bytes are left after the last item.
+    #[error("{trailing_bytes} bytes after the body")]
+    TrailingBytes {
+        /// How many.
+        trailing_bytes: usize,
+    },
+    /// The file name's seq is not the header's.
+    #[error("the file name does not match the header's seq {seq}")]
+    NameMismatch {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The header's seq.
+        seq: u64,
+    },
+    /// The header names a segment that cannot hold its seq.
+    #[error("segment {segment_first_seq} cannot hold seq {seq}")]
+    SegmentCannotHold {
+        /// The header's segment (its first seq).
+        segment_first_seq: u64,
+        /// The header's seq.
+        seq: u64,
+    },
+    /// The header's chain value is not the log's at its point.
+    #[error(
+        "chain value at seq {seq} does not match the log (segment {} offset {frame_end_offset}): \
+         the checkpoint is stale, from another log, or beyond the log's end",
+        segment_file_name(*.segment_first_seq)
+    )]
+    ChainMismatch {
+        /// The header's seq.
+        seq: u64,
+        /// The header's segment (its first seq).
+        segment_first_seq: u64,
+        /// The header's offset in that segment, bytes.
+        frame_end_offset: u64,
+    },
+    /// The checkpoint directory cannot be created or fsynced (`what`:
+    /// "create", "fsync").
+    #[error("{what} {}: {source}", .path.display())]
+    Dir {
+        /// The operation.
+        what: &'static str,
+        /// The directory.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The checkpoint file cannot be written durably (the error names
+    /// the file).
+    #[error("{source}")]
+    Write {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The log cannot be opened or read while building.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// A committed record does not fold while building.
+    #[error("seq {seq}: {source}")]
+    Fold {
+        /// The record's seq.
+        seq: u64,
+        /// Why it does not fold.
+        source: ReplayError,
+    },
+}
 
 /// The first 8 bytes of every checkpoint file.
 pub const MAGIC: [u8; 8] = *b"SPKCKPT\0";
@@ -82,36 +367,47 @@ pub struct Header {
 
 /// The chain value at byte `end` of segment `segment_first_seq` in
 /// `log_dir`: BLAKE3 over the header's `chain_start` and the segment's bytes
-/// up to `end`. Errors in words: the segment is missing, shorter than `end`
-/// ("beyond the log"), or its header does not decode.
+/// up to `end`. Errors ([`CheckpointError`], naming the segment): the
+/// segment is missing, shorter than `end` ("beyond the log"), or its header
+/// does not decode.
 ///
 /// The segment is mapped, not copied: at startup this runs on up to 64 MiB
 /// of the segment recovery reads next, and a copy cost a fresh process
 /// that much zeroed memory and a copy.
-pub fn chain_at(log_dir: &Path, segment_first_seq: u64, end: u64) -> Result<ChainValue, String> {
+pub fn chain_at(
+    log_dir: &Path,
+    segment_first_seq: u64,
+    end: u64,
+) -> Result<ChainValue, CheckpointError> {
     let path = log_dir.join(segment_file_name(segment_first_seq));
-    let file = std::fs::File::open(&path)
-        .map_err(|e| format!("segment {} cannot be read: {e}", path.display()))?;
+    let file = match std::fs::File::open(&path) {
+        Ok(file) => file,
+        Err(source) => return Err(CheckpointError::SegmentUnreadable { path, source }),
+    };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     if end > len || end < HEADER_LEN as u64 {
-        return Err(format!(
-            "offset {end} is beyond the log (segment {} holds {len} bytes)",
-            path.display()
-        ));
+        return Err(CheckpointError::BeyondSegment {
+            path,
+            end,
+            len_bytes: len,
+        });
     }
     // SAFETY: a segment's bytes are only ever appended after its last
     // acknowledged frame (or cut after it by recovery, which holds the
     // data directory's lock); the bytes below `end` read here are checked
     // against a chain value, so a change under the map is at worst a
     // mismatch (the reader maps live segments the same way).
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|e| format!("segment {} cannot be mapped: {e}", path.display()))?;
-    let prefix = usize::try_from(end)
-        .ok()
-        .and_then(|end| map.get(..end))
-        .ok_or_else(|| format!("offset {end} is beyond the log"))?;
-    let header = SegmentHeader::decode(prefix)
-        .map_err(|e| format!("segment {} header: {e:?}", path.display()))?;
+    let map = match unsafe { memmap2::Mmap::map(&file) } {
+        Ok(map) => map,
+        Err(source) => return Err(CheckpointError::SegmentUnmappable { path, source }),
+    };
+    let Some(prefix) = usize::try_from(end).ok().and_then(|end| map.get(..end)) else {
+        return Err(CheckpointError::BeyondMap { path, end });
+    };
+    let header = match SegmentHeader::decode(prefix) {
+        Ok(header) => header,
+        Err(error) => return Err(CheckpointError::SegmentHeader { path, error }),
+    };
     Ok(chain_value(&header.chain_start, prefix))
 }
 
@@ -205,8 +501,8 @@ fn items<T: serde::Serialize>(out: &mut Vec<u8>, values: Vec<&T>) {
 
 /// Decodes the header of a whole checkpoint file and checks, in order:
 /// length, magic, format version, reserved bytes, body length and the
-/// BLAKE3 trailer. Errors in words (the caller names the file).
-pub fn decode_header(bytes: &[u8]) -> Result<Header, String> {
+/// BLAKE3 trailer. Errors: [`CheckpointError`] (the caller names the file).
+pub fn decode_header(bytes: &[u8]) -> Result<Header, CheckpointError> {
     let header = header_fields(bytes)?;
     check_trailer(bytes)?;
     Ok(header)
@@ -214,41 +510,41 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, String> {
 
 /// The BLAKE3 trailer of a whole file (at least [`HEADER_BYTES`] +
 /// [`TRAILER_BYTES`] long) against the hash of the bytes before it.
-fn check_trailer(bytes: &[u8]) -> Result<(), String> {
+fn check_trailer(bytes: &[u8]) -> Result<(), CheckpointError> {
     let trailer_start = bytes.len() - TRAILER_BYTES;
     let computed = blake3::hash(&bytes[..trailer_start]);
     if computed.as_bytes()[..] != bytes[trailer_start..] {
-        return Err("checksum mismatch (BLAKE3 trailer)".into());
+        return Err(CheckpointError::Checksum);
     }
     Ok(())
 }
 
 /// [`decode_header`] without the trailer: length, magic, format version,
 /// reserved bytes and body length.
-fn header_fields(bytes: &[u8]) -> Result<Header, String> {
+fn header_fields(bytes: &[u8]) -> Result<Header, CheckpointError> {
     if bytes.len() < HEADER_BYTES + TRAILER_BYTES {
-        return Err(format!("{} bytes: shorter than a checkpoint", bytes.len()));
+        return Err(CheckpointError::TooShort {
+            len_bytes: bytes.len() as u64,
+        });
     }
     if bytes[..8] != MAGIC {
-        return Err("not a checkpoint (bad magic)".into());
+        return Err(CheckpointError::BadMagic);
     }
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
     if version != FORMAT_VERSION {
-        return Err(format!(
-            "format version {version}, this build reads {FORMAT_VERSION}"
-        ));
+        return Err(CheckpointError::Version { found: version });
     }
     if bytes[10..16] != [0; 6] {
-        return Err("reserved header bytes are not zero".into());
+        return Err(CheckpointError::ReservedBytes);
     }
     let (body_start, trailer_start) = (HEADER_BYTES, bytes.len() - TRAILER_BYTES);
     let body_bytes = u64_at(80);
     if body_bytes != (trailer_start - body_start) as u64 {
-        return Err(format!(
-            "header says {body_bytes} body bytes, the file holds {}",
-            trailer_start - body_start
-        ));
+        return Err(CheckpointError::BodyLength {
+            body_bytes,
+            held_bytes: (trailer_start - body_start) as u64,
+        });
     }
     Ok(Header {
         at: LogPoint {
@@ -267,8 +563,9 @@ fn header_fields(bytes: &[u8]) -> Result<Header, String> {
 /// stays valid). Checks the header ([`decode_header`]) and every item:
 /// moments in strictly rising id order with well-formed packed texts,
 /// request rows in strictly rising seq order with no repeated id, known op
-/// kinds, every count within the bytes, no byte left over. Errors in words;
-/// a checksum mismatch is the error whenever the trailer does not match.
+/// kinds, every count within the bytes, no byte left over. Errors:
+/// [`CheckpointError`]; a checksum mismatch is the error whenever the
+/// trailer does not match.
 ///
 /// On several threads (the load was one thread's work, mostly
 /// the kernel zeroing the pages of a fresh mirror, while the other core
@@ -276,7 +573,7 @@ fn header_fields(bytes: &[u8]) -> Result<Header, String> {
 /// rows with the other items are decoded at once. The body is only ever
 /// read with bounds checks, so decoding it before its hash is known is
 /// safe; nothing decoded is returned unless the hash matches.
-pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), String> {
+pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), CheckpointError> {
     let header = header_fields(bytes)?;
     let body = &bytes[HEADER_BYTES..bytes.len() - TRAILER_BYTES];
     let (trailer, decoded) = std::thread::scope(|scope| {
@@ -284,7 +581,9 @@ pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), Stri
         let decoded = decode_body(body, &header, &mut mirror, scope);
         (trailer.join(), decoded)
     });
-    trailer.map_err(|_| "the checksum thread panicked".to_owned())??;
+    trailer.map_err(|_| CheckpointError::Panicked {
+        what: "the checksum thread",
+    })??;
     decoded?;
     Ok((header, mirror))
 }
@@ -295,7 +594,11 @@ type MomentRun = (Vec<(Id, Box<Moment>)>, usize);
 
 /// Decodes `count` moments from `r`, in strictly rising id order, into a
 /// vector with room for `capacity`.
-fn decode_moments(r: &mut Reader<'_>, count: usize, capacity: usize) -> Result<MomentRun, String> {
+fn decode_moments(
+    r: &mut Reader<'_>,
+    count: usize,
+    capacity: usize,
+) -> Result<MomentRun, CheckpointError> {
     let mut list: Vec<(Id, Box<Moment>)> = Vec::with_capacity(capacity.max(count));
     let mut live = 0;
     for _ in 0..count {
@@ -303,12 +606,13 @@ fn decode_moments(r: &mut Reader<'_>, count: usize, capacity: usize) -> Result<M
         let texts: Box<[u8]> = r.bytes("moment texts")?.into();
         let captured_at_ms = i64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let created_at_ms = r.leb("created_at_ms")?;
-        let version = u32::try_from(r.leb("version")?).map_err(|_| "version above u32")?;
+        let version =
+            u32::try_from(r.leb("version")?).map_err(|_| CheckpointError::VersionAboveU32)?;
         let flags = r.take(3)?;
         let deleted = match flags[0] {
             0 => false,
             1 => true,
-            other => return Err(format!("moment {id}: deleted flag {other}")),
+            flag => return Err(CheckpointError::DeletedFlag { id, flag }),
         };
         let id_count = r.count("moment ids", 16)?;
         let mut ids = ThinVec::with_capacity(id_count);
@@ -325,7 +629,7 @@ fn decode_moments(r: &mut Reader<'_>, count: usize, capacity: usize) -> Result<M
             ids,
         )?;
         if list.last().is_some_and(|(last, _)| *last >= id) {
-            return Err(format!("moment {id} out of id order"));
+            return Err(CheckpointError::MomentOrder { id });
         }
         live += usize::from(!deleted);
         list.push((id, Box::new(moment)));
@@ -335,7 +639,7 @@ fn decode_moments(r: &mut Reader<'_>, count: usize, capacity: usize) -> Result<M
 
 /// Steps `r` over one moment without decoding it (the same reads as
 /// [`decode_moments`], unchecked contents).
-fn skip_moment(r: &mut Reader<'_>) -> Result<(), String> {
+fn skip_moment(r: &mut Reader<'_>) -> Result<(), CheckpointError> {
     r.take(16)?;
     r.bytes("moment texts")?;
     r.take(8)?;
@@ -355,7 +659,7 @@ fn decode_body<'scope, 'env>(
     header: &Header,
     mirror: &mut Mirror,
     scope: &'scope std::thread::Scope<'scope, 'env>,
-) -> Result<(), String> {
+) -> Result<(), CheckpointError> {
     let mut r = Reader { buf: body, at: 0 };
     let moments = r.count("moments", 16 + 1 + 8 + 1 + 1 + 3 + 1)?;
     let first_half = moments / 2;
@@ -378,12 +682,14 @@ fn decode_body<'scope, 'env>(
     let late = scope.spawn(move || decode_moments(&mut second, moments - first_half, 0));
     let early = scope.spawn(move || decode_moments(&mut r, first_half, moments));
     decode_rest(&mut rest, header, mirror)?;
-    let panicked = |_| "a moment decoding thread panicked".to_owned();
+    let panicked = |_| CheckpointError::Panicked {
+        what: "a moment decoding thread",
+    };
     let (mut list, early_live) = early.join().map_err(panicked)??;
     let (late_list, late_live) = late.join().map_err(panicked)??;
     if let (Some((last, _)), Some((first, _))) = (list.last(), late_list.first()) {
         if last >= first {
-            return Err(format!("moment {first} out of id order"));
+            return Err(CheckpointError::MomentOrder { id: *first });
         }
     }
     list.extend(late_list);
@@ -394,7 +700,11 @@ fn decode_body<'scope, 'env>(
 
 /// The request rows and the other items, after the moments; checks that
 /// no byte is left over, and sets the mirror's seq and time.
-fn decode_rest(r: &mut Reader<'_>, header: &Header, mirror: &mut Mirror) -> Result<(), String> {
+fn decode_rest(
+    r: &mut Reader<'_>,
+    header: &Header,
+    mirror: &mut Mirror,
+) -> Result<(), CheckpointError> {
     let body = r.buf;
     let rows = r.count("request rows", 1 + 1 + 1 + 1 + 1)?;
     mirror.requests.reserve(rows);
@@ -409,22 +719,32 @@ fn decode_rest(r: &mut Reader<'_>, header: &Header, mirror: &mut Mirror) -> Resu
         {
             Ok(())
         } else {
-            Err(format!("request {key:?} appears twice"))
+            Err(CheckpointError::RequestTwice {
+                key: key.to_owned(),
+            })
         }
     };
     let mut last_seq = 0;
     for _ in 0..rows {
         let key = r.text("request id")?;
         let seq = r.leb("request seq")?;
-        let code = u16::try_from(r.leb("op kind")?).map_err(|_| "op kind above u16")?;
-        let kind = OpKind::from_code(code).ok_or_else(|| format!("unknown op kind {code}"))?;
+        let code = u16::try_from(r.leb("op kind")?).map_err(|_| CheckpointError::OpKindAboveU16)?;
+        let kind = OpKind::from_code(code).ok_or(CheckpointError::UnknownOpKind { code })?;
         let entity = match r.take(1)?[0] {
             0 => Entity::Id(Id(r.u128()?)),
             1 => Entity::Name(r.text("entity name")?.to_owned()),
-            other => return Err(format!("request {key:?}: entity tag {other}")),
+            tag => {
+                return Err(CheckpointError::EntityTag {
+                    key: key.to_owned(),
+                    tag,
+                })
+            }
         };
         if seq <= last_seq || seq > header.at.seq {
-            return Err(format!("request {key:?}: seq {seq} out of order"));
+            return Err(CheckpointError::RequestOrder {
+                key: key.to_owned(),
+                seq,
+            });
         }
         last_seq = seq;
         let hash = mirror.requests.hash_str(key);
@@ -440,27 +760,27 @@ fn decode_rest(r: &mut Reader<'_>, header: &Header, mirror: &mut Mirror) -> Resu
     }
     for media in r.items::<Media>("media")? {
         if mirror.media.insert(media.id, media).is_some() {
-            return Err("a media id appears twice".into());
+            return Err(CheckpointError::IdTwice { what: "media" });
         }
     }
     for turn in r.items::<Turn>("turns")? {
         if mirror.turns.insert(turn.id, turn).is_some() {
-            return Err("a turn id appears twice".into());
+            return Err(CheckpointError::IdTwice { what: "turn" });
         }
     }
     for mark in r.items::<Mark>("marks")? {
         if mirror.marks.insert(mark.id.clone(), mark).is_some() {
-            return Err("a mark id appears twice".into());
+            return Err(CheckpointError::IdTwice { what: "mark" });
         }
     }
     for job in r.items::<Job>("jobs")? {
         if mirror.jobs.insert(job.job_id.clone(), job).is_some() {
-            return Err("a job id appears twice".into());
+            return Err(CheckpointError::IdTwice { what: "job" });
         }
     }
     for recall in r.items::<Recall>("recalls")? {
         if mirror.recalls.insert(recall.id.clone(), recall).is_some() {
-            return Err("a recall id appears twice".into());
+            return Err(CheckpointError::IdTwice { what: "recall" });
         }
     }
     for message in r.items::<Message>("messages")? {
@@ -470,11 +790,13 @@ fn decode_rest(r: &mut Reader<'_>, header: &Header, mirror: &mut Mirror) -> Resu
             .or_default()
             .insert(message.id);
         if mirror.messages.insert(message.id, message).is_some() {
-            return Err("a message id appears twice".into());
+            return Err(CheckpointError::IdTwice { what: "message" });
         }
     }
     if r.at != body.len() {
-        return Err(format!("{} bytes after the body", body.len() - r.at));
+        return Err(CheckpointError::TrailingBytes {
+            trailing_bytes: body.len() - r.at,
+        });
     }
     mirror.seq = header.at.seq;
     mirror.ts_ms = header.ts_ms;
@@ -492,55 +814,65 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CheckpointError> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or_else(|| format!("body ends inside an item at byte {}", self.at))?;
+        let end = end.ok_or(CheckpointError::BodyEnds { at: self.at })?;
         let out = &self.buf[self.at..end];
         self.at = end;
         Ok(out)
     }
 
-    fn u128(&mut self) -> Result<u128, String> {
+    fn u128(&mut self) -> Result<u128, CheckpointError> {
         Ok(u128::from_le_bytes(
             self.take(16)?.try_into().expect("16 bytes"),
         ))
     }
 
-    fn leb(&mut self, what: &str) -> Result<u64, String> {
+    fn leb(&mut self, what: &'static str) -> Result<u64, CheckpointError> {
         let (value, next) = checked_read_leb128(self.buf, self.at)
-            .ok_or_else(|| format!("{what}: bad number at body byte {}", self.at))?;
+            .ok_or(CheckpointError::BadNumber { what, at: self.at })?;
         self.at = next;
         Ok(value)
     }
 
-    fn bytes(&mut self, what: &str) -> Result<&'a [u8], String> {
+    fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], CheckpointError> {
         let (bytes, next) = checked_read(self.buf, self.at)
-            .ok_or_else(|| format!("{what}: runs past the body at byte {}", self.at))?;
+            .ok_or(CheckpointError::RunsPast { what, at: self.at })?;
         self.at = next;
         Ok(bytes)
     }
 
-    fn text(&mut self, what: &str) -> Result<&'a str, String> {
-        std::str::from_utf8(self.bytes(what)?).map_err(|_| format!("{what}: not UTF-8"))
+    fn text(&mut self, what: &'static str) -> Result<&'a str, CheckpointError> {
+        std::str::from_utf8(self.bytes(what)?).map_err(|_| CheckpointError::NotUtf8 { what })
     }
 
     /// A count of items of at least `min_item_bytes` each, refused when
     /// the rest of the body cannot hold that many.
-    fn count(&mut self, what: &str, min_item_bytes: usize) -> Result<usize, String> {
+    fn count(
+        &mut self,
+        what: &'static str,
+        min_item_bytes: usize,
+    ) -> Result<usize, CheckpointError> {
         let count = self.leb(what)?;
         let room = (self.buf.len() - self.at) / min_item_bytes;
         usize::try_from(count)
             .ok()
             .filter(|&c| c <= room)
-            .ok_or_else(|| format!("{what}: {count} items do not fit the body"))
+            .ok_or(CheckpointError::TooMany { what, count })
     }
 
-    fn items<T: serde::de::DeserializeOwned>(&mut self, what: &str) -> Result<Vec<T>, String> {
+    fn items<T: serde::de::DeserializeOwned>(
+        &mut self,
+        what: &'static str,
+    ) -> Result<Vec<T>, CheckpointError> {
         let count = self.count(what, 1)?;
         let mut out = Vec::with_capacity(count);
         for _ in 0..count {
             let bytes = self.bytes(what)?;
-            out.push(crate::codec::decode(bytes).map_err(|e| format!("{what}: {e}"))?);
+            out.push(
+                crate::codec::decode(bytes)
+                    .map_err(|source| CheckpointError::Item { what, source })?,
+            );
         }
         Ok(out)
     }
@@ -550,12 +882,12 @@ impl<'a> Reader<'a> {
 
 /// A checkpoint file that was not used, and why (checksum, version, a
 /// chain value that does not match the log, a seq beyond the log, ...).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Ignored {
     /// The file.
     pub file: PathBuf,
-    /// Why, in words.
-    pub why: String,
+    /// Why (its text does not name the file).
+    pub why: CheckpointError,
 }
 
 /// A checkpoint that was loaded: its file, header and mirror.
@@ -588,17 +920,27 @@ pub fn list(data_dir: &Path) -> Vec<(u64, PathBuf)> {
 /// Reads and checks one checkpoint file against the log in `log_dir`:
 /// decodes it into `empty` ([`decode`]), checks that its name's seq is its
 /// header's, and that the chain value at its point equals the log's
-/// ([`chain_at`]). Errors in words (the caller names the file).
+/// ([`chain_at`]). Errors: [`CheckpointError`] (the caller names the file).
 ///
 /// The file is mapped, not copied (a 10-million-moment checkpoint is 1.7
 /// GB): checkpoint files are only ever created whole by a rename and
 /// removed by unlinking, never written in place, so the mapping cannot
 /// change under the decoder.
-pub fn load(path: &Path, log_dir: &Path, empty: Mirror) -> Result<(Header, Mirror), String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+pub fn load(
+    path: &Path,
+    log_dir: &Path,
+    empty: Mirror,
+) -> Result<(Header, Mirror), CheckpointError> {
+    let file = std::fs::File::open(path).map_err(|source| CheckpointError::Unreadable {
+        path: path.to_owned(),
+        source,
+    })?;
     // SAFETY: see above: nothing writes a checkpoint file in place.
     let bytes =
-        unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("cannot be mapped: {e}"))?;
+        unsafe { memmap2::Mmap::map(&file) }.map_err(|source| CheckpointError::Unmappable {
+            path: path.to_owned(),
+            source,
+        })?;
     // The trailer's hash is checked by `decode`, beside the body.
     let header = header_fields(&bytes)?;
     check_against_log(path, &header, log_dir)?;
@@ -610,8 +952,8 @@ pub fn load(path: &Path, log_dir: &Path, empty: Mirror) -> Result<(Header, Mirro
 /// header's body length, the name's seq, and the chain value against the
 /// log. What startup does to pick a checkpoint before loading it (the
 /// checksum and the body are checked by [`load`], on another thread).
-/// Errors in words.
-pub fn peek(path: &Path, log_dir: &Path) -> Result<Header, String> {
+/// Errors: [`CheckpointError`] (the caller names the file).
+pub fn peek(path: &Path, log_dir: &Path) -> Result<Header, CheckpointError> {
     let header = peek_header(path)?;
     check_against_log(path, &header, log_dir)?;
     Ok(header)
@@ -620,34 +962,34 @@ pub fn peek(path: &Path, log_dir: &Path) -> Result<Header, String> {
 /// [`peek`] without the checks against the log: magic, format version,
 /// reserved bytes and the file's length against the header's body length,
 /// from the header's bytes alone.
-fn peek_header(path: &Path) -> Result<Header, String> {
+fn peek_header(path: &Path) -> Result<Header, CheckpointError> {
     use std::io::Read as _;
-    let mut file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
-    let len = file
-        .metadata()
-        .map_err(|e| format!("cannot be read: {e}"))?
-        .len();
+    let unreadable = |source| CheckpointError::Unreadable {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    let len = file.metadata().map_err(unreadable)?.len();
     let mut head = [0u8; HEADER_BYTES];
     file.read_exact(&mut head)
-        .map_err(|_| format!("{len} bytes: shorter than a checkpoint"))?;
+        .map_err(|_| CheckpointError::TooShort { len_bytes: len })?;
     if head[..8] != MAGIC {
-        return Err("not a checkpoint (bad magic)".into());
+        return Err(CheckpointError::BadMagic);
     }
     let version = u16::from_le_bytes([head[8], head[9]]);
     if version != FORMAT_VERSION {
-        return Err(format!(
-            "format version {version}, this build reads {FORMAT_VERSION}"
-        ));
+        return Err(CheckpointError::Version { found: version });
     }
     if head[10..16] != [0; 6] {
-        return Err("reserved header bytes are not zero".into());
+        return Err(CheckpointError::ReservedBytes);
     }
     let u64_at = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().expect("8 bytes"));
     let body_bytes = u64_at(80);
     if Some(len) != body_bytes.checked_add((HEADER_BYTES + TRAILER_BYTES) as u64) {
-        return Err(format!(
-            "header says {body_bytes} body bytes, the file holds {len} bytes in all"
-        ));
+        return Err(CheckpointError::FileLength {
+            body_bytes,
+            file_bytes: len,
+        });
     }
     let header = Header {
         at: LogPoint {
@@ -664,33 +1006,31 @@ fn peek_header(path: &Path) -> Result<Header, String> {
 
 /// The name's seq is the header's, and the chain value at the header's
 /// point equals the log's.
-fn check_against_log(path: &Path, header: &Header, log_dir: &Path) -> Result<(), String> {
+fn check_against_log(path: &Path, header: &Header, log_dir: &Path) -> Result<(), CheckpointError> {
     let named = path
         .file_name()
         .and_then(|n| n.to_str())
         .and_then(parse_file_name);
     if named != Some(header.at.seq) {
-        return Err(format!(
-            "the file name does not match the header's seq {}",
-            header.at.seq
-        ));
+        return Err(CheckpointError::NameMismatch {
+            path: path.to_owned(),
+            seq: header.at.seq,
+        });
     }
     let at = header.at;
     if at.segment_first_seq == 0 || at.segment_first_seq > at.seq {
-        return Err(format!(
-            "segment {} cannot hold seq {}",
-            at.segment_first_seq, at.seq
-        ));
+        return Err(CheckpointError::SegmentCannotHold {
+            segment_first_seq: at.segment_first_seq,
+            seq: at.seq,
+        });
     }
     let chain = chain_at(log_dir, at.segment_first_seq, at.frame_end_offset)?;
     if chain != at.chain {
-        return Err(format!(
-            "chain value at seq {} does not match the log (segment {} offset {}): \
-             the checkpoint is stale, from another log, or beyond the log's end",
-            at.seq,
-            segment_file_name(at.segment_first_seq),
-            at.frame_end_offset
-        ));
+        return Err(CheckpointError::ChainMismatch {
+            seq: at.seq,
+            segment_first_seq: at.segment_first_seq,
+            frame_end_offset: at.frame_end_offset,
+        });
     }
     Ok(())
 }
@@ -846,10 +1186,20 @@ pub fn load_newest(
 /// file `<name>.tmp`, fsync, rename, directory fsync (the directory is
 /// created, durably, if missing). Removes leftover temp files first (a
 /// crash during an earlier write). Returns the path. Errors: the I/O error,
-/// naming the file.
-pub fn write_file(fs: &dyn Fs, data_dir: &Path, seq: u64, bytes: &[u8]) -> Result<PathBuf, String> {
+/// naming the file or directory ([`CheckpointError::Dir`],
+/// [`CheckpointError::Write`]).
+pub fn write_file(
+    fs: &dyn Fs,
+    data_dir: &Path,
+    seq: u64,
+    bytes: &[u8],
+) -> Result<PathBuf, CheckpointError> {
     let dir = checkpoint_dir(data_dir);
-    let io = |what: &str, path: &Path, e: std::io::Error| format!("{what} {}: {e}", path.display());
+    let io = |what: &'static str, path: &Path, source: std::io::Error| CheckpointError::Dir {
+        what,
+        path: path.to_owned(),
+        source,
+    };
     match fs.list(&dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             fs.create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
@@ -859,9 +1209,10 @@ pub fn write_file(fs: &dyn Fs, data_dir: &Path, seq: u64, bytes: &[u8]) -> Resul
         _ => remove_temp_files(fs, data_dir),
     }
     let path = dir.join(file_name(seq));
-    fs.write_file_durably(&path, bytes)
-        .map_err(|e| e.to_string())?;
-    Ok(path)
+    match fs.write_file_durably(&path, bytes) {
+        Ok(()) => Ok(path),
+        Err(source) => Err(CheckpointError::Write { path, source }),
+    }
 }
 
 /// Removes `*.ckpt.tmp` files in `data_dir`'s checkpoint directory on `fs`
@@ -918,7 +1269,8 @@ pub struct Built {
 /// [`PastTheLog`]); offline callers pass `u64::MAX`. Safe beside the running engine: it reads the log
 /// and never touches the engine's mirror. `stop` is asked now and then; a
 /// build it stops writes nothing. `Ok(None)`: nothing new since the newest
-/// checkpoint, or stopped. Errors in words.
+/// checkpoint, or stopped. Errors: [`CheckpointError`] (the log unreadable,
+/// a record that does not fold, the write).
 pub fn build(
     data_dir: &Path,
     log_dir: &Path,
@@ -926,7 +1278,7 @@ pub fn build(
     keep: usize,
     up_to_seq: u64,
     stop: &dyn Fn() -> bool,
-) -> Result<Option<Built>, String> {
+) -> Result<Option<Built>, CheckpointError> {
     let (loaded, ignored) = load_newest(data_dir, log_dir, Mirror::new);
     let (mut mirror, from) = match loaded {
         Some(l) => (l.mirror, Some(l.file)),
@@ -937,8 +1289,7 @@ pub fn build(
     // read from the segment holding the first of them (the segments before
     // are the checkpoint's, checked by startup's links and the scrub).
     let reader =
-        LogReader::open_live_from(log_dir, Arc::new(OsFs), max_record_bytes, start_seq + 1)
-            .map_err(|e| e.to_string())?;
+        LogReader::open_live_from(log_dir, Arc::new(OsFs), max_record_bytes, start_seq + 1)?;
     let mut point = None;
     let mut fold_error = None;
     let mut visited = 0u64;
@@ -946,31 +1297,32 @@ pub fn build(
         verify_chain: false,
         max_record_bytes,
     };
-    reader
-        .scan(options, |segment, record| {
-            visited += 1;
-            if visited.is_multiple_of(65_536) && stop() {
-                point = None;
-                return ControlFlow::Break(());
-            }
-            if record.seq <= start_seq {
-                return ControlFlow::Continue(());
-            }
-            if record.seq > up_to_seq {
-                return ControlFlow::Break(());
-            }
-            if let Err(e) = crate::replay::replay_record(&mut mirror, &record) {
-                fold_error = Some(format!("seq {}: {e}", record.seq));
-                return ControlFlow::Break(());
-            }
-            point = Some((
-                record.seq,
-                segment.first_seq,
-                record.offset + record_size(record.payload.len()) as u64,
-            ));
-            ControlFlow::Continue(())
-        })
-        .map_err(|e| e.to_string())?;
+    reader.scan(options, |segment, record| {
+        visited += 1;
+        if visited.is_multiple_of(65_536) && stop() {
+            point = None;
+            return ControlFlow::Break(());
+        }
+        if record.seq <= start_seq {
+            return ControlFlow::Continue(());
+        }
+        if record.seq > up_to_seq {
+            return ControlFlow::Break(());
+        }
+        if let Err(source) = crate::replay::replay_record(&mut mirror, &record) {
+            fold_error = Some(CheckpointError::Fold {
+                seq: record.seq,
+                source,
+            });
+            return ControlFlow::Break(());
+        }
+        point = Some((
+            record.seq,
+            segment.first_seq,
+            record.offset + record_size(record.payload.len()) as u64,
+        ));
+        ControlFlow::Continue(())
+    })?;
     if let Some(e) = fold_error {
         return Err(e);
     }
@@ -1131,7 +1483,7 @@ mod tests {
         let hash = blake3::hash(&bytes[..trailer]);
         bytes[trailer..].copy_from_slice(hash.as_bytes());
         let error = decode(&bytes, Mirror::new()).unwrap_err();
-        assert!(error.contains("format version 2"), "{error}");
+        assert!(error.to_string().contains("format version 2"), "{error}");
     }
 
     /// A body that is well framed (checksum recomputed) but lies about its
@@ -1216,7 +1568,7 @@ mod tests {
                     }
                     match written {
                         Ok(_) => assert_eq!(now.as_deref(), Some(&new[..])),
-                        Err(e) => assert!(e.contains("/data/checkpoint"), "{e}"),
+                        Err(e) => assert!(e.to_string().contains("/data/checkpoint"), "{e}"),
                     }
                 },
             );

@@ -27,13 +27,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use spark_log_format::format::DEFAULT_SEGMENT_SIZE_BYTES;
 
-#[path = "../tests/tools/s3_common.rs"]
-mod s3_common;
-#[path = "../tests/tools/weed.rs"]
-mod weed;
-
-use s3_common::*;
-use weed::*;
+use spark_test_support::s3::*;
+use spark_test_support::weed::*;
 
 fn engine_binary() -> PathBuf {
     std::env::var_os("SPARK_ENGINE_BIN")

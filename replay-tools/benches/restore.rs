@@ -21,13 +21,8 @@ use std::time::{Duration, Instant};
 
 use spark_log_format::format::DEFAULT_SEGMENT_SIZE_BYTES;
 
-#[path = "../tests/tools/s3_common.rs"]
-mod s3_common;
-#[path = "../tests/tools/weed.rs"]
-mod weed;
-
-use s3_common::*;
-use weed::*;
+use spark_test_support::s3::*;
+use spark_test_support::weed::*;
 
 const MIB: f64 = 1024.0 * 1024.0;
 

@@ -699,7 +699,7 @@ fn check_checkpoints(common: &Common) -> Vec<CheckpointCheck> {
                 Err(why) => CheckpointCheck {
                     file,
                     valid: None,
-                    why: Some(why),
+                    why: Some(why.to_string()),
                 },
             },
         )

@@ -23,10 +23,6 @@ mod damage_header;
 mod proxy;
 #[path = "tools/replica.rs"]
 mod replica;
-#[path = "tools/s3_common.rs"]
-mod s3_common;
-#[path = "tools/weed.rs"]
-mod weed;
 
 use std::path::Path;
 use std::process::Command;
@@ -38,6 +34,7 @@ use spark_engine::config::Settings;
 use spark_engine::engine::{Command as EngineCommand, CreateMoment, DeleteMoment, EditMoment};
 use spark_engine::{Engine, Id};
 use spark_log_format::OsFs;
+use spark_test_support::{s3 as s3_common, weed};
 
 fn run(args: &[&str], data: &Path) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_spark-replay"))

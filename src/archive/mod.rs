@@ -615,7 +615,7 @@ fn connect(settings: &ArchiveSettings) -> Result<ArchiveStore, ArchiveStartError
         endpoint: settings.endpoint.clone(),
         region: settings.region.clone(),
     })
-    .map_err(ArchiveStartError::Config)
+    .map_err(|e| ArchiveStartError::Config(e.to_string()))
 }
 
 /// [`start`] on a given store (tests use `object_store`'s in-memory store),
@@ -1881,9 +1881,9 @@ fn read_checkpoint(
     file: &Path,
     log_dir: &Path,
 ) -> Result<(spark_core::checkpoint::Header, Vec<u8>, String), String> {
-    let header = spark_core::checkpoint::peek(file, log_dir)?;
+    let header = spark_core::checkpoint::peek(file, log_dir).map_err(|e| e.to_string())?;
     let bytes = std::fs::read(file).map_err(|e| format!("cannot be read: {e}"))?;
-    let decoded = spark_core::checkpoint::decode_header(&bytes)?;
+    let decoded = spark_core::checkpoint::decode_header(&bytes).map_err(|e| e.to_string())?;
     if decoded != header {
         return Err("changed while it was read".into());
     }

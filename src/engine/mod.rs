@@ -599,7 +599,7 @@ fn spawn_replay_fold(
                     Ok(_) => {
                         return Err(FoldStop::Checkpoint(file, "changed while loading".into()))
                     }
-                    Err(why) => return Err(FoldStop::Checkpoint(file, why)),
+                    Err(why) => return Err(FoldStop::Checkpoint(file, why.to_string())),
                 }
             }
             for (mut batch, reserve_request_ids) in received {

@@ -264,7 +264,7 @@ fn connect(settings: &Settings, url: &str) -> Result<ArchiveStore, ReplicaStartE
         endpoint,
         region: settings.replica.region.clone(),
     })
-    .map_err(ReplicaStartError::Config)
+    .map_err(|e| ReplicaStartError::Config(e.to_string()))
 }
 
 fn local(path: &Path, source: std::io::Error) -> ReplicaStartError {

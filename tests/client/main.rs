@@ -3,8 +3,7 @@
 //! `spark-client` command's own test is `client/tests/cli.rs`). One test binary: each file is the module
 //! it was as its own binary, under the same name.
 
-#[path = "../common/mod.rs"]
-mod common;
+use spark_test_support::server as common;
 
 mod client_drain;
 mod client_events;

@@ -12,8 +12,7 @@
 //! load; on a busy machine it fails now and then even alone, and beside the
 //! kill -9 test's 64 clients or the HTTP tests it failed in most runs.
 
-#[path = "../common/mod.rs"]
-mod common;
+use spark_test_support::server as common;
 
 mod audit_live;
 mod checkpoint_start;

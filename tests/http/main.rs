@@ -5,8 +5,7 @@
 //! test binary: each file is the module it was as its own binary, under
 //! the same name.
 
-#[path = "../common/mod.rs"]
-mod common;
+use spark_test_support::server as common;
 
 mod access;
 mod brain_local;

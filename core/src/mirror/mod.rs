@@ -35,6 +35,56 @@ use crate::ids::Id;
 use crate::op::{MediaRole, Sha256, TurnMode};
 use crate::request_index::RequestIndex;
 
+/// Why a moment's packed parts (as a checkpoint stores them,
+/// CHECKPOINT.md "Moments") do not make a moment. Each names the moment.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PackedMomentError {
+    /// `present` has bits other than the four texts and capture time.
+    #[error("moment {id}: unknown present bits {present:#x}")]
+    PresentBits {
+        /// The moment.
+        id: Id,
+        /// The present bits.
+        present: u8,
+    },
+    /// More media than ids.
+    #[error("moment {id}: {media_count} media but {ids} ids")]
+    MediaCount {
+        /// The moment.
+        id: Id,
+        /// The media count.
+        media_count: u8,
+        /// How many ids there are.
+        ids: usize,
+    },
+    /// The packed texts do not start with a LEB128 create seq.
+    #[error("moment {id}: packed texts hold no create seq")]
+    NoCreateSeq {
+        /// The moment.
+        id: Id,
+    },
+    /// A packed text's length runs past the packed texts.
+    #[error("moment {id}: a packed text runs past its end")]
+    TextRunsPast {
+        /// The moment.
+        id: Id,
+    },
+    /// A packed text is not UTF-8.
+    #[error("moment {id}: a packed text is not UTF-8")]
+    TextNotUtf8 {
+        /// The moment.
+        id: Id,
+    },
+    /// Bytes are left after the texts `present` names.
+    #[error("moment {id}: {trailing_bytes} bytes after the packed texts")]
+    TrailingBytes {
+        /// The moment.
+        id: Id,
+        /// How many.
+        trailing_bytes: usize,
+    },
+}
+
 /// One moment as the mirror holds it: 64 bytes, and one allocation for its
 /// create's seq and its three texts (the mirror pays both per
 /// moment; it was 120 bytes and three allocations). Read the texts, capture
@@ -175,34 +225,34 @@ impl Moment {
         present: u8,
         media_count: u8,
         ids: ThinVec<Id>,
-    ) -> Result<Moment, String> {
+    ) -> Result<Moment, PackedMomentError> {
         if present & !(HAS_TEXT | HAS_CAPTION | HAS_LANG | HAS_CAPTURED_AT) != 0 {
-            return Err(format!("moment {id}: unknown present bits {present:#x}"));
+            return Err(PackedMomentError::PresentBits { id, present });
         }
         if usize::from(media_count) > ids.len() {
-            return Err(format!(
-                "moment {id}: {media_count} media but {} ids",
-                ids.len()
-            ));
+            return Err(PackedMomentError::MediaCount {
+                id,
+                media_count,
+                ids: ids.len(),
+            });
         }
         let mut at = crate::len_prefixed::checked_read_leb128(&texts, 0)
-            .ok_or_else(|| format!("moment {id}: packed texts hold no create seq"))?
+            .ok_or(PackedMomentError::NoCreateSeq { id })?
             .1;
         for bit in [HAS_TEXT, HAS_CAPTION, HAS_LANG] {
             if present & bit == 0 {
                 continue;
             }
             let (bytes, next) = crate::len_prefixed::checked_read(&texts, at)
-                .ok_or_else(|| format!("moment {id}: a packed text runs past its end"))?;
-            std::str::from_utf8(bytes)
-                .map_err(|_| format!("moment {id}: a packed text is not UTF-8"))?;
+                .ok_or(PackedMomentError::TextRunsPast { id })?;
+            std::str::from_utf8(bytes).map_err(|_| PackedMomentError::TextNotUtf8 { id })?;
             at = next;
         }
         if at != texts.len() {
-            return Err(format!(
-                "moment {id}: {} bytes after the packed texts",
-                texts.len() - at
-            ));
+            return Err(PackedMomentError::TrailingBytes {
+                id,
+                trailing_bytes: texts.len() - at,
+            });
         }
         Ok(Moment {
             id,

@@ -1,10 +1,8 @@
-//! What the archive tests of this binary and the restore bench share (SPEC
-//! section 11): the skip rule, `spark-replay` runs against a
-//! store, an engine in this process shipping to it, and the real
-//! `spark-engine` process serving with an `[archive]`. The store itself is
-//! [`crate::weed`].
-
-#![allow(dead_code)]
+//! What the archive tests of `spark-replay-tools` and its restore and
+//! replica benches share (SPEC section 11): the skip rule, `spark-replay`
+//! runs against a store, an engine in this process shipping to it, and the
+//! real `spark-engine` process serving with an `[archive]`. The store
+//! itself is [`crate::weed`].
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -82,9 +80,7 @@ pub fn engine_or_skip(test: &str) -> Option<(PathBuf, PathBuf)> {
     let weed = run_or_skip(test)?;
     let engine = std::env::var_os("SPARK_ENGINE_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_BIN_EXE_spark-replay")).with_file_name("spark-engine")
-        });
+        .unwrap_or_else(|| crate::bin_path("spark-engine"));
     if !engine.is_file() {
         skip_or_fail(
             test,
@@ -108,7 +104,7 @@ pub fn set_credentials() {
 /// `spark-replay ARGS` with the test credentials and `endpoint`: (exit
 /// code, stdout, stderr).
 pub fn replay(args: &[&str], endpoint: &str) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_spark-replay"))
+    let out = Command::new(crate::bin_path("spark-replay"))
         .args(args)
         .env("AWS_ACCESS_KEY_ID", KEY_ID)
         .env("AWS_SECRET_ACCESS_KEY", SECRET)

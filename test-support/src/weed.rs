@@ -1,8 +1,7 @@
 //! A SeaweedFS `weed mini` server of a test's (or a bench's) own, on
 //! 127.0.0.1 ports of its own, as the S3-compatible store of the archive
-//! (SPEC section 11). Shared by the archive tests of this binary
-//! and by `benches/load.rs` (included there with `#[path]`), so it needs
-//! nothing but `object_store`, `tempfile` and `tokio`.
+//! (SPEC section 11). Used by the archive tests and benches of
+//! `spark-replay-tools` ([`crate::s3`]) and by `benches/load.rs`.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -116,13 +115,11 @@ impl Weed {
 
     /// The server's own Prometheus metrics (`SeaweedFS_s3_request_total`
     /// by `type` and `code`), `http://127.0.0.1:PORT/metrics`.
-    #[allow(dead_code)] // Only the bench counts requests here.
     pub fn metrics_url(&self) -> String {
         format!("http://127.0.0.1:{}/metrics", self.base_port + 7)
     }
 
     /// The server process's id while it runs.
-    #[allow(dead_code)] // Not every includer (the benches) uses it.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }

@@ -1,7 +1,6 @@
-//! Shared helpers for the integration tests: servers on ephemeral ports over
-//! temporary data directories, in-process or as the real binary.
-
-#![allow(dead_code)]
+//! Servers on ephemeral ports over temporary data directories, in-process
+//! or as the real binary, and what the tests check on a stopped server's
+//! data directory (the engine's tests in `tests/`, `benches/startup.rs`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -25,16 +24,21 @@ pub fn settings(data: &Path) -> Settings {
 
 /// An in-process server and an HTTP client for it.
 pub struct TestServer {
+    /// The server.
     pub running: RunningServer,
+    /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// A client for it.
     pub client: reqwest::Client,
 }
 
 impl TestServer {
+    /// A server with the test [`settings`] over `data`.
     pub async fn start(data: &Path) -> TestServer {
         TestServer::start_with(settings(data)).await
     }
 
+    /// A server with `settings` (panics when it does not start).
     pub async fn start_with(settings: Settings) -> TestServer {
         let running = server::start_with(settings, Arc::new(OsFs), Arc::new(SystemClock))
             .await
@@ -72,6 +76,7 @@ impl TestServer {
         }
     }
 
+    /// `base` and `path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -105,11 +110,13 @@ impl TestServer {
         (status, value, headers)
     }
 
+    /// POSTs `body` as JSON: the status and the JSON answer.
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let (s, v, _) = self.call("POST", path, Some(body), &[]).await;
         (s, v)
     }
 
+    /// GETs `path`: the status and the JSON answer.
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let (s, v, _) = self.call("GET", path, None, &[]).await;
         (s, v)
@@ -127,6 +134,7 @@ impl TestServer {
             .expect("metrics text")
     }
 
+    /// Shuts the server down and waits for it.
     pub async fn stop(self) {
         self.running.shutdown().await;
     }
@@ -154,12 +162,17 @@ pub fn log_records(data: &Path) -> Vec<(u64, u16)> {
 
 /// The real `spark-engine` binary, started on port 0 over `data`.
 pub struct ServerProcess {
+    /// The process.
     pub child: Child,
+    /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// Its data directory.
     pub data: PathBuf,
 }
 
 impl ServerProcess {
+    /// Starts the binary ([`crate::bin_path`]) on `data`; waits for the
+    /// line naming its address (panics with its log if it exits first).
     pub fn start(data: &Path) -> ServerProcess {
         ServerProcess::start_with_env(data, &[])
     }
@@ -170,7 +183,7 @@ impl ServerProcess {
         // Its log goes to an unnamed temporary file (a pipe nobody reads
         // would fill and stall it), read back only if it fails to start.
         let mut stderr = tempfile::tempfile().expect("a temporary file");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_spark-engine"));
+        let mut command = Command::new(crate::bin_path("spark-engine"));
         // The test's own `SPARK_*` variables (long modes such as
         // `SPARK_MEDIA_KILL_CYCLES`, `SPARK_REQUIRE_*`) are not the
         // server's: it refuses a `SPARK_<SECTION>_` variable it does not
@@ -211,6 +224,7 @@ impl ServerProcess {
         }
     }
 
+    /// `base` and `path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -315,7 +329,7 @@ pub fn assert_media_whole(data: &Path) -> usize {
         .collect();
     let orphans: Vec<&String> = blobs.difference(&named).collect();
     assert!(orphans.is_empty(), "orphan blobs: {orphans:?}");
-    let replay = PathBuf::from(env!("CARGO_BIN_EXE_spark-engine")).with_file_name("spark-replay");
+    let replay = crate::bin_path("spark-replay");
     let missing = (!replay.is_file()).then(|| {
         format!(
             "{} is not built (`cargo test --workspace` builds it)",
