@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::layout::{CheckpointEntry, Manifest};
 use spark_core::checkpoint as ckpt;
-use spark_log_format::archive::{CheckpointEntry, Manifest};
 use spark_log_format::format::chain_hex;
 
 use crate::{ArchiveStore, StoreError};

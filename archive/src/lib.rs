@@ -1,28 +1,36 @@
-//! The object store side of the Spark archive (SPEC section 11,
-//! `log-format/ARCHIVE.md`): an [`ArchiveStore`] is a bucket and a prefix
-//! behind `object_store`, with create-only puts that settle "already
-//! exists" by comparing bytes, checked reads of manifests and epochs, and
-//! discovery of the latest numbered object (a LIST that finds any gap,
-//! planned by a probe on long histories: ARCHIVE.md "Gaps"). Used by the engine's shipper and replicas
-//! and by `spark-replay restore` / `verify` / `audit archive`.
+//! The Spark archive (SPEC section 11, `archive/ARCHIVE.md`), as
+//! `spark-log-format` is the log: its objects' bytes and the store they
+//! live in. Used by the engine's shipper and replicas and by
+//! `spark-replay restore` / `verify` / `audit archive`.
+//!
+//! # Layout
+//!
+//! - [`layout`]: the objects (keys, the tail chunk frame, the manifest,
+//!   epoch and missing-blob frames), the acknowledged-bytes walk and the
+//!   history rule [`layout::extends`]; no I/O.
+//! - [`checkpoint`]: taking an archived checkpoint into a data directory.
+//! - This module: an [`ArchiveStore`] is a bucket and a prefix behind
+//!   `object_store`, with create-only puts that settle "already exists" by
+//!   comparing bytes, checked reads of manifests and epochs, and discovery
+//!   of the latest numbered object (a LIST that finds any gap, planned by
+//!   a probe on long histories: ARCHIVE.md "Gaps").
 
 #![warn(missing_docs)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::layout::{epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
-use spark_log_format::archive::{
-    epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError,
-};
 
 pub use object_store;
 
 pub mod checkpoint;
+pub mod layout;
 
 /// Why a store operation failed, by kind (the `kind` label of
 /// `spark_archive_failures_total`).

@@ -1,5 +1,5 @@
 //! `spark-replay restore --from URL` and `spark-replay verify --from URL`:
-//! read an archive (`log-format/ARCHIVE.md`, SPEC section 11), check every
+//! read an archive (`archive/ARCHIVE.md`, SPEC section 11), check every
 //! object it names, and build a data directory the engine starts on.
 //! Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
 //! `AWS_SESSION_TOKEN`.
@@ -18,12 +18,12 @@ use clap::Args;
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
 use sha2::Digest;
-use spark_archive::{ArchiveStore, StoreConfig, StoreError};
-use spark_core::mirror::Mirror;
-use spark_log_format::archive::{
+use spark_archive::layout::{
     blob_key, extends, manifest_key, missing_key, CheckpointEntry, ChunkEntry, ChunkHeader,
     Manifest, MissingBlobDoc, SegmentEntry,
 };
+use spark_archive::{ArchiveStore, StoreConfig, StoreError};
+use spark_core::mirror::Mirror;
 use spark_log_format::format::{
     chain_hasher, chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
     COMMIT_KIND_VERSION, KIND_SEAL, SEAL_KIND_VERSION,

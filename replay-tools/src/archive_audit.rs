@@ -1,6 +1,6 @@
 //! `spark-replay audit archive --data DIR --from URL`: whether the local
 //! log and the archive agree up to the archive's shipped seq, and how far
-//! behind the archive is (`log-format/ARCHIVE.md`
+//! behind the archive is (`archive/ARCHIVE.md`
 //! "Audit").
 //!
 //! Sealed segments are compared by hashing the local file's bytes up to
@@ -14,7 +14,7 @@ use std::path::Path;
 
 use futures_util::StreamExt;
 use serde_json::json;
-use spark_log_format::archive::{ChunkHeader, Manifest, CHUNK_HEADER_LEN};
+use spark_archive::layout::{ChunkHeader, Manifest, CHUNK_HEADER_LEN};
 use spark_log_format::format::{
     chain_hasher, chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
     HEADER_CHAIN_START_OFFSET,

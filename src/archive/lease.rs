@@ -19,8 +19,8 @@
 
 use std::path::Path;
 
+use spark_archive::layout::{EpochDoc, Manifest};
 use spark_archive::ArchiveStore;
-use spark_log_format::archive::{EpochDoc, Manifest};
 
 use super::takeover::{take_over_leased, TakenOver};
 use super::{read_writer_file, ArchiveStartError};

@@ -1,4 +1,4 @@
-//! The archive shipper (SPEC section 11, `log-format/ARCHIVE.md`): with
+//! The archive shipper (SPEC section 11, `archive/ARCHIVE.md`): with
 //! `[archive]`, a background task follows the journal's durable head and
 //! ships: one fencing HEAD, then the blobs new ops name beside the sealed
 //! segments and at most one tail chunk (at the same time), then, once all
@@ -53,12 +53,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
-use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
-use spark_log_format::archive::{
+use spark_archive::layout::{
     acknowledged_end, blob_key, checkpoint_key, chunk_key, epoch_key, extends, manifest_key,
     missing_key, segment_key, CheckpointEntry, ChunkEntry, ChunkHeader, EpochDoc, Manifest,
     MissingBlobDoc, SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
 };
+use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, decode_record, segment_file_name, ChainValue,
     RecordDecode, HEADER_CHAIN_START_OFFSET, KIND_SEAL, RECORD_LEN_OFFSET, RECORD_SEQ_OFFSET,

@@ -14,11 +14,11 @@
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use spark_archive::{ArchiveStore, StoreError};
-use spark_log_format::archive::{
+use spark_archive::layout::{
     acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, ChunkHeader, Manifest,
     SegmentEntry,
 };
+use spark_archive::{ArchiveStore, StoreError};
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, parse_segment_file_name, segment_file_name, ChainValue,
     HEADER_CHAIN_START_OFFSET, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
@@ -378,13 +378,13 @@ pub(crate) async fn fetch_blob(
     }
     let key = blob_key(store.prefix(), sha);
     let Some(bytes) = store.get(&key).await? else {
-        let marker_key = spark_log_format::archive::missing_key(store.prefix(), sha);
+        let marker_key = spark_archive::layout::missing_key(store.prefix(), sha);
         let marker = store
             .get(&marker_key)
             .await?
             .ok_or(StoreError::Missing { key })?;
         let doc =
-            spark_log_format::archive::MissingBlobDoc::decode(&marker, sha).map_err(|source| {
+            spark_archive::layout::MissingBlobDoc::decode(&marker, sha).map_err(|source| {
                 StoreError::Damaged {
                     key: marker_key,
                     source,
@@ -621,7 +621,7 @@ fn check_sealed(
     let damaged = |what: &str| {
         ArchiveStartError::Store(StoreError::Damaged {
             key: entry.key.clone(),
-            source: spark_log_format::archive::ObjectError::Mismatch(what.to_owned()),
+            source: spark_archive::layout::ObjectError::Mismatch(what.to_owned()),
         })
     };
     if bytes.len() < HEADER_LEN + SEAL_RECORD_BYTES
@@ -737,7 +737,7 @@ async fn catch_up_chunks(
         let damaged = |what: String| {
             ArchiveStartError::Store(StoreError::Damaged {
                 key: entry.key.clone(),
-                source: spark_log_format::archive::ObjectError::Mismatch(what),
+                source: spark_archive::layout::ObjectError::Mismatch(what),
             })
         };
         let (header, body) = ChunkHeader::decode(&object).map_err(|source| {
@@ -794,5 +794,5 @@ async fn catch_up_chunks(
 
 /// The body bytes of a chunk: its object less the header.
 fn body_bytes(chunk: &ChunkEntry) -> u64 {
-    chunk.bytes - spark_log_format::archive::CHUNK_HEADER_LEN as u64
+    chunk.bytes - spark_archive::layout::CHUNK_HEADER_LEN as u64
 }

@@ -21,8 +21,8 @@ use object_store::{
     GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
+use spark_archive::layout::{manifest_key, Manifest};
 use spark_archive::ArchiveStore;
-use spark_log_format::archive::{manifest_key, Manifest};
 
 use super::*;
 use crate::clock::SystemClock;
@@ -1198,7 +1198,7 @@ async fn history(store: &ArchiveStore) -> Vec<Manifest> {
 fn assert_extends(history: &[Manifest]) {
     for pair in history.windows(2) {
         assert_eq!(
-            spark_log_format::archive::extends(&pair[0], &pair[1]),
+            spark_archive::layout::extends(&pair[0], &pair[1]),
             Ok(()),
             "manifest {} -> {}",
             pair[0].number,
@@ -1952,7 +1952,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
             }
         };
         // The forgery is the kind meant: not extending, or extending.
-        let extending = spark_log_format::archive::extends(&latest, &forged).is_ok();
+        let extending = spark_archive::layout::extends(&latest, &forged).is_ok();
         assert_eq!(extending, forge == "another segment", "{forge}");
         store
             .put_create(&manifest_key("p", number), Bytes::from(forged.encode()))

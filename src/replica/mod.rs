@@ -1,6 +1,6 @@
 //! Read replicas (SPEC section 11): `spark-engine replica --from
 //! s3://BUCKET/PREFIX` serves every read route from an archive
-//! (`log-format/ARCHIVE.md`) and follows it as it grows. Writes answer
+//! (`archive/ARCHIVE.md`) and follows it as it grows. Writes answer
 //! `421 read_only` ([`crate::api`]).
 //!
 //! The data directory is a cache. At start the local log is brought to the
@@ -46,9 +46,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::json;
+use spark_archive::layout::{extends, manifest_key, Manifest};
 use spark_archive::{ArchiveStore, StoreConfig, StoreError};
 use spark_core::wire::events::EventCursor;
-use spark_log_format::archive::{extends, manifest_key, Manifest};
 use spark_log_format::format::segment_file_name;
 use spark_log_format::Head;
 

@@ -24,11 +24,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use spark_archive::layout::{manifest_key, CheckpointEntry, Manifest};
 use spark_archive::{ArchiveStore, StoreConfig};
 use spark_engine::archive::Shipping;
 use spark_engine::config::{ArchiveMode, Settings};
 use spark_engine::Engine;
-use spark_log_format::archive::{manifest_key, CheckpointEntry, Manifest};
 use spark_log_format::format::chain_hex;
 
 use crate::s3_common::{

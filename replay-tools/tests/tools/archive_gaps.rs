@@ -33,8 +33,8 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutPayload};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use spark_archive::layout::{epoch_key, manifest_key, Manifest};
 use spark_archive::ArchiveStore;
-use spark_log_format::archive::{epoch_key, manifest_key, Manifest};
 
 use crate::replica::{client, get, replica_config, start_replica, wait_ready};
 use crate::s3_common::{

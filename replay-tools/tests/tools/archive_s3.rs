@@ -504,12 +504,10 @@ async fn verify_walks_the_manifest_history_and_names_a_fork() {
         .trim_start_matches(&format!("s3://{BUCKET}/"))
         .to_owned();
     let raw = raw_store(&endpoint);
-    let key = |n: u64| {
-        object_store::path::Path::from(spark_log_format::archive::manifest_key(&prefix, n))
-    };
-    let read = |bytes: bytes::Bytes, n: u64| {
-        spark_log_format::archive::Manifest::decode(&bytes, n).unwrap()
-    };
+    let key =
+        |n: u64| object_store::path::Path::from(spark_archive::layout::manifest_key(&prefix, n));
+    let read =
+        |bytes: bytes::Bytes, n: u64| spark_archive::layout::Manifest::decode(&bytes, n).unwrap();
     let original = raw.get(&key(2)).await.unwrap().bytes().await.unwrap();
     let mut forked = read(original.clone(), 2);
     forked.epoch = 9;

@@ -16,13 +16,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use spark_archive::layout::{ChunkHeader, Manifest};
 use spark_archive::{ArchiveStore, StoreConfig};
 use spark_engine::archive::Shipping;
 use spark_engine::clock::SystemClock;
 use spark_engine::config::{ArchiveMode, ArchiveSettings, Settings};
 use spark_engine::engine::{EngineError, Outcome};
 use spark_engine::{Engine, Id};
-use spark_log_format::archive::{ChunkHeader, Manifest};
 use spark_log_format::format::chain_hex;
 use spark_log_format::OsFs;
 
@@ -460,7 +460,7 @@ async fn two_hundred_take_overs_with_two_writers_racing() {
 /// epochs never decrease within a manifest and never pass its epoch.
 async fn walk_manifests(store: &ArchiveStore) -> Vec<Manifest> {
     let latest = store
-        .latest(|n| spark_log_format::archive::manifest_key(store.prefix(), n))
+        .latest(|n| spark_archive::layout::manifest_key(store.prefix(), n))
         .await
         .unwrap();
     assert!(latest > ROUNDS as u64, "{latest} manifests");

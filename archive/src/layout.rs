@@ -1,4 +1,4 @@
-//! The archive's objects (`log-format/ARCHIVE.md`, SPEC section 11): object
+//! The archive's objects (`archive/ARCHIVE.md`, SPEC section 11): object
 //! keys under a prefix, the tail chunk frame, the manifest and epoch frames,
 //! the walk that finds a segment's acknowledged bytes, and the rule that a
 //! manifest extends the one before it ([`extends`]). Shared by the
@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::{
+use spark_log_format::format::{
     chain_hex, decode_record, ChainValue, RecordDecode, Seq, COMMIT_KIND_VERSION, KIND_SEAL,
     SEAL_KIND_VERSION,
 };
@@ -523,7 +523,7 @@ pub struct AckEnd {
 }
 
 /// Walks the frames of `segment` from `from_offset` (the end of a commit
-/// mark, or [`HEADER_LEN`](crate::HEADER_LEN) in a whole segment) whose last record before it is `from_seq`, up to
+/// mark, or [`HEADER_LEN`](spark_log_format::HEADER_LEN) in a whole segment) whose last record before it is `from_seq`, up to
 /// the commit mark of `target_seq` (or the seal): the acknowledged bytes a
 /// shipper may ship (FORMAT.md "Acknowledged bytes"). Stops early at the
 /// first frame that is not whole (a write in progress or zero fill). Marks
