@@ -61,13 +61,13 @@ pub async fn install(
         Err(e) => return Err(e.to_string()),
     };
     let header = ckpt::decode_header(&bytes).map_err(|e| format!("damaged: {e}"))?;
-    if header.at.seq != entry.seq || chain_hex(&header.at.chain) != entry.chain {
+    if header.at.seq != entry.seq || header.at.chain != entry.chain {
         return Err(format!(
             "its header (seq {}, chain {}) is not the manifest's entry (seq {}, chain {})",
             header.at.seq,
             chain_hex(&header.at.chain),
             entry.seq,
-            entry.chain
+            chain_hex(&entry.chain)
         ));
     }
     let at = header.at;

@@ -20,12 +20,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::layout::{epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use spark_log_format::format::chain_hex;
+
+use crate::layout::{epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError};
 
 pub use object_store;
 
@@ -609,13 +611,13 @@ impl ArchiveStore {
             .map_err(|source| StoreError::Damaged { key, source })
     }
 
-    /// Fetches an object a manifest names and checks its length and BLAKE3
-    /// against the entry.
+    /// Fetches an object a manifest names and checks its length (`bytes`)
+    /// and BLAKE3 digest (`blake3`) against the entry.
     pub async fn get_listed(
         &self,
         key: &str,
         bytes: u64,
-        blake3_hex: &str,
+        blake3: &[u8; 32],
     ) -> Result<Bytes, StoreError> {
         let data = self.get_required(key).await?;
         let damaged = |message: String| StoreError::Damaged {
@@ -628,10 +630,12 @@ impl ArchiveStore {
                 data.len()
             )));
         }
-        let hash = blake3::hash(&data).to_hex();
-        if hash.as_str() != blake3_hex {
+        let hash = blake3::hash(&data);
+        if hash.as_bytes() != blake3 {
             return Err(damaged(format!(
-                "BLAKE3 {hash}, the manifest says {blake3_hex}"
+                "BLAKE3 {}, the manifest says {}",
+                hash.to_hex(),
+                chain_hex(blake3)
             )));
         }
         Ok(data)
@@ -839,7 +843,7 @@ mod tests {
             epoch,
             written_ms: 1,
             shipped_seq: 0,
-            shipped_chain: "0".repeat(64),
+            shipped_chain: [0; 32],
             segments: Vec::new(),
             chunks: Vec::new(),
             lease_ms: 0,

@@ -126,8 +126,8 @@ async fn compare_segments(
         };
         let archived_len = usize::try_from(entry.bytes).unwrap_or(usize::MAX);
         let prefix = &local[..local.len().min(archived_len)];
-        if prefix.len() == archived_len && blake3::hash(prefix).to_hex().as_str() == entry.blake3 {
-            chain = crate::archive::parse_chain(&entry.chain_end, &entry.key)?;
+        if prefix.len() == archived_len && *blake3::hash(prefix).as_bytes() == entry.blake3 {
+            chain = entry.chain_end;
             continue;
         }
         let archived = Listed::Segment(entry).fetch(store).await?;
@@ -214,12 +214,12 @@ async fn compare_chunks(
         }
         hasher.update(local_body);
         let after: ChainValue = hasher.clone().finalize().into();
-        if chain_hex(&after) != entry.chain_after {
+        if after != entry.chain_after {
             return Err(Failure::damage(format!(
                 "{}: the manifest's chain_after {} is not the chain of its bytes ({}); \
                  run verify --from",
                 entry.key,
-                entry.chain_after,
+                chain_hex(&entry.chain_after),
                 chain_hex(&after)
             )));
         }
@@ -256,7 +256,7 @@ pub fn audit(common: &Common, from: &From) -> Outcome {
     let bytes_behind = local_bytes.saturating_sub(archived_bytes);
     let (agree, difference, local_chain) = match &compared {
         Ok(chain) => {
-            let chains_equal = chain_hex(chain) == manifest.shipped_chain;
+            let chains_equal = *chain == manifest.shipped_chain;
             (chains_equal, None, Some(chain_hex(chain)))
         }
         Err(d) => (false, Some(d), None),
@@ -271,7 +271,8 @@ pub fn audit(common: &Common, from: &From) -> Outcome {
                 || manifest.segments.last().map(|s| s.key.clone()).unwrap_or_default(),
                 |c| c.key.clone()),
             "what": format!("the local chain at seq {} is {}, the archive's shipped_chain is {}",
-                manifest.shipped_seq, local_chain.clone().unwrap_or_default(), manifest.shipped_chain),
+                manifest.shipped_seq, local_chain.clone().unwrap_or_default(),
+                chain_hex(&manifest.shipped_chain)),
         })),
         (_, d) => d,
     };
@@ -282,7 +283,7 @@ pub fn audit(common: &Common, from: &From) -> Outcome {
             "epoch": manifest.epoch,
             "written_ms": manifest.written_ms,
             "shipped_seq": manifest.shipped_seq,
-            "shipped_chain": manifest.shipped_chain,
+            "shipped_chain": chain_hex(&manifest.shipped_chain),
             "bytes": archived_bytes,
         },
         "local": {

@@ -25,7 +25,7 @@ use spark_log_format::format::{
 };
 use spark_log_format::{Fs as _, OsFs, HEADER_LEN};
 
-use super::{claim_epoch, count_put, hex_chain, read_writer_file, ArchiveStartError};
+use super::{claim_epoch, count_put, read_writer_file, ArchiveStartError};
 use crate::config::ArchiveSettings;
 use crate::engine::Engine;
 
@@ -276,7 +276,7 @@ fn empty_archive() -> Manifest {
         epoch: 0,
         written_ms: 0,
         shipped_seq: 0,
-        shipped_chain: chain_hex(&[0; 32]),
+        shipped_chain: [0; 32],
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
@@ -514,7 +514,7 @@ pub(crate) async fn catch_up(
             _ => None,
         };
         catch_up_sealed(store, log_dir, entry, &chain, here, locals.peek().is_some()).await?;
-        chain = parse_chain(&entry.chain_end, &entry.key)?;
+        chain = entry.chain_end;
     }
     let Some(first_chunk) = manifest.chunks.first() else {
         // Past the archive: only the engine's next segment, still empty.
@@ -554,14 +554,6 @@ pub(crate) async fn catch_up(
     catch_up_chunks(store, log_dir, &manifest.chunks, &chain, here, allow_more).await
 }
 
-fn parse_chain(text: &str, key: &str) -> Result<ChainValue, ArchiveStartError> {
-    hex_chain(text).ok_or_else(|| {
-        ArchiveStartError::Store(StoreError::Missing {
-            key: format!("{key} (its manifest entry has a bad chain value)"),
-        })
-    })
-}
-
 /// One sealed segment of the archive against the local one (`here`, when
 /// the local log has that file): equal, or a local prefix of it that is
 /// completed from the archive, or missing locally and fetched. `more_after`:
@@ -577,7 +569,7 @@ async fn catch_up_sealed(
     if let Some(local) = &here {
         if local.sealed {
             let same = local.end as u64 == entry.bytes
-                && blake3::hash(&local.bytes[..local.end]).to_hex().as_str() == entry.blake3;
+                && *blake3::hash(&local.bytes[..local.end]).as_bytes() == entry.blake3;
             if !same {
                 return Err(diverged(format!(
                     "the local sealed segment {} differs from the archive's {}",
@@ -631,7 +623,7 @@ fn check_sealed(
     }
     let seal_at = bytes.len() - SEAL_RECORD_BYTES;
     let end = chain_value(chain, &bytes[..seal_at]);
-    if bytes[bytes.len() - SEAL_PAYLOAD_LEN..] != end[..] || chain_hex(&end) != entry.chain_end {
+    if bytes[bytes.len() - SEAL_PAYLOAD_LEN..] != end[..] || end != entry.chain_end {
         return Err(damaged("its seal does not hold the chain of its bytes"));
     }
     Ok(())
@@ -698,20 +690,21 @@ async fn catch_up_chunks(
         let chunk = &chunks[at];
         let before = chunk.offset as usize;
         let chain_before = match at {
-            0 => chain_hex(chain_start),
-            _ => chunks[at - 1].chain_after.clone(),
+            0 => *chain_start,
+            _ => chunks[at - 1].chain_after,
         };
         let local_chain = if before == 0 {
             *chain_start
         } else {
             chain_value(chain_start, &local.bytes[..before.min(local.end)])
         };
-        if chain_hex(&local_chain) != chain_before || before > local.end {
+        if local_chain != chain_before || before > local.end {
             return Err(diverged(format!(
                 "the local segment {} differs from the archive before byte {before} (chain {}, \
-                 archived {chain_before})",
+                 archived {})",
                 local.path.display(),
                 chain_hex(&local_chain),
+                chain_hex(&chain_before),
             )));
         }
         if end == chunk.offset + body_bytes(chunk) {
@@ -776,7 +769,7 @@ async fn catch_up_chunks(
         }
         hasher.update(body);
         running = hasher.clone().finalize().into();
-        if running != header.chain_after || chain_hex(&running) != entry.chain_after {
+        if running != header.chain_after || running != entry.chain_after {
             return Err(damaged(format!(
                 "its bytes give chain {}, it says {}",
                 chain_hex(&running),

@@ -851,8 +851,6 @@ impl Follower {
 /// its seq and chain (`shipped_seq`, `shipped_chain`) and its active
 /// segment (the chunks' segment; after a sealed segment, the next one).
 fn head_of(manifest: &Manifest) -> Head {
-    let mut chain = [0u8; 32];
-    let _ = hex::decode_to_slice(&manifest.shipped_chain, &mut chain);
     let segment = match (manifest.chunks.last(), manifest.segments.last()) {
         (Some(chunk), _) => segment_file_name(chunk.segment_first_seq),
         (None, Some(segment)) => segment_file_name(segment.last_seq + 1),
@@ -861,7 +859,7 @@ fn head_of(manifest: &Manifest) -> Head {
     Head {
         seq: manifest.shipped_seq,
         segment,
-        chain,
+        chain: manifest.shipped_chain,
     }
 }
 

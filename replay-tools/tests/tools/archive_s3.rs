@@ -534,7 +534,7 @@ async fn verify_walks_the_manifest_history_and_names_a_fork() {
         }
         k += 1;
     };
-    forked.segments[0].blake3 = "0".repeat(64);
+    forked.segments[0].blake3 = [0; 32];
     raw.put(&key(k), forked.encode().into()).await.unwrap();
     let (code, out, err) = replay(&["verify", "--from", &url], &endpoint);
     assert_eq!(code, 1, "{out}{err}");
