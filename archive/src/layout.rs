@@ -173,6 +173,42 @@ pub enum ObjectError {
     /// The object does not agree with what names it (manifest, key).
     #[error("{0}")]
     Mismatch(String),
+    /// The object does not go on from the chain before it: its segment's
+    /// `chain_start` or its chunk's `chain_before` (`field`) is another
+    /// history's, a fork (ARCHIVE.md "Sealed segment", "Tail chunk").
+    #[error(
+        "its {field} {} is not the chain before it ({}): a fork",
+        chain_hex(.found),
+        chain_hex(.expected)
+    )]
+    ChainBefore {
+        /// `chain_start` or `chain_before`.
+        field: &'static str,
+        /// The chain value the object names.
+        found: ChainValue,
+        /// The chain the object before it ended with.
+        expected: ChainValue,
+    },
+    /// The chain of the object's bytes is not the one `said_by` (its seal,
+    /// its header's `chain_after`, its manifest entry) says.
+    #[error("its bytes give chain {}, {said_by} says {}", chain_hex(.computed), chain_hex(.said))]
+    ChainAfter {
+        /// Who names the other chain value, in words.
+        said_by: &'static str,
+        /// The chain value of the object's bytes.
+        computed: ChainValue,
+        /// The chain value `said_by` names.
+        said: ChainValue,
+    },
+    /// A chunk that does not start where the bytes of its segment before it
+    /// end (ARCHIVE.md "Tail chunk").
+    #[error("offset {offset} but {expected} bytes of its segment came before it")]
+    Offset {
+        /// The offset its header names, in bytes.
+        offset: u64,
+        /// Where the bytes before it end, in bytes.
+        expected: u64,
+    },
 }
 
 fn le_u16(b: &[u8], at: usize) -> u16 {

@@ -8,6 +8,9 @@
 //! - [`layout`]: the objects (keys, the tail chunk frame, the manifest,
 //!   epoch and missing-blob frames), the acknowledged-bytes walk and the
 //!   history rule [`layout::extends`]; no I/O.
+//! - [`verify`]: the checks of a sealed segment's or a tail chunk's bytes
+//!   against its manifest entry and the chain before it, one place for
+//!   take-over, restore and `audit archive`.
 //! - [`checkpoint`]: taking an archived checkpoint into a data directory.
 //! - This module: an [`ArchiveStore`] is a bucket and a prefix behind
 //!   `object_store`, with create-only puts that settle "already exists" by
@@ -33,6 +36,7 @@ pub use object_store;
 
 pub mod checkpoint;
 pub mod layout;
+pub mod verify;
 
 /// Why a store operation failed, by kind (the `kind` label of
 /// `spark_archive_failures_total`).

@@ -6,22 +6,22 @@
 //! holds (normally it was restored from the archive with `spark-replay
 //! restore`, a while ago or just now). What the archive holds past it is
 //! fetched and appended (checked chunk by chunk and segment by segment
-//! against the chain) before the engine opens, so the local log equals the
-//! archive at the take-over point exactly. A local log that holds an op the
-//! archive does not, or other bytes, is refused before anything is taken:
-//! two writers' ops are never interleaved.
+//! against the chain, [`spark_archive::verify`]) before the engine opens,
+//! so the local log equals the archive at the take-over point exactly. A
+//! local log that holds an op the archive does not, or other bytes, is
+//! refused before anything is taken: two writers' ops are never
+//! interleaved.
 
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use spark_archive::layout::{
-    acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, ChunkHeader, Manifest,
-    SegmentEntry,
+    acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, Manifest, SegmentEntry,
 };
+use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
 use spark_archive::{ArchiveStore, StoreError};
 use spark_log_format::format::{
-    chain_hasher, chain_hex, chain_value, parse_segment_file_name, segment_file_name, ChainValue,
-    HEADER_CHAIN_START_OFFSET, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
+    chain_hex, parse_segment_file_name, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
 };
 use spark_log_format::{Fs as _, OsFs, HEADER_LEN};
 
@@ -589,7 +589,12 @@ async fn catch_up_sealed(
     let archived = store
         .get_listed(&entry.key, entry.bytes, &entry.blake3)
         .await?;
-    check_sealed(entry, &archived, chain)?;
+    verify_sealed(entry, &archived, chain).map_err(|source| {
+        ArchiveStartError::Store(StoreError::Damaged {
+            key: entry.key.clone(),
+            source,
+        })
+    })?;
     if let Some(local) = &here {
         if local.has_records && archived.get(..local.end) != Some(&local.bytes[..local.end]) {
             return Err(diverged(format!(
@@ -601,32 +606,6 @@ async fn catch_up_sealed(
         }
     }
     write_segment(&log_dir.join(segment_file_name(entry.first_seq)), &archived)
-}
-
-/// A fetched sealed segment: its `chain_start` is the chain before it, and
-/// its seal holds the chain of its bytes, the manifest's `chain_end`.
-fn check_sealed(
-    entry: &SegmentEntry,
-    bytes: &[u8],
-    chain: &ChainValue,
-) -> Result<(), ArchiveStartError> {
-    let damaged = |what: &str| {
-        ArchiveStartError::Store(StoreError::Damaged {
-            key: entry.key.clone(),
-            source: spark_archive::layout::ObjectError::Mismatch(what.to_owned()),
-        })
-    };
-    if bytes.len() < HEADER_LEN + SEAL_RECORD_BYTES
-        || bytes[HEADER_CHAIN_START_OFFSET..HEADER_LEN] != chain[..]
-    {
-        return Err(damaged("its chain_start is not the chain before it"));
-    }
-    let seal_at = bytes.len() - SEAL_RECORD_BYTES;
-    let end = chain_value(chain, &bytes[..seal_at]);
-    if bytes[bytes.len() - SEAL_PAYLOAD_LEN..] != end[..] || end != entry.chain_end {
-        return Err(damaged("its seal does not hold the chain of its bytes"));
-    }
-    Ok(())
 }
 
 /// The archive's tail chunks against the local tail segment (`here`, when
@@ -693,11 +672,8 @@ async fn catch_up_chunks(
             0 => *chain_start,
             _ => chunks[at - 1].chain_after,
         };
-        let local_chain = if before == 0 {
-            *chain_start
-        } else {
-            chain_value(chain_start, &local.bytes[..before.min(local.end)])
-        };
+        let local_chain =
+            SegmentChain::after(*chain_start, &local.bytes[..before.min(local.end)]).chain();
         if local_chain != chain_before || before > local.end {
             return Err(diverged(format!(
                 "the local segment {} differs from the archive before byte {before} (chain {}, \
@@ -714,43 +690,20 @@ async fn catch_up_chunks(
             inside = Some((chunk.key.clone(), local.bytes[before..local.end].to_vec()));
         }
     }
-    let mut hasher = chain_hasher(chain_start);
-    hasher.update(&bytes);
-    let mut running: ChainValue = if bytes.is_empty() {
-        *chain_start
-    } else {
-        hasher.clone().finalize().into()
-    };
+    let mut running = SegmentChain::after(*chain_start, &bytes);
     let mut fetched = false;
     let have = bytes.len() as u64;
     for entry in chunks.iter().filter(|c| c.offset >= have) {
         let object = store
             .get_listed(&entry.key, entry.bytes, &entry.blake3)
             .await?;
-        let damaged = |what: String| {
-            ArchiveStartError::Store(StoreError::Damaged {
-                key: entry.key.clone(),
-                source: spark_archive::layout::ObjectError::Mismatch(what),
-            })
-        };
-        let (header, body) = ChunkHeader::decode(&object).map_err(|source| {
+        let checked = verify_chunk(entry, &object, &running).map_err(|source| {
             ArchiveStartError::Store(StoreError::Damaged {
                 key: entry.key.clone(),
                 source,
             })
         })?;
-        if header.offset != bytes.len() as u64
-            || header.segment_first_seq != entry.segment_first_seq
-            || header.chain_before != running
-        {
-            return Err(damaged(format!(
-                "offset {} and chain_before {} do not follow the {} bytes before it (chain {})",
-                header.offset,
-                chain_hex(&header.chain_before),
-                bytes.len(),
-                chain_hex(&running)
-            )));
-        }
+        let body = checked.body;
         if let Some((key, local_part)) = inside.take() {
             if key != entry.key || !body.starts_with(&local_part) {
                 return Err(diverged(format!(
@@ -759,7 +712,7 @@ async fn catch_up_chunks(
                     path.display(),
                     entry.key,
                     local_part.len(),
-                    header.offset
+                    checked.header.offset
                 )));
             }
             tracing::info!(
@@ -767,15 +720,7 @@ async fn catch_up_chunks(
                 "archive: the local tail ended inside a merged chunk; the chunk was fetched whole"
             );
         }
-        hasher.update(body);
-        running = hasher.clone().finalize().into();
-        if running != header.chain_after || running != entry.chain_after {
-            return Err(damaged(format!(
-                "its bytes give chain {}, it says {}",
-                chain_hex(&running),
-                chain_hex(&header.chain_after)
-            )));
-        }
+        running = checked.after;
         bytes.extend_from_slice(body);
         fetched = true;
     }
