@@ -363,8 +363,8 @@ async fn write_archived_log(
 
 /// Checks a sealed segment's object against its entry and the chain
 /// before it ([`verify_sealed`]: header, `chain_start`, seal, `chain_end`)
-/// and writes it (cut where `at` says): the file written (none when `at` leaves out
-/// its first op) and the cut.
+/// and writes it (cut where `at` says): the file written (none when `at`
+/// leaves out its first op) and the cut.
 fn write_segment(
     manifest: &Manifest,
     entry: &SegmentEntry,
