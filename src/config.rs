@@ -160,7 +160,7 @@ pub enum ArchiveMode {
     Async,
     /// A write is acknowledged only once a manifest naming a chunk or
     /// segment that holds its op is stored in the archive (the manifest put
-    /// is the commit point, `log-format/ARCHIVE.md` "Sync mode"); the
+    /// is the commit point, `archive/ARCHIVE.md` "Sync mode"); the
     /// shipper ships as soon as a write waits and no ship is in flight
     /// (group commit; `ship_interval_ms` does not pace it). RPO: zero
     /// acknowledged writes lost with the machine. The mirror (every read)
@@ -174,7 +174,7 @@ pub enum ArchiveMode {
 }
 
 /// `[archive]`: where and how the log is shipped (SPEC section 11,
-/// `log-format/ARCHIVE.md`). Credentials come only from the environment
+/// `archive/ARCHIVE.md`). Credentials come only from the environment
 /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -196,7 +196,7 @@ pub struct ArchiveSettings {
     /// `async` (default) or `sync`.
     #[serde(default)]
     pub mode: ArchiveMode,
-    /// The writer's lease on the prefix, in ms (`log-format/ARCHIVE.md`
+    /// The writer's lease on the prefix, in ms (`archive/ARCHIVE.md`
     /// "Lease"). `0` (the default): leases off, exactly as without the
     /// setting: a second engine on the prefix refuses to start unless told
     /// `--take-over`, and an idle writer makes no request. Above 0 (at

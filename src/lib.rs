@@ -22,7 +22,7 @@
 //!   them once per turn in the background.
 //! - [`api`]: the warp routes, problem+json errors, body limits.
 //! - [`archive`]: the shipper to S3-compatible object storage (SPEC
-//!   section 11, `log-format/ARCHIVE.md`), on only with `[archive]`.
+//!   section 11, `archive/ARCHIVE.md`), on only with `[archive]`.
 //! - [`replica`]: `spark-engine replica`, a read replica that follows an
 //!   archive (SPEC section 11); writes answer `421 read_only`.
 //! - [`history`]: committed ops read back from the log with their event

@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::layout::{CheckpointEntry, Manifest, ObjectError};
 use spark_core::checkpoint as ckpt;
-use spark_log_format::archive::{CheckpointEntry, Manifest, ObjectError};
 use spark_log_format::format::chain_hex;
 
 use crate::{ArchiveStore, StoreError};
@@ -142,13 +142,13 @@ pub async fn install(
     };
     let header =
         ckpt::decode_header(&bytes).map_err(|source| InstallError::Frame { key: key(), source })?;
-    if header.at.seq != entry.seq || chain_hex(&header.at.chain) != entry.chain {
+    if header.at.seq != entry.seq || header.at.chain != entry.chain {
         return Err(InstallError::NotTheEntry {
             key: key(),
             seq: header.at.seq,
             chain: chain_hex(&header.at.chain),
             entry_seq: entry.seq,
-            entry_chain: entry.chain.clone(),
+            entry_chain: chain_hex(&entry.chain),
         });
     }
     let at = header.at;

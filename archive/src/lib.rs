@@ -1,10 +1,22 @@
-//! The object store side of the Spark archive (SPEC section 11,
-//! `log-format/ARCHIVE.md`): an [`ArchiveStore`] is a bucket and a prefix
-//! behind `object_store`, with create-only puts that settle "already
-//! exists" by comparing bytes, checked reads of manifests and epochs, and
-//! discovery of the latest numbered object (a LIST that finds any gap,
-//! planned by a probe on long histories: ARCHIVE.md "Gaps"). Used by the engine's shipper and replicas
-//! and by `spark-replay restore` / `verify` / `audit archive`.
+//! The Spark archive (SPEC section 11, `archive/ARCHIVE.md`), as
+//! `spark-log-format` is the log: its objects' bytes and the store they
+//! live in. Used by the engine's shipper and replicas and by
+//! `spark-replay restore` / `verify` / `audit archive`.
+//!
+//! # Layout
+//!
+//! - [`layout`]: the objects (keys, the tail chunk frame, the manifest,
+//!   epoch and missing-blob frames), the acknowledged-bytes walk and the
+//!   history rule [`layout::extends`]; no I/O.
+//! - [`verify`]: the checks of a sealed segment's or a tail chunk's bytes
+//!   against its manifest entry and the chain before it, one place for
+//!   take-over, restore and `audit archive`.
+//! - [`checkpoint`]: taking an archived checkpoint into a data directory.
+//! - This module: an [`ArchiveStore`] is a bucket and a prefix behind
+//!   `object_store`, with create-only puts that settle "already exists" by
+//!   comparing bytes, checked reads of manifests and epochs, and discovery
+//!   of the latest numbered object (a LIST that finds any gap, planned by
+//!   a probe on long histories: ARCHIVE.md "Gaps").
 
 #![warn(missing_docs)]
 
@@ -16,13 +28,15 @@ use futures_util::StreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
-use spark_log_format::archive::{
-    epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError,
-};
+use spark_log_format::format::chain_hex;
+
+use crate::layout::{epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError};
 
 pub use object_store;
 
 pub mod checkpoint;
+pub mod layout;
+pub mod verify;
 
 /// Why a store operation failed, by kind (the `kind` label of
 /// `spark_archive_failures_total`).
@@ -670,13 +684,13 @@ impl ArchiveStore {
             .map_err(|source| StoreError::Damaged { key, source })
     }
 
-    /// Fetches an object a manifest names and checks its length and BLAKE3
-    /// against the entry.
+    /// Fetches an object a manifest names and checks its length (`bytes`)
+    /// and BLAKE3 digest (`blake3`) against the entry.
     pub async fn get_listed(
         &self,
         key: &str,
         bytes: u64,
-        blake3_hex: &str,
+        blake3: &[u8; 32],
     ) -> Result<Bytes, StoreError> {
         let data = self.get_required(key).await?;
         let damaged = |message: String| StoreError::Damaged {
@@ -689,10 +703,12 @@ impl ArchiveStore {
                 data.len()
             )));
         }
-        let hash = blake3::hash(&data).to_hex();
-        if hash.as_str() != blake3_hex {
+        let hash = blake3::hash(&data);
+        if hash.as_bytes() != blake3 {
             return Err(damaged(format!(
-                "BLAKE3 {hash}, the manifest says {blake3_hex}"
+                "BLAKE3 {}, the manifest says {}",
+                hash.to_hex(),
+                chain_hex(blake3)
             )));
         }
         Ok(data)
@@ -903,7 +919,7 @@ mod tests {
             epoch,
             written_ms: 1,
             shipped_seq: 0,
-            shipped_chain: "0".repeat(64),
+            shipped_chain: [0; 32],
             segments: Vec::new(),
             chunks: Vec::new(),
             lease_ms: 0,

@@ -19,7 +19,7 @@ pub fn media_dir(data_dir: &Path) -> PathBuf {
 /// N, "archived_seq": M}` (the restored log ends at seq N; the archive held
 /// up to M). `spark-engine serve --take-over` refuses a directory that has
 /// it: a take-over brings the local log to the archive's end, which would
-/// fetch the ops the cut left out back (log-format/ARCHIVE.md "Epoch").
+/// fetch the ops the cut left out back (archive/ARCHIVE.md "Epoch").
 pub fn restored_at_file(data_dir: &Path) -> PathBuf {
     data_dir.join("restored-at")
 }

@@ -36,7 +36,6 @@
 
 #![warn(missing_docs)]
 
-pub mod archive;
 pub mod format;
 pub mod fs;
 pub mod memfs;

@@ -1,5 +1,5 @@
 //! `spark-replay restore --from URL` and `spark-replay verify --from URL`:
-//! read an archive (`log-format/ARCHIVE.md`, SPEC section 11), check every
+//! read an archive (`archive/ARCHIVE.md`, SPEC section 11), check every
 //! object it names, and build a data directory the engine starts on.
 //! Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
 //! `AWS_SESSION_TOKEN`.
@@ -18,15 +18,16 @@ use clap::Args;
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
 use sha2::Digest;
+use spark_archive::layout::{
+    blob_key, extends, manifest_key, missing_key, CheckpointEntry, ChunkEntry, Manifest,
+    MissingBlobDoc, ObjectError, SegmentEntry,
+};
+use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
 use spark_archive::{ArchiveStore, StoreConfig, StoreError};
 use spark_core::mirror::Mirror;
-use spark_log_format::archive::{
-    blob_key, extends, manifest_key, missing_key, CheckpointEntry, ChunkEntry, ChunkHeader,
-    Manifest, MissingBlobDoc, SegmentEntry,
-};
 use spark_log_format::format::{
-    chain_hasher, chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
-    COMMIT_KIND_VERSION, KIND_SEAL, SEAL_KIND_VERSION,
+    chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode, COMMIT_KIND_VERSION,
+    KIND_SEAL, SEAL_KIND_VERSION,
 };
 use spark_log_format::{Fs as _, OsFs, ScanReport, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 
@@ -84,6 +85,15 @@ struct Cut {
     mid_batch: bool,
 }
 
+/// An object that failed its check ([`spark_archive::verify`]): damage
+/// (exit 1), naming its key.
+fn damaged(key: &str, source: ObjectError) -> Failure {
+    store_failure(StoreError::Damaged {
+        key: key.to_owned(),
+        source,
+    })
+}
+
 /// Maps a store failure: unreachable is exit 3, the rest damage (exit 1).
 pub fn store_failure(e: StoreError) -> Failure {
     match e {
@@ -108,14 +118,6 @@ pub fn connect(from: &From) -> Result<ArchiveStore, Failure> {
         region: from.region.clone(),
     })
     .map_err(|e| scan::usage(format!("--from {}: {e}", from.url)))
-}
-
-/// A chain value written as 64 hex in the manifest entry of `key`.
-pub fn parse_chain(text: &str, key: &str) -> Result<ChainValue, Failure> {
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(text, &mut out)
-        .map_err(|_| Failure::damage(format!("{key}: chain value {text:?} is not 64 hex")))?;
-    Ok(out)
 }
 
 /// Runs `work` on every item as its own task (so on every core), at most
@@ -164,8 +166,8 @@ impl Listed<'_> {
     /// Fetches it, checked against the entry (length and BLAKE3).
     pub fn fetch(&self, store: &ArchiveStore) -> impl Future<Output = Result<Bytes, Failure>> {
         let (key, bytes, blake3) = match self {
-            Listed::Segment(s) => (s.key.clone(), s.bytes, s.blake3.clone()),
-            Listed::Chunk(c) => (c.key.clone(), c.bytes, c.blake3.clone()),
+            Listed::Segment(s) => (s.key.clone(), s.bytes, s.blake3),
+            Listed::Chunk(c) => (c.key.clone(), c.bytes, c.blake3),
         };
         let store = store.clone();
         async move {
@@ -241,8 +243,9 @@ struct Cursor {
 struct TailFile {
     name: String,
     file: std::fs::File,
-    len: u64,
-    hasher: blake3::Hasher,
+    /// Where its bytes stand: the offset the next chunk starts at, and the
+    /// chain there.
+    chain: SegmentChain,
     objects: Vec<(String, u64)>,
 }
 
@@ -278,8 +281,9 @@ fn unwritable(path: &Path, e: std::io::Error) -> Failure {
 
 /// Fetches every object the manifest names (up to the batch `at` keeps),
 /// checks each (ARCHIVE.md "Sealed segment", "Tail chunk": BLAKE3 and
-/// length, each chunk's frame, offsets and chain values, each segment's
-/// `chain_start`) and writes the segment files into `log_dir` in log order
+/// length, then [`verify_sealed`] / [`verify_chunk`]: each segment's
+/// header, `chain_start` and seal, each chunk's frame, offsets and chain
+/// values) and writes the segment files into `log_dir` in log order
 /// as they come, each fsynced, then the directory.
 async fn write_archived_log(
     store: &ArchiveStore,
@@ -357,9 +361,10 @@ async fn write_archived_log(
     })
 }
 
-/// Checks a sealed segment's object against the chain before it and writes
-/// it (cut where `at` says): the file written (none when `at` leaves out
-/// its first op) and the cut.
+/// Checks a sealed segment's object against its entry and the chain
+/// before it ([`verify_sealed`]: header, `chain_start`, seal, `chain_end`)
+/// and writes it (cut where `at` says): the file written (none when `at`
+/// leaves out its first op) and the cut.
 fn write_segment(
     manifest: &Manifest,
     entry: &SegmentEntry,
@@ -375,13 +380,8 @@ fn write_segment(
             manifest.number, entry.key, entry.first_seq
         )));
     }
-    if object.get(32..HEADER_LEN) != Some(&cursor.chain[..]) {
-        return Err(Failure::damage(format!(
-            "{}: its chain_start is not the chain before it ({})",
-            entry.key,
-            chain_hex(&cursor.chain)
-        )));
-    }
+    let chain_end = verify_sealed(entry, object, &cursor.chain)
+        .map_err(|source| damaged(&entry.key, source))?;
     let cut = at.and_then(|at| cut_in(object, HEADER_LEN, entry.first_seq - 1, at));
     if cut.is_some_and(|c| c.offset == HEADER_LEN) {
         return Ok((None, cut));
@@ -389,7 +389,7 @@ fn write_segment(
     let name = segment_file_name(entry.first_seq);
     let kept = cut.map_or(object.len(), |c| c.offset);
     write_file(&log_dir.join(&name), &object[..kept])?;
-    cursor.chain = parse_chain(&entry.chain_end, &entry.key)?;
+    cursor.chain = chain_end;
     cursor.next_seq = entry.last_seq + 1;
     Ok((
         Some(Assembled {
@@ -400,9 +400,9 @@ fn write_segment(
     ))
 }
 
-/// Checks a chunk (frame, header against the entry, offset, chain before
-/// and after) and appends its body to the tail segment file (cut where
-/// `at` says).
+/// Checks a chunk ([`verify_chunk`]: frame, header against the entry,
+/// offset, chain before and after) and appends its body to the tail
+/// segment file (cut where `at` says).
 fn write_chunk(
     manifest: &Manifest,
     entry: &ChunkEntry,
@@ -419,14 +419,17 @@ fn write_chunk(
             manifest.number, entry.key, entry.first_seq
         )));
     }
-    let (header, body) = ChunkHeader::decode(object).map_err(|source| {
-        store_failure(StoreError::Damaged {
-            key: entry.key.clone(),
-            source,
-        })
-    })?;
-    check_chunk_header(entry, &header, &cursor.chain)?;
-    let damaged = |what: String| Failure::damage(format!("{}: {what}", entry.key));
+    let first_in_segment;
+    let before = match tail.as_ref() {
+        Some(file) => &file.chain,
+        None => {
+            first_in_segment = SegmentChain::start(cursor.chain);
+            &first_in_segment
+        }
+    };
+    let checked =
+        verify_chunk(entry, object, before).map_err(|source| damaged(&entry.key, source))?;
+    let (header, body) = (&checked.header, checked.body);
     let start = if header.offset == 0 { HEADER_LEN } else { 0 };
     let cut = at.and_then(|at| cut_in(body, start, entry.first_seq - 1, at));
     if tail.is_none() {
@@ -437,62 +440,20 @@ fn write_chunk(
         tail.replace(TailFile {
             file: create_file(&log_dir.join(&name))?,
             name,
-            len: 0,
-            hasher: chain_hasher(&cursor.chain),
+            chain: SegmentChain::start(cursor.chain),
             objects: Vec::new(),
         });
     }
     let file = tail.as_mut().expect("set above");
-    if header.offset != file.len {
-        return Err(damaged(format!(
-            "offset {} but {} bytes of its segment came before it",
-            header.offset, file.len
-        )));
-    }
-    file.hasher.update(body);
-    let after: ChainValue = file.hasher.clone().finalize().into();
-    if after != header.chain_after || chain_hex(&after) != entry.chain_after {
-        return Err(damaged(format!(
-            "its bytes give chain {}, it says {}",
-            chain_hex(&after),
-            chain_hex(&header.chain_after)
-        )));
-    }
     let kept = cut.map_or(body.len(), |c| c.offset);
     file.file
         .write_all(&body[..kept])
         .map_err(|e| unwritable(&log_dir.join(&file.name), e))?;
     file.objects.push((entry.key.clone(), header.offset));
-    file.len += body.len() as u64;
-    cursor.chain = after;
+    cursor.chain = checked.after.chain();
     cursor.next_seq = header.last_seq + 1;
+    file.chain = checked.after;
     Ok(cut)
-}
-
-/// A chunk's header against its manifest entry, and its `chain_before`
-/// against the chain before it.
-fn check_chunk_header(
-    entry: &ChunkEntry,
-    header: &ChunkHeader,
-    chain: &ChainValue,
-) -> Result<(), Failure> {
-    let damaged = |what: String| Failure::damage(format!("{}: {what}", entry.key));
-    if header.first_seq != entry.first_seq
-        || header.last_seq != entry.last_seq
-        || header.epoch != entry.epoch
-        || header.segment_first_seq != entry.segment_first_seq
-        || header.offset != entry.offset
-    {
-        return Err(damaged("its header disagrees with the manifest".into()));
-    }
-    if header.chain_before != *chain {
-        return Err(damaged(format!(
-            "chain_before {} is not the chain before it ({}): a fork",
-            chain_hex(&header.chain_before),
-            chain_hex(chain)
-        )));
-    }
-    Ok(())
 }
 
 /// Writes the log into `data`, checks it with the full decoder, the chain

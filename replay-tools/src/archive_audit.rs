@@ -1,23 +1,27 @@
 //! `spark-replay audit archive --data DIR --from URL`: whether the local
 //! log and the archive agree up to the archive's shipped seq, and how far
-//! behind the archive is (`log-format/ARCHIVE.md`
+//! behind the archive is (`archive/ARCHIVE.md`
 //! "Audit").
 //!
 //! Sealed segments are compared by hashing the local file's bytes up to
 //! the archived length against the manifest's BLAKE3 (no download); only
 //! a segment that differs is fetched, to name the first byte that differs.
 //! Chunks (the tail, at most one segment) are fetched and compared byte
-//! for byte. The objects' own checks are `verify --from`'s.
+//! for byte. Each object's bytes (a sealed segment's when the local file
+//! holds them) get the checks restore and take-over make
+//! ([`spark_archive::verify`]): one that fails them is damage in the
+//! archive. The manifest history is `verify --from`'s.
 
 use std::io::Read;
 use std::path::Path;
 
 use futures_util::StreamExt;
 use serde_json::json;
-use spark_log_format::archive::{ChunkHeader, Manifest, CHUNK_HEADER_LEN};
+use spark_archive::layout::{Manifest, CHUNK_HEADER_LEN};
+use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
+use spark_archive::StoreError;
 use spark_log_format::format::{
-    chain_hasher, chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
-    HEADER_CHAIN_START_OFFSET,
+    chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
 };
 use spark_log_format::{DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 
@@ -126,8 +130,14 @@ async fn compare_segments(
         };
         let archived_len = usize::try_from(entry.bytes).unwrap_or(usize::MAX);
         let prefix = &local[..local.len().min(archived_len)];
-        if prefix.len() == archived_len && blake3::hash(prefix).to_hex().as_str() == entry.blake3 {
-            chain = crate::archive::parse_chain(&entry.chain_end, &entry.key)?;
+        if prefix.len() == archived_len && *blake3::hash(prefix).as_bytes() == entry.blake3 {
+            // The archived bytes: they must also go on from the chain.
+            chain = verify_sealed(entry, prefix, &chain).map_err(|source| {
+                store_failure(StoreError::Damaged {
+                    key: entry.key.clone(),
+                    source,
+                })
+            })?;
             continue;
         }
         let archived = Listed::Segment(entry).fetch(store).await?;
@@ -154,23 +164,21 @@ async fn compare_segments(
 
 /// The tail chunks `manifest` names against the local tail segment, from
 /// `chain` (the chain after the sealed segments): the first difference, or
-/// the chain value at the archive's shipped seq. A chunk whose bytes agree
-/// but whose `chain_after` does not is damage in the archive.
+/// the chain value at the archive's shipped seq. A chunk that fails its
+/// own check ([`verify_chunk`]: frame, header, offset, chain values) is
+/// damage in the archive.
 async fn compare_chunks(
     store: &spark_archive::ArchiveStore,
     manifest: &Manifest,
     log_dir: &Path,
-    mut chain: ChainValue,
+    chain: ChainValue,
 ) -> Result<Result<ChainValue, Difference>, Failure> {
     let Some(first) = manifest.chunks.first() else {
         return Ok(Ok(chain));
     };
     let name = segment_file_name(first.segment_first_seq);
     let local = read_local(log_dir, &name)?.unwrap_or_default();
-    if let Some(start) = local.get(HEADER_CHAIN_START_OFFSET..HEADER_LEN) {
-        chain = start.try_into().expect("32 bytes");
-    }
-    let mut hasher = chain_hasher(&chain);
+    let mut segment = SegmentChain::start(chain);
     let chunks: Vec<Listed<'_>> = listed(manifest)
         .into_iter()
         .filter(|e| matches!(e, Listed::Chunk(_)))
@@ -184,12 +192,13 @@ async fn compare_chunks(
             .next()
             .await
             .ok_or_else(|| Failure::unreadable("the fetches ended early"))??;
-        let (header, body) = ChunkHeader::decode(&object).map_err(|source| {
-            store_failure(spark_archive::StoreError::Damaged {
+        let checked = verify_chunk(entry, &object, &segment).map_err(|source| {
+            store_failure(StoreError::Damaged {
                 key: entry.key.clone(),
                 source,
             })
         })?;
+        let (header, body) = (&checked.header, checked.body);
         let from = usize::try_from(header.offset).unwrap_or(usize::MAX);
         let local_body = local.get(from..).unwrap_or_default();
         let local_body = &local_body[..local_body.len().min(body.len())];
@@ -212,20 +221,9 @@ async fn compare_chunks(
                 what,
             }));
         }
-        hasher.update(local_body);
-        let after: ChainValue = hasher.clone().finalize().into();
-        if chain_hex(&after) != entry.chain_after {
-            return Err(Failure::damage(format!(
-                "{}: the manifest's chain_after {} is not the chain of its bytes ({}); \
-                 run verify --from",
-                entry.key,
-                entry.chain_after,
-                chain_hex(&after)
-            )));
-        }
-        chain = after;
+        segment = checked.after;
     }
-    Ok(Ok(chain))
+    Ok(Ok(segment.chain()))
 }
 
 /// `audit archive --data DIR --from URL`: exit 0 when the local log holds
@@ -256,7 +254,7 @@ pub fn audit(common: &Common, from: &From) -> Outcome {
     let bytes_behind = local_bytes.saturating_sub(archived_bytes);
     let (agree, difference, local_chain) = match &compared {
         Ok(chain) => {
-            let chains_equal = chain_hex(chain) == manifest.shipped_chain;
+            let chains_equal = *chain == manifest.shipped_chain;
             (chains_equal, None, Some(chain_hex(chain)))
         }
         Err(d) => (false, Some(d), None),
@@ -271,7 +269,8 @@ pub fn audit(common: &Common, from: &From) -> Outcome {
                 || manifest.segments.last().map(|s| s.key.clone()).unwrap_or_default(),
                 |c| c.key.clone()),
             "what": format!("the local chain at seq {} is {}, the archive's shipped_chain is {}",
-                manifest.shipped_seq, local_chain.clone().unwrap_or_default(), manifest.shipped_chain),
+                manifest.shipped_seq, local_chain.clone().unwrap_or_default(),
+                chain_hex(&manifest.shipped_chain)),
         })),
         (_, d) => d,
     };
@@ -282,7 +281,7 @@ pub fn audit(common: &Common, from: &From) -> Outcome {
             "epoch": manifest.epoch,
             "written_ms": manifest.written_ms,
             "shipped_seq": manifest.shipped_seq,
-            "shipped_chain": manifest.shipped_chain,
+            "shipped_chain": chain_hex(&manifest.shipped_chain),
             "bytes": archived_bytes,
         },
         "local": {

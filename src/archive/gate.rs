@@ -1,5 +1,5 @@
 //! The archive gate: `sync` mode's acknowledgments (SPEC section 11,
-//! `log-format/ARCHIVE.md` "Sync mode").
+//! `archive/ARCHIVE.md` "Sync mode").
 //!
 //! In `sync` mode the journal writes and fdatasyncs a batch and applies it
 //! to the mirror as in `async` mode, but instead of answering the batch's

@@ -19,8 +19,8 @@
 //! take-over come early (the old writer is then fenced, as with
 //! `--take-over`) or late.
 
+use spark_archive::layout::{EpochDoc, Manifest};
 use spark_archive::ArchiveStore;
-use spark_log_format::archive::{EpochDoc, Manifest};
 
 use super::ArchiveStartError;
 use crate::clock::Clock;

@@ -1,4 +1,4 @@
-//! The archive shipper (SPEC section 11, `log-format/ARCHIVE.md`): with
+//! The archive shipper (SPEC section 11, `archive/ARCHIVE.md`): with
 //! `[archive]`, a background task follows the journal's durable head and
 //! ships: one fencing HEAD, then the blobs new ops name beside the sealed
 //! segments and at most one tail chunk (at the same time), then, once all
@@ -56,12 +56,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
-use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
-use spark_log_format::archive::{
+use spark_archive::layout::{
     acknowledged_end, blob_key, checkpoint_key, chunk_key, epoch_key, extends, manifest_key,
     missing_key, segment_key, CheckpointEntry, ChunkEntry, ChunkHeader, EpochDoc, Manifest,
     MissingBlobDoc, SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
 };
+use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, decode_record, segment_file_name, ChainValue,
     RecordDecode, HEADER_CHAIN_START_OFFSET, KIND_SEAL, RECORD_LEN_OFFSET, RECORD_SEQ_OFFSET,
@@ -570,12 +570,6 @@ struct WriterFile {
     epoch: u64,
 }
 
-fn hex_chain(text: &str) -> Option<ChainValue> {
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(text, &mut out).ok()?;
-    Some(out)
-}
-
 /// Starts shipping `engine`'s log to the archive of `settings`: takes or
 /// resumes this data directory's writer epoch, reads the latest manifest and
 /// checks that the local log holds what it names, then spawns the shipper.
@@ -898,8 +892,7 @@ fn state_after(
             manifest.shipped_seq, head.seq
         )));
     }
-    let shipped_chain = hex_chain(&manifest.shipped_chain)
-        .ok_or_else(|| diverged(format!("manifest {}: bad shipped_chain", manifest.number)))?;
+    let shipped_chain = manifest.shipped_chain;
     let tail = resume_tail(log_dir, &manifest, shipped_chain)?;
     Ok(ShipState {
         number: manifest.number,
@@ -950,7 +943,7 @@ fn resume_tail(
                     path.display(),
                     manifest.shipped_seq,
                     chain_hex(&chain),
-                    manifest.shipped_chain
+                    chain_hex(&manifest.shipped_chain)
                 )));
             }
             Tail {
@@ -964,16 +957,17 @@ fn resume_tail(
             let path = log_dir.join(segment_file_name(segment.first_seq));
             let bytes = read_range(&path, 0, Some(segment.bytes))
                 .map_err(|e| diverged(format!("{}: {e}", path.display())))?;
-            let hash = blake3::hash(&bytes).to_hex();
-            if bytes.len() as u64 != segment.bytes || hash.as_str() != segment.blake3 {
+            let hash = blake3::hash(&bytes);
+            if bytes.len() as u64 != segment.bytes || *hash.as_bytes() != segment.blake3 {
                 return Err(diverged(format!(
                     "the local {} differs from the archive's {} up to seq {} (its first {} bytes \
-                     have BLAKE3 {hash}, {} archived)",
+                     have BLAKE3 {}, {} archived)",
                     path.display(),
                     segment.key,
                     segment.last_seq,
                     segment.bytes,
-                    segment.blake3
+                    hash.to_hex(),
+                    chain_hex(&segment.blake3)
                 )));
             }
             Tail::fresh(segment.last_seq + 1, shipped_chain)
@@ -1527,8 +1521,8 @@ impl Shipper {
             first_seq: tail.segment_first_seq,
             last_seq,
             bytes: whole.len() as u64,
-            blake3: blake3::hash(&whole).to_hex().to_string(),
-            chain_end: chain_hex(&chain_end),
+            blake3: *blake3::hash(&whole).as_bytes(),
+            chain_end,
         };
         self.put("segment", &key, whole).await?;
         next.segments.push(entry);
@@ -1595,8 +1589,8 @@ impl Shipper {
             last_seq: header.last_seq,
             offset: header.offset,
             bytes: object.len() as u64,
-            blake3: blake3::hash(&object).to_hex().to_string(),
-            chain_after: chain_hex(&header.chain_after),
+            blake3: *blake3::hash(&object).as_bytes(),
+            chain_after: header.chain_after,
         };
         (key, object, entry)
     }
@@ -1629,8 +1623,7 @@ impl Shipper {
             let chain_before = match from {
                 0 if start == 0 => next.tail.chain_start,
                 0 => return Ok(()),
-                _ => hex_chain(&next.chunks[from - 1].chain_after)
-                    .ok_or_else(|| local(where_, "a shipped chunk has a bad chain_after"))?,
+                _ => next.chunks[from - 1].chain_after,
             };
             let last = &run[MERGE_FAN_IN - 1];
             let end = last.offset + last.bytes - CHUNK_HEADER_LEN as u64;
@@ -1643,8 +1636,7 @@ impl Shipper {
             for entry in run {
                 let piece_end = entry.offset + entry.bytes - CHUNK_HEADER_LEN as u64;
                 let piece = &body[(entry.offset - start) as usize..(piece_end - start) as usize];
-                let after = hex_chain(&entry.chain_after)
-                    .ok_or_else(|| local(where_, "a shipped chunk has a bad chain_after"))?;
+                let after = entry.chain_after;
                 let shipped = ChunkHeader {
                     epoch: entry.epoch,
                     first_seq: entry.first_seq,
@@ -1656,7 +1648,7 @@ impl Shipper {
                     chain_before: before,
                     chain_after: after,
                 };
-                if blake3::hash(&shipped.encode(piece)).to_hex().as_str() != entry.blake3 {
+                if *blake3::hash(&shipped.encode(piece)).as_bytes() != entry.blake3 {
                     return Err(local(
                         where_,
                         format!("its bytes differ from the shipped chunk {}", entry.key),
@@ -1778,7 +1770,7 @@ impl Shipper {
             epoch: self.status.epoch,
             written_ms,
             shipped_seq: state.shipped_seq,
-            shipped_chain: chain_hex(&state.shipped_chain),
+            shipped_chain: state.shipped_chain,
             segments: state.segments.clone(),
             chunks: state.chunks.clone(),
             lease_ms: self.lease.map_or(0, |l| l.as_millis() as u64),
@@ -1857,7 +1849,7 @@ impl Shipper {
                 ts_ms: header.ts_ms,
                 bytes: bytes.len() as u64,
                 blake3,
-                chain: chain_hex(&header.at.chain),
+                chain: header.at.chain,
             };
             let len = bytes.len() as u64;
             match store.put_create(&key, Bytes::from(bytes)).await {
@@ -1874,20 +1866,20 @@ impl Shipper {
 /// it: its header and length, its chain value against the local log
 /// ([`spark_core::checkpoint::peek`]), and its BLAKE3 trailer (a damaged
 /// file put create-only could never be replaced). Returns the header, the
-/// bytes and the whole object's BLAKE3 (hex, for the manifest's entry),
+/// bytes and the whole object's BLAKE3 (for the manifest's entry),
 /// all on the calling (blocking) thread: a checkpoint is as large as the
 /// mirror. Errors in words.
 fn read_checkpoint(
     file: &Path,
     log_dir: &Path,
-) -> Result<(spark_core::checkpoint::Header, Vec<u8>, String), String> {
+) -> Result<(spark_core::checkpoint::Header, Vec<u8>, [u8; 32]), String> {
     let header = spark_core::checkpoint::peek(file, log_dir).map_err(|e| e.to_string())?;
     let bytes = std::fs::read(file).map_err(|e| format!("cannot be read: {e}"))?;
     let decoded = spark_core::checkpoint::decode_header(&bytes).map_err(|e| e.to_string())?;
     if decoded != header {
         return Err("changed while it was read".into());
     }
-    let blake3 = blake3::hash(&bytes).to_hex().to_string();
+    let blake3 = *blake3::hash(&bytes).as_bytes();
     Ok((header, bytes, blake3))
 }
 

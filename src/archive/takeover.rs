@@ -6,27 +6,27 @@
 //! holds (normally it was restored from the archive with `spark-replay
 //! restore`, a while ago or just now). What the archive holds past it is
 //! fetched and appended (checked chunk by chunk and segment by segment
-//! against the chain) before the engine opens, so the local log equals the
-//! archive at the take-over point exactly. A local log that holds an op the
-//! archive does not, or other bytes, is refused before anything is taken:
-//! two writers' ops are never interleaved.
+//! against the chain, [`spark_archive::verify`]) before the engine opens,
+//! so the local log equals the archive at the take-over point exactly. A
+//! local log that holds an op the archive does not, or other bytes, is
+//! refused before anything is taken: two writers' ops are never
+//! interleaved.
 
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use spark_archive::{ArchiveStore, StoreError};
-use spark_log_format::archive::{
-    acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, ChunkHeader, Manifest,
-    SegmentEntry,
+use spark_archive::layout::{
+    acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, Manifest, SegmentEntry,
 };
+use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
+use spark_archive::{ArchiveStore, StoreError};
 use spark_log_format::format::{
-    chain_hasher, chain_hex, chain_value, parse_segment_file_name, segment_file_name, ChainValue,
-    HEADER_CHAIN_START_OFFSET, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
+    chain_hex, parse_segment_file_name, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
 };
 use spark_log_format::{Fs as _, OsFs, HEADER_LEN};
 
 use super::lease::{still_expired, LeaseView};
-use super::{claim_epoch, count_put, hex_chain, read_writer_file, ArchiveStartError};
+use super::{claim_epoch, count_put, read_writer_file, ArchiveStartError};
 use crate::clock::Clock;
 use crate::config::ArchiveSettings;
 use crate::engine::Engine;
@@ -380,7 +380,7 @@ fn empty_archive() -> Manifest {
         epoch: 0,
         written_ms: 0,
         shipped_seq: 0,
-        shipped_chain: chain_hex(&[0; 32]),
+        shipped_chain: [0; 32],
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
@@ -482,13 +482,13 @@ pub(crate) async fn fetch_blob(
     }
     let key = blob_key(store.prefix(), sha);
     let Some(bytes) = store.get(&key).await? else {
-        let marker_key = spark_log_format::archive::missing_key(store.prefix(), sha);
+        let marker_key = spark_archive::layout::missing_key(store.prefix(), sha);
         let marker = store
             .get(&marker_key)
             .await?
             .ok_or(StoreError::Missing { key })?;
         let doc =
-            spark_log_format::archive::MissingBlobDoc::decode(&marker, sha).map_err(|source| {
+            spark_archive::layout::MissingBlobDoc::decode(&marker, sha).map_err(|source| {
                 StoreError::Damaged {
                     key: marker_key,
                     source,
@@ -618,7 +618,7 @@ pub(crate) async fn catch_up(
             _ => None,
         };
         catch_up_sealed(store, log_dir, entry, &chain, here, locals.peek().is_some()).await?;
-        chain = parse_chain(&entry.chain_end, &entry.key)?;
+        chain = entry.chain_end;
     }
     let Some(first_chunk) = manifest.chunks.first() else {
         // Past the archive: only the engine's next segment, still empty.
@@ -658,14 +658,6 @@ pub(crate) async fn catch_up(
     catch_up_chunks(store, log_dir, &manifest.chunks, &chain, here, allow_more).await
 }
 
-fn parse_chain(text: &str, key: &str) -> Result<ChainValue, ArchiveStartError> {
-    hex_chain(text).ok_or_else(|| {
-        ArchiveStartError::Store(StoreError::Missing {
-            key: format!("{key} (its manifest entry has a bad chain value)"),
-        })
-    })
-}
-
 /// One sealed segment of the archive against the local one (`here`, when
 /// the local log has that file): equal, or a local prefix of it that is
 /// completed from the archive, or missing locally and fetched. `more_after`:
@@ -681,7 +673,7 @@ async fn catch_up_sealed(
     if let Some(local) = &here {
         if local.sealed {
             let same = local.end as u64 == entry.bytes
-                && blake3::hash(&local.bytes[..local.end]).to_hex().as_str() == entry.blake3;
+                && *blake3::hash(&local.bytes[..local.end]).as_bytes() == entry.blake3;
             if !same {
                 return Err(diverged(format!(
                     "the local sealed segment {} differs from the archive's {}",
@@ -701,7 +693,12 @@ async fn catch_up_sealed(
     let archived = store
         .get_listed(&entry.key, entry.bytes, &entry.blake3)
         .await?;
-    check_sealed(entry, &archived, chain)?;
+    verify_sealed(entry, &archived, chain).map_err(|source| {
+        ArchiveStartError::Store(StoreError::Damaged {
+            key: entry.key.clone(),
+            source,
+        })
+    })?;
     if let Some(local) = &here {
         if local.has_records && archived.get(..local.end) != Some(&local.bytes[..local.end]) {
             return Err(diverged(format!(
@@ -713,32 +710,6 @@ async fn catch_up_sealed(
         }
     }
     write_segment(&log_dir.join(segment_file_name(entry.first_seq)), &archived)
-}
-
-/// A fetched sealed segment: its `chain_start` is the chain before it, and
-/// its seal holds the chain of its bytes, the manifest's `chain_end`.
-fn check_sealed(
-    entry: &SegmentEntry,
-    bytes: &[u8],
-    chain: &ChainValue,
-) -> Result<(), ArchiveStartError> {
-    let damaged = |what: &str| {
-        ArchiveStartError::Store(StoreError::Damaged {
-            key: entry.key.clone(),
-            source: spark_log_format::archive::ObjectError::Mismatch(what.to_owned()),
-        })
-    };
-    if bytes.len() < HEADER_LEN + SEAL_RECORD_BYTES
-        || bytes[HEADER_CHAIN_START_OFFSET..HEADER_LEN] != chain[..]
-    {
-        return Err(damaged("its chain_start is not the chain before it"));
-    }
-    let seal_at = bytes.len() - SEAL_RECORD_BYTES;
-    let end = chain_value(chain, &bytes[..seal_at]);
-    if bytes[bytes.len() - SEAL_PAYLOAD_LEN..] != end[..] || chain_hex(&end) != entry.chain_end {
-        return Err(damaged("its seal does not hold the chain of its bytes"));
-    }
-    Ok(())
 }
 
 /// The archive's tail chunks against the local tail segment (`here`, when
@@ -802,20 +773,18 @@ async fn catch_up_chunks(
         let chunk = &chunks[at];
         let before = chunk.offset as usize;
         let chain_before = match at {
-            0 => chain_hex(chain_start),
-            _ => chunks[at - 1].chain_after.clone(),
+            0 => *chain_start,
+            _ => chunks[at - 1].chain_after,
         };
-        let local_chain = if before == 0 {
-            *chain_start
-        } else {
-            chain_value(chain_start, &local.bytes[..before.min(local.end)])
-        };
-        if chain_hex(&local_chain) != chain_before || before > local.end {
+        let local_chain =
+            SegmentChain::after(*chain_start, &local.bytes[..before.min(local.end)]).chain();
+        if local_chain != chain_before || before > local.end {
             return Err(diverged(format!(
                 "the local segment {} differs from the archive before byte {before} (chain {}, \
-                 archived {chain_before})",
+                 archived {})",
                 local.path.display(),
                 chain_hex(&local_chain),
+                chain_hex(&chain_before),
             )));
         }
         if end == chunk.offset + body_bytes(chunk) {
@@ -825,43 +794,20 @@ async fn catch_up_chunks(
             inside = Some((chunk.key.clone(), local.bytes[before..local.end].to_vec()));
         }
     }
-    let mut hasher = chain_hasher(chain_start);
-    hasher.update(&bytes);
-    let mut running: ChainValue = if bytes.is_empty() {
-        *chain_start
-    } else {
-        hasher.clone().finalize().into()
-    };
+    let mut running = SegmentChain::after(*chain_start, &bytes);
     let mut fetched = false;
     let have = bytes.len() as u64;
     for entry in chunks.iter().filter(|c| c.offset >= have) {
         let object = store
             .get_listed(&entry.key, entry.bytes, &entry.blake3)
             .await?;
-        let damaged = |what: String| {
-            ArchiveStartError::Store(StoreError::Damaged {
-                key: entry.key.clone(),
-                source: spark_log_format::archive::ObjectError::Mismatch(what),
-            })
-        };
-        let (header, body) = ChunkHeader::decode(&object).map_err(|source| {
+        let checked = verify_chunk(entry, &object, &running).map_err(|source| {
             ArchiveStartError::Store(StoreError::Damaged {
                 key: entry.key.clone(),
                 source,
             })
         })?;
-        if header.offset != bytes.len() as u64
-            || header.segment_first_seq != entry.segment_first_seq
-            || header.chain_before != running
-        {
-            return Err(damaged(format!(
-                "offset {} and chain_before {} do not follow the {} bytes before it (chain {})",
-                header.offset,
-                chain_hex(&header.chain_before),
-                bytes.len(),
-                chain_hex(&running)
-            )));
-        }
+        let body = checked.body;
         if let Some((key, local_part)) = inside.take() {
             if key != entry.key || !body.starts_with(&local_part) {
                 return Err(diverged(format!(
@@ -870,7 +816,7 @@ async fn catch_up_chunks(
                     path.display(),
                     entry.key,
                     local_part.len(),
-                    header.offset
+                    checked.header.offset
                 )));
             }
             tracing::info!(
@@ -878,15 +824,7 @@ async fn catch_up_chunks(
                 "archive: the local tail ended inside a merged chunk; the chunk was fetched whole"
             );
         }
-        hasher.update(body);
-        running = hasher.clone().finalize().into();
-        if running != header.chain_after || chain_hex(&running) != entry.chain_after {
-            return Err(damaged(format!(
-                "its bytes give chain {}, it says {}",
-                chain_hex(&running),
-                chain_hex(&header.chain_after)
-            )));
-        }
+        running = checked.after;
         bytes.extend_from_slice(body);
         fetched = true;
     }
@@ -898,5 +836,5 @@ async fn catch_up_chunks(
 
 /// The body bytes of a chunk: its object less the header.
 fn body_bytes(chunk: &ChunkEntry) -> u64 {
-    chunk.bytes - spark_log_format::archive::CHUNK_HEADER_LEN as u64
+    chunk.bytes - spark_archive::layout::CHUNK_HEADER_LEN as u64
 }

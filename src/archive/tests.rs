@@ -21,8 +21,8 @@ use object_store::{
     GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
+use spark_archive::layout::{manifest_key, Manifest};
 use spark_archive::ArchiveStore;
-use spark_log_format::archive::{manifest_key, Manifest};
 
 use super::*;
 use crate::clock::SystemClock;
@@ -260,7 +260,7 @@ async fn failed_puts_are_retried_while_writes_go_on() {
     assert!(shipping.status.failing().is_none());
     let manifest = store.latest_manifest().await.unwrap().unwrap();
     assert_eq!(manifest.shipped_seq, head.seq);
-    assert_eq!(manifest.shipped_chain, head.chain_hex());
+    assert_eq!(manifest.shipped_chain, head.chain);
     assert!(manifest.segments.len() >= 2, "4 KiB segments sealed");
     // Segments are gapless from seq 1 and chunks follow them.
     let mut next = 1;
@@ -356,7 +356,7 @@ async fn a_manifest_of_a_newer_epoch_fences_the_shipper() {
         epoch: 2,
         written_ms: 0,
         shipped_seq: 0,
-        shipped_chain: chain_hex(&[0; 32]),
+        shipped_chain: [0; 32],
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
@@ -440,7 +440,7 @@ async fn a_take_over_fences_the_old_engine_which_acknowledges_nothing_after() {
     .await;
     let latest = store.latest_manifest().await.unwrap().unwrap();
     assert_eq!(latest.epoch, 2);
-    assert_eq!(latest.shipped_chain, new.head().chain_hex());
+    assert_eq!(latest.shipped_chain, new.head().chain);
     // The old directory is refused at its next start.
     shipping.stop().await;
     let again = take_epoch(&store, old_dir.path(), 0).await;
@@ -1086,7 +1086,7 @@ async fn sync_a_fenced_shipper_fails_waiting_writes() {
         epoch: 2,
         written_ms: 0,
         shipped_seq: 0,
-        shipped_chain: chain_hex(&[0; 32]),
+        shipped_chain: [0; 32],
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms: 0,
@@ -1147,7 +1147,7 @@ async fn sync_merges_chunks_so_manifests_stay_small() {
             .bytes()
             .await
             .unwrap();
-        assert_eq!(blake3::hash(&object).to_hex().as_str(), entry.blake3);
+        assert_eq!(*blake3::hash(&object).as_bytes(), entry.blake3);
         let (header, body) = ChunkHeader::decode(&object).unwrap();
         assert_eq!(header.offset, bytes.len() as u64);
         assert_eq!(header.chain_before, chain);
@@ -1198,7 +1198,7 @@ async fn history(store: &ArchiveStore) -> Vec<Manifest> {
 fn assert_extends(history: &[Manifest]) {
     for pair in history.windows(2) {
         assert_eq!(
-            spark_log_format::archive::extends(&pair[0], &pair[1]),
+            spark_archive::layout::extends(&pair[0], &pair[1]),
             Ok(()),
             "manifest {} -> {}",
             pair[0].number,
@@ -1469,7 +1469,7 @@ async fn a_second_engine_waits_for_the_lease_then_takes_over_and_the_old_one_is_
     assert_extends(&all);
     let first_new = all.iter().position(|m| m.epoch == 2).unwrap();
     assert!(all[first_new..].iter().all(|m| m.epoch == 2));
-    assert_eq!(all.last().unwrap().shipped_chain, new.head().chain_hex());
+    assert_eq!(all.last().unwrap().shipped_chain, new.head().chain);
     // The old directory is refused at its next start, leases or not: the
     // new writer's lease is live.
     shipping.stop().await;
@@ -1542,7 +1542,7 @@ fn a_lease_is_read_from_the_holders_last_manifest_or_its_epoch() {
         epoch,
         written_ms,
         shipped_seq: 0,
-        shipped_chain: chain_hex(&[0; 32]),
+        shipped_chain: [0; 32],
         segments: Vec::new(),
         chunks: Vec::new(),
         lease_ms,
@@ -1774,7 +1774,7 @@ async fn checkpoints_ship_create_only_and_manifests_list_the_newest() {
         let object = store.get_listed(&c.key, c.bytes, &c.blake3).await.unwrap();
         let header = spark_core::checkpoint::decode_header(&object).unwrap();
         assert_eq!((header.at.seq, header.ts_ms), (c.seq, c.ts_ms));
-        assert_eq!(chain_hex(&header.at.chain), c.chain);
+        assert_eq!(header.at.chain, c.chain);
     }
     // Retired from the list, never deleted.
     for key in &stored_checkpoints {
@@ -1918,7 +1918,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
                 epoch: 1,
                 written_ms: 1,
                 shipped_seq: 0,
-                shipped_chain: chain_hex(&[0; 32]),
+                shipped_chain: [0; 32],
                 segments: Vec::new(),
                 chunks: Vec::new(),
                 lease_ms: 0,
@@ -1935,15 +1935,15 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
                     first_seq,
                     last_seq: latest.shipped_seq + 1,
                     bytes: 200,
-                    blake3: "ab".repeat(32),
-                    chain_end: "cd".repeat(32),
+                    blake3: [0xab; 32],
+                    chain_end: [0xcd; 32],
                 });
                 Manifest {
                     number,
                     epoch: 1,
                     written_ms: 1,
                     shipped_seq: latest.shipped_seq + 1,
-                    shipped_chain: "cd".repeat(32),
+                    shipped_chain: [0xcd; 32],
                     segments,
                     chunks: Vec::new(),
                     lease_ms: 0,
@@ -1952,7 +1952,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
             }
         };
         // The forgery is the kind meant: not extending, or extending.
-        let extending = spark_log_format::archive::extends(&latest, &forged).is_ok();
+        let extending = spark_archive::layout::extends(&latest, &forged).is_ok();
         assert_eq!(extending, forge == "another segment", "{forge}");
         store
             .put_create(&manifest_key("p", number), Bytes::from(forged.encode()))

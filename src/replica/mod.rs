@@ -1,6 +1,6 @@
 //! Read replicas (SPEC section 11): `spark-engine replica --from
 //! s3://BUCKET/PREFIX` serves every read route from an archive
-//! (`log-format/ARCHIVE.md`) and follows it as it grows. Writes answer
+//! (`archive/ARCHIVE.md`) and follows it as it grows. Writes answer
 //! `421 read_only` ([`crate::api`]).
 //!
 //! The data directory is a cache. At start the local log is brought to the
@@ -46,9 +46,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::json;
+use spark_archive::layout::{extends, manifest_key, Manifest};
 use spark_archive::{ArchiveStore, StoreConfig, StoreError};
 use spark_core::wire::events::EventCursor;
-use spark_log_format::archive::{extends, manifest_key, Manifest};
 use spark_log_format::format::segment_file_name;
 use spark_log_format::Head;
 
@@ -860,8 +860,6 @@ impl Follower {
 /// its seq and chain (`shipped_seq`, `shipped_chain`) and its active
 /// segment (the chunks' segment; after a sealed segment, the next one).
 fn head_of(manifest: &Manifest) -> Head {
-    let mut chain = [0u8; 32];
-    let _ = hex::decode_to_slice(&manifest.shipped_chain, &mut chain);
     let segment = match (manifest.chunks.last(), manifest.segments.last()) {
         (Some(chunk), _) => segment_file_name(chunk.segment_first_seq),
         (None, Some(segment)) => segment_file_name(segment.last_seq + 1),
@@ -870,7 +868,7 @@ fn head_of(manifest: &Manifest) -> Head {
     Head {
         seq: manifest.shipped_seq,
         segment,
-        chain,
+        chain: manifest.shipped_chain,
     }
 }
 

@@ -24,11 +24,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use spark_archive::layout::{manifest_key, CheckpointEntry, Manifest};
 use spark_archive::{ArchiveStore, StoreConfig};
 use spark_engine::archive::Shipping;
 use spark_engine::config::{ArchiveMode, Settings};
 use spark_engine::Engine;
-use spark_log_format::archive::{manifest_key, CheckpointEntry, Manifest};
 use spark_log_format::format::chain_hex;
 
 use crate::s3_common::{
@@ -172,7 +172,7 @@ async fn checkpoints_ship_and_restore_starts_from_them() {
     if let Ok(file) = std::fs::read(&local) {
         assert_eq!(file, object);
     }
-    assert_eq!(blake3::hash(&object).to_hex().as_str(), ck.blake3);
+    assert_eq!(*blake3::hash(&object).as_bytes(), ck.blake3);
     let head = engine.head().seq;
     assert!(ck.seq < head, "{} {head}", ck.seq);
     let (seq, digest) = digest_of(&data, None);
@@ -228,8 +228,8 @@ async fn checkpoints_ship_and_restore_starts_from_them() {
     stale[trailer..].copy_from_slice(sum.as_bytes());
     let stale_entry = CheckpointEntry {
         key: format!("{prefix}/checkpoint/{:020}-{:020}.ckpt", ck.seq, 98),
-        blake3: blake3::hash(&stale).to_hex().to_string(),
-        chain: chain_hex(&stale[48..80].try_into().unwrap()),
+        blake3: *blake3::hash(&stale).as_bytes(),
+        chain: stale[48..80].try_into().unwrap(),
         ..ck.clone()
     };
     store

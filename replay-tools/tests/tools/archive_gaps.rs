@@ -33,8 +33,8 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, PutPayload};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use spark_archive::layout::{epoch_key, manifest_key, Manifest};
 use spark_archive::ArchiveStore;
-use spark_log_format::archive::{epoch_key, manifest_key, Manifest};
 
 use crate::replica::{client, get, replica_config, start_replica, wait_ready};
 use crate::s3_common::{
@@ -201,16 +201,16 @@ async fn put_fault(
         Fault::ForgeRollback | Fault::ForgeChain => {
             let mut m = latest.clone();
             if matches!(fault, Fault::ForgeChain) {
-                m.shipped_chain = "ab".repeat(32);
+                m.shipped_chain = [0xab; 32];
             } else if m.chunks.pop().is_none() {
                 m.segments.pop();
             }
             if matches!(fault, Fault::ForgeRollback) {
                 // Well-formed: its head is where its entries end.
                 let (seq, chain) = match (m.chunks.last(), m.segments.last()) {
-                    (Some(c), _) => (c.last_seq, c.chain_after.clone()),
-                    (None, Some(s)) => (s.last_seq, s.chain_end.clone()),
-                    (None, None) => (0, "0".repeat(64)),
+                    (Some(c), _) => (c.last_seq, c.chain_after),
+                    (None, Some(s)) => (s.last_seq, s.chain_end),
+                    (None, None) => (0, [0; 32]),
                 };
                 m.shipped_seq = seq;
                 m.shipped_chain = chain;

@@ -11,12 +11,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use spark_archive::layout::Manifest;
 use spark_archive::{ArchiveStore, StoreConfig};
 use spark_engine::archive::ArchiveStartError;
 use spark_engine::clock::SystemClock;
 use spark_engine::config::{ArchiveMode, ArchiveSettings, Settings};
 use spark_engine::Engine;
-use spark_log_format::archive::Manifest;
 use spark_log_format::OsFs;
 
 use crate::s3_common::*;

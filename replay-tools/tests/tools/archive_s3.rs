@@ -10,12 +10,14 @@
 use std::time::Duration;
 
 use object_store::ObjectStore;
+use spark_archive::layout::{manifest_key, Manifest};
 use spark_engine::clock::SystemClock;
 use spark_engine::config::Settings;
 use spark_engine::engine::{Command as EngineCommand, PutMedia};
 use spark_engine::media::MediaStore;
 use spark_engine::{Engine, Id};
-use spark_log_format::OsFs;
+use spark_log_format::format::{decode_record, encode_seal, RecordDecode, SEAL_RECORD_BYTES};
+use spark_log_format::{OsFs, DEFAULT_MAX_RECORD_BYTES};
 use std::sync::Arc;
 
 use crate::s3_common::*;
@@ -123,6 +125,7 @@ async fn restore_after_the_disk_is_lost_gives_every_acknowledged_write() {
         .await
         .unwrap()
         .to_vec();
+    let original = bytes.clone();
     bytes[200] ^= 0x01;
     raw.put(&path, bytes.into()).await.unwrap();
     let (code, out, err) = replay(&["verify", "--from", &url], &endpoint);
@@ -132,6 +135,43 @@ async fn restore_after_the_disk_is_lost_gives_every_acknowledged_write() {
     let (code, _, err) = restore(&url, &refused, &endpoint, &[]);
     assert_eq!(code, 1, "{err}");
     assert!(err.contains(&key), "{err}");
+
+    // A whole seal over another chain value, listed by every manifest with
+    // the object's own length and BLAKE3 (so that only the segment's check
+    // can find it): restore refuses it, naming the object, as a take-over
+    // does, also when `--at` keeps only bytes before the seal.
+    let seal_at = original.len() - SEAL_RECORD_BYTES;
+    let RecordDecode::Record { record: seal, .. } =
+        decode_record(&original, seal_at, DEFAULT_MAX_RECORD_BYTES)
+    else {
+        panic!("{key} does not end with a seal");
+    };
+    let mut forged = original[..seal_at].to_vec();
+    encode_seal(&mut forged, seal.seq, seal.ts_ms, &[7; 32]);
+    let digest = *blake3::hash(&forged).as_bytes();
+    raw.put(&path, forged.into()).await.unwrap();
+    let mut n = 1;
+    while let Ok(got) = raw
+        .get(&object_store::path::Path::from(manifest_key(&prefix, n)))
+        .await
+    {
+        let mut manifest = Manifest::decode(&got.bytes().await.unwrap(), n).unwrap();
+        for entry in manifest.segments.iter_mut().filter(|s| s.key == key) {
+            entry.blake3 = digest;
+        }
+        raw.put(
+            &object_store::path::Path::from(manifest_key(&prefix, n)),
+            manifest.encode().into(),
+        )
+        .await
+        .unwrap();
+        n += 1;
+    }
+    for (dir, args) in [("sealed", &[][..]), ("sealed-at", &["--at", "2"][..])] {
+        let (code, _, err) = restore(&url, &work.path().join(dir), &endpoint, args);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(&key) && err.contains("its seal"), "{err}");
+    }
     drop(weed);
 }
 
@@ -506,12 +546,10 @@ async fn verify_walks_the_manifest_history_and_names_a_fork() {
         .trim_start_matches(&format!("s3://{BUCKET}/"))
         .to_owned();
     let raw = raw_store(&endpoint);
-    let key = |n: u64| {
-        object_store::path::Path::from(spark_log_format::archive::manifest_key(&prefix, n))
-    };
-    let read = |bytes: bytes::Bytes, n: u64| {
-        spark_log_format::archive::Manifest::decode(&bytes, n).unwrap()
-    };
+    let key =
+        |n: u64| object_store::path::Path::from(spark_archive::layout::manifest_key(&prefix, n));
+    let read =
+        |bytes: bytes::Bytes, n: u64| spark_archive::layout::Manifest::decode(&bytes, n).unwrap();
     let original = raw.get(&key(2)).await.unwrap().bytes().await.unwrap();
     let mut forked = read(original.clone(), 2);
     forked.epoch = 9;
@@ -538,7 +576,7 @@ async fn verify_walks_the_manifest_history_and_names_a_fork() {
         }
         k += 1;
     };
-    forked.segments[0].blake3 = "0".repeat(64);
+    forked.segments[0].blake3 = [0; 32];
     raw.put(&key(k), forked.encode().into()).await.unwrap();
     let (code, out, err) = replay(&["verify", "--from", &url], &endpoint);
     assert_eq!(code, 1, "{out}{err}");

@@ -16,14 +16,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use spark_archive::layout::{ChunkHeader, Manifest};
 use spark_archive::{ArchiveStore, StoreConfig};
 use spark_engine::archive::Shipping;
 use spark_engine::clock::SystemClock;
 use spark_engine::config::{ArchiveMode, ArchiveSettings, Settings};
 use spark_engine::engine::{EngineError, Outcome};
 use spark_engine::{Engine, Id};
-use spark_log_format::archive::{ChunkHeader, Manifest};
-use spark_log_format::format::chain_hex;
 use spark_log_format::OsFs;
 
 use crate::s3_common::{create, json, restore, unique_prefix, weed_or_skip};
@@ -397,8 +396,8 @@ async fn two_hundred_take_overs_with_two_writers_racing() {
         "the last manifest is the last writer's"
     );
     assert_eq!(
-        manifests.last().map(|m| m.shipped_chain.clone()),
-        Some(chain_hex(&final_head.chain))
+        manifests.last().map(|m| m.shipped_chain),
+        Some(final_head.chain)
     );
     check_chunk_chains(&store, &manifests).await;
 
@@ -460,7 +459,7 @@ async fn two_hundred_take_overs_with_two_writers_racing() {
 /// epochs never decrease within a manifest and never pass its epoch.
 async fn walk_manifests(store: &ArchiveStore) -> Vec<Manifest> {
     let latest = store
-        .latest(|n| spark_log_format::archive::manifest_key(store.prefix(), n))
+        .latest(|n| spark_archive::layout::manifest_key(store.prefix(), n))
         .await
         .unwrap();
     assert!(latest > ROUNDS as u64, "{latest} manifests");
@@ -528,25 +527,20 @@ async fn walk_manifests(store: &ArchiveStore) -> Vec<Manifest> {
 async fn check_chunk_chains(store: &ArchiveStore, manifests: &[Manifest]) {
     let mut seen: BTreeMap<String, ()> = BTreeMap::new();
     for m in manifests {
-        let mut before = m
-            .segments
-            .last()
-            .map_or_else(|| chain_hex(&[0; 32]), |s| s.chain_end.clone());
+        let mut before = m.segments.last().map_or([0; 32], |s| s.chain_end);
         for c in &m.chunks {
             if seen.insert(c.key.clone(), ()).is_none() {
                 let object = store.get_listed(&c.key, c.bytes, &c.blake3).await.unwrap();
                 let (header, _) = ChunkHeader::decode(&object).unwrap();
                 assert_eq!(
-                    chain_hex(&header.chain_before),
-                    before,
+                    header.chain_before, before,
                     "{}: chain_before is not the chain before it (manifest {})",
-                    c.key,
-                    m.number
+                    c.key, m.number
                 );
-                assert_eq!(chain_hex(&header.chain_after), c.chain_after, "{}", c.key);
+                assert_eq!(header.chain_after, c.chain_after, "{}", c.key);
                 assert_eq!(header.epoch, c.epoch, "{}", c.key);
             }
-            before = c.chain_after.clone();
+            before = c.chain_after;
         }
     }
 }

@@ -791,10 +791,10 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
                 std::sync::Arc::new(raw_store(&endpoint)),
                 prefix.to_owned(),
             )
-            .latest(|n| spark_log_format::archive::manifest_key(prefix, n)),
+            .latest(|n| spark_archive::layout::manifest_key(prefix, n)),
         )
         .unwrap();
-    let next_key = spark_log_format::archive::manifest_key(prefix, latest + 1);
+    let next_key = spark_archive::layout::manifest_key(prefix, latest + 1);
     rt.block_on(object_store::ObjectStore::put(
         &raw,
         &object_store::path::Path::from(next_key.as_str()),
@@ -819,7 +819,7 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
             object_store::ObjectStore::get(
                 &raw,
                 &object_store::path::Path::from(
-                    spark_log_format::archive::manifest_key(prefix, latest).as_str(),
+                    spark_archive::layout::manifest_key(prefix, latest).as_str(),
                 ),
             )
             .await
@@ -828,7 +828,7 @@ fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
             .await
         })
         .unwrap();
-    let manifest = spark_log_format::archive::Manifest::decode(&manifest_bytes, latest).unwrap();
+    let manifest = spark_archive::layout::Manifest::decode(&manifest_bytes, latest).unwrap();
     let chunk = match manifest.chunks.last() {
         Some(chunk) => chunk.key.clone(),
         None => manifest.segments.last().expect("a segment").key.clone(),

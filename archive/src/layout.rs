@@ -1,12 +1,12 @@
-//! The archive's objects (`log-format/ARCHIVE.md`, SPEC section 11): object
+//! The archive's objects (`archive/ARCHIVE.md`, SPEC section 11): object
 //! keys under a prefix, the tail chunk frame, the manifest and epoch frames,
 //! the walk that finds a segment's acknowledged bytes, and the rule that a
 //! manifest extends the one before it ([`extends`]). Shared by the
 //! engine's shipper and `spark-replay restore` / `verify`; no I/O here.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::format::{
+use spark_log_format::format::{
     chain_hex, decode_record, ChainValue, RecordDecode, Seq, COMMIT_KIND_VERSION, KIND_SEAL,
     SEAL_KIND_VERSION,
 };
@@ -25,6 +25,50 @@ pub const MISSING_MAGIC: [u8; 8] = *b"SPARKMIS";
 pub const CHUNK_HEADER_LEN: usize = 136;
 /// Bytes of the frame before a manifest's or epoch's JSON body.
 pub const DOC_HEADER_LEN: usize = 32;
+
+/// Serde of a 32-byte value (a chain value, a BLAKE3 digest) as the 64
+/// lowercase hex characters the JSON documents carry (ARCHIVE.md
+/// "Manifest"): the fields are bytes in memory and hex only on the wire.
+/// Reading accepts exactly what writing makes; anything else (another
+/// length, a non-hex or upper-case digit) is an error that quotes the text,
+/// which [`decode_doc`] turns into an [`ObjectError::Json`] naming the
+/// object.
+mod hex32 {
+    use super::{chain_hex, Deserialize, Deserializer, Serializer};
+
+    /// Writes `value` as 64 lowercase hex.
+    pub fn serialize<S: Serializer>(value: &[u8; 32], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&chain_hex(value))
+    }
+
+    /// Reads 64 lowercase hex.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<[u8; 32], D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is not 64 lowercase hex digits"))
+        })
+    }
+
+    /// The 32 bytes `text` spells in lowercase hex, if it is exactly that.
+    pub fn parse(text: &str) -> Option<[u8; 32]> {
+        fn digit(c: u8) -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            }
+        }
+        let text = text.as_bytes();
+        if text.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (byte, pair) in out.iter_mut().zip(text.chunks_exact(2)) {
+            *byte = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Some(out)
+    }
+}
 
 /// `n` as the 20-digit zero-padded decimal used in every key.
 fn digits(n: u64) -> String {
@@ -129,6 +173,42 @@ pub enum ObjectError {
     /// The object does not agree with what names it (manifest, key).
     #[error("{0}")]
     Mismatch(String),
+    /// The object does not go on from the chain before it: its segment's
+    /// `chain_start` or its chunk's `chain_before` (`field`) is another
+    /// history's, a fork (ARCHIVE.md "Sealed segment", "Tail chunk").
+    #[error(
+        "its {field} {} is not the chain before it ({}): a fork",
+        chain_hex(.found),
+        chain_hex(.expected)
+    )]
+    ChainBefore {
+        /// `chain_start` or `chain_before`.
+        field: &'static str,
+        /// The chain value the object names.
+        found: ChainValue,
+        /// The chain the object before it ended with.
+        expected: ChainValue,
+    },
+    /// The chain of the object's bytes is not the one `said_by` (its seal,
+    /// its header's `chain_after`, its manifest entry) says.
+    #[error("its bytes give chain {}, {said_by} says {}", chain_hex(.computed), chain_hex(.said))]
+    ChainAfter {
+        /// Who names the other chain value, in words.
+        said_by: &'static str,
+        /// The chain value of the object's bytes.
+        computed: ChainValue,
+        /// The chain value `said_by` names.
+        said: ChainValue,
+    },
+    /// A chunk that does not start where the bytes of its segment before it
+    /// end (ARCHIVE.md "Tail chunk").
+    #[error("offset {offset} but {expected} bytes of its segment came before it")]
+    Offset {
+        /// The offset its header names, in bytes.
+        offset: u64,
+        /// Where the bytes before it end, in bytes.
+        expected: u64,
+    },
 }
 
 fn le_u16(b: &[u8], at: usize) -> u16 {
@@ -304,7 +384,7 @@ fn decode_doc<T: for<'de> Deserialize<'de>>(
     if crc32fast::hash(body) != le_u32(bytes, 28) {
         return Err(ObjectError::BodyCrc);
     }
-    serde_json::from_slice(body).map_err(|e| ObjectError::Json(e.to_string()))
+    serde_json::from_slice(body).map_err(|e| ObjectError::Json(format!("{what} {number}: {e}")))
 }
 
 /// A sealed segment as the manifest lists it.
@@ -318,10 +398,12 @@ pub struct SegmentEntry {
     pub last_seq: Seq,
     /// Object bytes (header to the end of the seal).
     pub bytes: u64,
-    /// BLAKE3 of the object bytes, 64 hex.
-    pub blake3: String,
-    /// Its final chain value (the seal's), 64 hex.
-    pub chain_end: String,
+    /// BLAKE3 of the object bytes (64 hex in the JSON).
+    #[serde(with = "hex32")]
+    pub blake3: [u8; 32],
+    /// Its final chain value, the seal's (64 hex in the JSON).
+    #[serde(with = "hex32")]
+    pub chain_end: ChainValue,
 }
 
 /// A tail chunk as the manifest lists it.
@@ -341,10 +423,12 @@ pub struct ChunkEntry {
     pub offset: u64,
     /// Object bytes (header and body).
     pub bytes: u64,
-    /// BLAKE3 of the object bytes, 64 hex.
-    pub blake3: String,
-    /// The head chain after its body, 64 hex.
-    pub chain_after: String,
+    /// BLAKE3 of the object bytes (64 hex in the JSON).
+    #[serde(with = "hex32")]
+    pub blake3: [u8; 32],
+    /// The head chain after its body (64 hex in the JSON).
+    #[serde(with = "hex32")]
+    pub chain_after: ChainValue,
 }
 
 /// A checkpoint as the manifest lists it (ARCHIVE.md "Checkpoint"): derived
@@ -361,11 +445,13 @@ pub struct CheckpointEntry {
     pub ts_ms: u64,
     /// Object bytes (the checkpoint file, verbatim).
     pub bytes: u64,
-    /// BLAKE3 of the object bytes, 64 hex.
-    pub blake3: String,
-    /// The chain value its header names (at the end of the record at
-    /// `seq`), 64 hex.
-    pub chain: String,
+    /// BLAKE3 of the object bytes (64 hex in the JSON).
+    #[serde(with = "hex32")]
+    pub blake3: [u8; 32],
+    /// The chain value its header names, at the end of the record at
+    /// `seq` (64 hex in the JSON).
+    #[serde(with = "hex32")]
+    pub chain: ChainValue,
 }
 
 /// A manifest: what the archive holds as of manifest `number` (ARCHIVE.md
@@ -380,8 +466,9 @@ pub struct Manifest {
     pub written_ms: u64,
     /// Last seq held (0 when none).
     pub shipped_seq: Seq,
-    /// Head chain at `shipped_seq`, 64 hex.
-    pub shipped_chain: String,
+    /// Head chain at `shipped_seq` (64 hex in the JSON; zeros when none).
+    #[serde(with = "hex32")]
+    pub shipped_chain: ChainValue,
     /// Sealed segments, in seq order.
     pub segments: Vec<SegmentEntry>,
     /// Chunks of the one unsealed segment after them, in seq order.
@@ -523,7 +610,7 @@ pub struct AckEnd {
 }
 
 /// Walks the frames of `segment` from `from_offset` (the end of a commit
-/// mark, or [`HEADER_LEN`](crate::HEADER_LEN) in a whole segment) whose last record before it is `from_seq`, up to
+/// mark, or [`HEADER_LEN`](spark_log_format::HEADER_LEN) in a whole segment) whose last record before it is `from_seq`, up to
 /// the commit mark of `target_seq` (or the seal): the acknowledged bytes a
 /// shipper may ship (FORMAT.md "Acknowledged bytes"). Stops early at the
 /// first frame that is not whole (a write in progress or zero fill). Marks
@@ -646,14 +733,16 @@ pub enum Fork {
     },
     /// `shipped_chain` is not the chain value its last entry ends with.
     #[error(
-        "its shipped_chain {shipped_chain} is not the chain its entries end with ({entries_chain})"
+        "its shipped_chain {} is not the chain its entries end with ({})",
+        chain_hex(.shipped_chain),
+        chain_hex(.entries_chain)
     )]
     ShippedChainMismatch {
         /// The manifest's `shipped_chain`.
-        shipped_chain: String,
+        shipped_chain: ChainValue,
         /// The last chunk's `chain_after`, else the last segment's
-        /// `chain_end`, else 64 zeros.
-        entries_chain: String,
+        /// `chain_end`, else zeros.
+        entries_chain: ChainValue,
     },
 }
 
@@ -762,13 +851,13 @@ pub fn extends(prev: &Manifest, next: &Manifest) -> Result<(), Fork> {
         });
     }
     let entries_chain = match (next.chunks.last(), next.segments.last()) {
-        (Some(chunk), _) => chunk.chain_after.clone(),
-        (None, Some(segment)) => segment.chain_end.clone(),
-        (None, None) => chain_hex(&[0; 32]),
+        (Some(chunk), _) => chunk.chain_after,
+        (None, Some(segment)) => segment.chain_end,
+        (None, None) => [0; 32],
     };
     if next.shipped_chain != entries_chain {
         return Err(Fork::ShippedChainMismatch {
-            shipped_chain: next.shipped_chain.clone(),
+            shipped_chain: next.shipped_chain,
             entries_chain,
         });
     }
@@ -814,8 +903,8 @@ mod tests {
             first_seq,
             last_seq,
             bytes: 100,
-            blake3: "b".repeat(64),
-            chain_end: "c".repeat(64),
+            blake3: [0xbb; 32],
+            chain_end: [0xcc; 32],
         }
     }
 
@@ -828,8 +917,8 @@ mod tests {
             last_seq,
             offset: 0,
             bytes: 200,
-            blake3: "d".repeat(64),
-            chain_after: "e".repeat(64),
+            blake3: [0xdd; 32],
+            chain_after: [0xee; 32],
         }
     }
 
@@ -846,9 +935,9 @@ mod tests {
             .unwrap_or(0);
         let shipped_chain = chunks
             .last()
-            .map(|c| c.chain_after.clone())
-            .or(segments.last().map(|s| s.chain_end.clone()))
-            .unwrap_or_else(|| chain_hex(&[0; 32]));
+            .map(|c| c.chain_after)
+            .or(segments.last().map(|s| s.chain_end))
+            .unwrap_or([0; 32]);
         Manifest {
             number,
             epoch,
@@ -862,6 +951,86 @@ mod tests {
         }
     }
 
+    /// `00 01 02 .. 1f`: a value whose hex shows byte order.
+    fn counting() -> [u8; 32] {
+        std::array::from_fn(|i| i as u8)
+    }
+
+    const COUNTING_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    #[test]
+    fn chain_values_and_digests_are_bytes_in_memory_and_the_same_hex_on_the_wire() {
+        let mut m = manifest(7, 2, vec![segment(1, 12)], vec![chunk(13, 13, 20, 2)]);
+        m.segments[0].chain_end = counting();
+        m.checkpoints.push(CheckpointEntry {
+            key: checkpoint_key("p", 12, 2),
+            seq: 12,
+            ts_ms: 5,
+            bytes: 9,
+            blake3: [0xab; 32],
+            chain: counting(),
+        });
+        // The body as it was written when these fields were hex strings.
+        let (b, d, e, ab) = (
+            "bb".repeat(32),
+            "dd".repeat(32),
+            "ee".repeat(32),
+            "ab".repeat(32),
+        );
+        let literal = format!(
+            concat!(
+                r#"{{"number":7,"epoch":2,"written_ms":0,"shipped_seq":20,"shipped_chain":"{e}","#,
+                r#""segments":[{{"key":"p/segment/00000000000000000001.seg","first_seq":1,"#,
+                r#""last_seq":12,"bytes":100,"blake3":"{b}","chain_end":"{c}"}}],"#,
+                r#""chunks":[{{"key":"p/chunk/00000000000000000013-00000000000000000020-"#,
+                r#"00000000000000000002.chunk","epoch":2,"segment_first_seq":13,"first_seq":13,"#,
+                r#""last_seq":20,"offset":0,"bytes":200,"blake3":"{d}","chain_after":"{e}"}}],"#,
+                r#""checkpoints":[{{"key":"p/checkpoint/00000000000000000012-"#,
+                r#"00000000000000000002.ckpt","seq":12,"ts_ms":5,"bytes":9,"blake3":"{ab}","#,
+                r#""chain":"{c}"}}]}}"#
+            ),
+            e = e,
+            b = b,
+            c = COUNTING_HEX,
+            d = d,
+            ab = ab
+        );
+        let bytes = m.encode();
+        assert_eq!(
+            std::str::from_utf8(&bytes[DOC_HEADER_LEN..]).unwrap(),
+            literal
+        );
+        assert_eq!(
+            bytes,
+            encode_doc(MANIFEST_MAGIC, 7, literal.as_bytes()),
+            "the whole object, frame included"
+        );
+        assert_eq!(Manifest::decode(&bytes, 7).unwrap(), m);
+    }
+
+    #[test]
+    fn a_malformed_hex_value_is_refused_naming_the_object_and_the_text() {
+        let m = manifest(7, 2, vec![segment(1, 12)], vec![]);
+        let body = String::from_utf8(m.encode()[DOC_HEADER_LEN..].to_vec()).unwrap();
+        let good = "cc".repeat(32);
+        for bad in [
+            "CC".repeat(32),
+            "cc".repeat(31),
+            format!("{}zz", "cc".repeat(31)),
+            "cc".repeat(33),
+        ] {
+            let forged = body.replacen(&good, &bad, 1);
+            assert_ne!(forged, body);
+            let err =
+                Manifest::decode(&encode_doc(MANIFEST_MAGIC, 7, forged.as_bytes()), 7).unwrap_err();
+            assert!(
+                matches!(&err, ObjectError::Json(message)
+                    if message.starts_with("manifest 7: ") && message.contains(&bad)),
+                "{err}"
+            );
+        }
+    }
+
     #[test]
     fn checkpoints_are_listed_only_when_shipped_and_are_not_history() {
         let m1 = manifest(1, 1, vec![segment(1, 12)], vec![chunk(13, 13, 20, 1)]);
@@ -872,8 +1041,8 @@ mod tests {
             seq: 12,
             ts_ms: 99,
             bytes: 1000,
-            blake3: "a".repeat(64),
-            chain: "b".repeat(64),
+            blake3: [0xaa; 32],
+            chain: [0xbb; 32],
         };
         assert_eq!(
             entry.key,
@@ -1026,7 +1195,7 @@ mod tests {
         ));
         // Another writer's history: segment 1 listed with other bytes.
         let mut other = segment(1, 10);
-        other.blake3 = "0".repeat(64);
+        other.blake3 = [0; 32];
         let forked = manifest(2, 2, vec![other], vec![chunk(11, 11, 15, 2)]);
         assert!(matches!(
             extends(&m1, &forked),
@@ -1034,7 +1203,7 @@ mod tests {
         ));
         // A chunk replaced by another one over the same seqs.
         let mut replaced = chunk(11, 11, 15, 2);
-        replaced.blake3 = "1".repeat(64);
+        replaced.blake3 = [0x11; 32];
         let m2 = manifest(2, 2, vec![segment(1, 10)], vec![replaced]);
         assert!(matches!(
             extends(&m1, &m2),
@@ -1092,11 +1261,11 @@ mod tests {
             number: 2,
             ..m1.clone()
         };
-        m2.shipped_chain = "9".repeat(64);
+        m2.shipped_chain = [0x99; 32];
         assert!(matches!(
             extends(&m1, &m2),
             Err(Fork::ShippedChainMismatch { ref shipped_chain, ref entries_chain })
-                if *shipped_chain == "9".repeat(64) && *entries_chain == "e".repeat(64)
+                if *shipped_chain == [0x99; 32] && *entries_chain == [0xee; 32]
         ));
         // None listed: the chain is 64 zeros.
         let empty = manifest(1, 1, vec![], vec![]);
@@ -1105,7 +1274,7 @@ mod tests {
             ..empty.clone()
         };
         assert_eq!(extends(&empty, &m2), Ok(()));
-        m2.shipped_chain = "9".repeat(64);
+        m2.shipped_chain = [0x99; 32];
         assert!(matches!(
             extends(&empty, &m2),
             Err(Fork::ShippedChainMismatch { .. })
