@@ -16,10 +16,9 @@ use futures_util::StreamExt;
 use serde_json::json;
 use spark_log_format::archive::{ChunkHeader, Manifest, CHUNK_HEADER_LEN};
 use spark_log_format::format::{
-    chain_hasher, chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
-    HEADER_CHAIN_START_OFFSET,
+    chain_hasher, chain_hex, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
 };
-use spark_log_format::{DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
+use spark_log_format::{Frames, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 
 use crate::archive::{
     connect, in_order, latest_manifest, listed, runtime, store_failure, From, Listed,
@@ -60,17 +59,13 @@ fn read_local(log_dir: &Path, name: &str) -> Result<Option<Vec<u8>>, Failure> {
 /// walking the frames from `start`; `None` in the header or past whole
 /// frames.
 fn seq_at(bytes: &[u8], start: usize, offset: usize) -> Option<u64> {
-    let mut at = start;
-    while let RecordDecode::Record { record, size } =
-        decode_record(bytes, at, DEFAULT_MAX_RECORD_BYTES)
-    {
-        if offset < at {
+    for frame in Frames::new(bytes, start, DEFAULT_MAX_RECORD_BYTES) {
+        if offset < frame.offset() {
             return None;
         }
-        if offset < at + size {
-            return Some(record.seq);
+        if offset < frame.end() {
+            return Some(frame.seq());
         }
-        at += size;
     }
     None
 }
