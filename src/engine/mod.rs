@@ -914,7 +914,7 @@ pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        File::open(parent)?.sync_all()?;
+        spark_log_format::OsFs.sync_dir(parent)?;
     }
     Ok(())
 }
