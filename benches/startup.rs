@@ -91,6 +91,7 @@ fn timed_open(data: &Path, checkpoints: bool) -> (Duration, u64, String) {
 fn write_checkpoint(data: &Path) -> (Duration, u64) {
     let started = Instant::now();
     let built = spark_core::checkpoint::build(
+        &spark_log_format::OsFs,
         data,
         &log_dir(data),
         spark_log_format::DEFAULT_MAX_RECORD_BYTES,

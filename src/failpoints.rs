@@ -16,7 +16,12 @@
 //! store's, which uses the same seam for files under `<data>/media/`
 //! (`media.create`, `media.write`, `media.fsync`, `media.rename`,
 //! `media.dir_fsync`, `media.remove`, and `media.before_op`, between a
-//! durable blob and its `media.put`).
+//! durable blob and its `media.put`), and the checkpoint worker's, for
+//! files under `<data>/checkpoint/` (`checkpoint.create`,
+//! `checkpoint.write`, `checkpoint.fsync`, `checkpoint.rename`,
+//! `checkpoint.dir_fsync`, `checkpoint.remove`: a checkpoint is written by
+//! `Fs::write_file_durably`, create, write, fsync, rename, directory
+//! fsync).
 
 use std::io;
 
@@ -86,6 +91,25 @@ pub fn arm(name: &str, action: Action, times: Option<u64>) {
     }
     #[cfg(not(feature = "failpoints"))]
     let _ = (name, action, times);
+}
+
+/// Whether failpoint `name` was armed for a number of times and has fired
+/// them all: how a test knows that a background write (a checkpoint) met
+/// it. Always `false` without the `failpoints` feature.
+pub fn spent(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        registry::armed()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .is_some_and(|&(_, left)| left == Some(0))
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
 }
 
 /// Disarms every failpoint.
@@ -170,8 +194,9 @@ mod seam {
 
     /// The file seam with a failpoint in front of every operation, over
     /// another [`Fs`]: names `media.*` for the media store's files and
-    /// directories (under `<data>/media/`, see [`is_media`]), `log.*` for
-    /// the rest.
+    /// directories (under `<data>/media/`, see [`is_media`]),
+    /// `checkpoint.*` for the checkpoint directory and its files (see
+    /// [`is_checkpoint`]), `log.*` for the rest.
     pub struct FailpointFs(pub Arc<dyn Fs>);
 
     /// Whether `path` is the media store's: `media/`, `media/tmp/`,
@@ -188,26 +213,46 @@ mod seam {
         store(0) || (area(0) && store(1)) || (area(1) && store(2))
     }
 
+    /// Whether `path` is the checkpoint directory `checkpoint/` or a file
+    /// directly in it.
+    fn is_checkpoint(path: &Path) -> bool {
+        let is = |p: Option<&Path>| {
+            p.and_then(Path::file_name)
+                .is_some_and(|n| n == "checkpoint")
+        };
+        is(Some(path)) || is(path.parent())
+    }
+
+    /// The area of `path`, the first part of its failpoint names.
+    fn area(path: &Path) -> &'static str {
+        if is_media(path) {
+            "media"
+        } else if is_checkpoint(path) {
+            "checkpoint"
+        } else {
+            "log"
+        }
+    }
+
     /// The failpoint name of operation `op` on `path`.
     fn name(path: &Path, op: &str) -> String {
-        let area = if is_media(path) { "media" } else { "log" };
-        format!("{area}.{op}")
+        format!("{}.{op}", area(path))
     }
 
     /// A file opened through [`FailpointFs`], with the area it lives in.
     struct File {
         inner: Box<dyn LogFile>,
-        media: bool,
+        area: &'static str,
     }
 
     impl File {
         /// The failpoint name of `op` on this file: `log.<op>`, or
-        /// `media.<media_op>` for a media file.
-        fn name(&self, op: &str, media_op: &str) -> String {
-            if self.media {
-                format!("media.{media_op}")
-            } else {
-                format!("log.{op}")
+        /// `<area>.<other_op>` for a media or checkpoint file (whose
+        /// `sync_all` is named `fsync`).
+        fn name(&self, op: &str, other_op: &str) -> String {
+            match self.area {
+                "log" => format!("log.{op}"),
+                area => format!("{area}.{other_op}"),
             }
         }
     }
@@ -222,21 +267,21 @@ mod seam {
         fn open_rw(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
             Ok(Box::new(File {
                 inner: self.0.open_rw(path)?,
-                media: is_media(path),
+                area: area(path),
             }))
         }
         fn create_new(&self, path: &Path) -> io::Result<Box<dyn LogFile>> {
             check(&name(path, "create"))?;
             Ok(Box::new(File {
                 inner: self.0.create_new(path)?,
-                media: is_media(path),
+                area: area(path),
             }))
         }
         fn create_new_mode(&self, path: &Path, mode: u32) -> io::Result<Box<dyn LogFile>> {
             check(&name(path, "create"))?;
             Ok(Box::new(File {
                 inner: self.0.create_new_mode(path, mode)?,
-                media: is_media(path),
+                area: area(path),
             }))
         }
         fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -289,7 +334,7 @@ mod seam {
 
     #[cfg(test)]
     mod tests {
-        use super::is_media;
+        use super::{area, is_media};
         use std::path::Path;
 
         #[test]
@@ -310,6 +355,20 @@ mod seam {
                 "/media/x/y",
             ] {
                 assert!(!is_media(Path::new(log)), "{log}");
+            }
+        }
+
+        #[test]
+        fn checkpoint_paths_have_their_own_area() {
+            for (path, want) in [
+                ("/d/checkpoint", "checkpoint"),
+                ("/d/checkpoint/00000000000000000042.ckpt", "checkpoint"),
+                ("/d/checkpoint/00000000000000000042.ckpt.tmp", "checkpoint"),
+                ("/d", "log"),
+                ("/d/log/00000000000000000001.seg", "log"),
+                ("/d/media/blobs/ab12", "media"),
+            ] {
+                assert_eq!(area(Path::new(path)), want, "{path}");
             }
         }
     }

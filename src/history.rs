@@ -15,10 +15,9 @@ use std::path::Path;
 
 use spark_core::wire::events::EventCursor;
 use spark_log_format::format::{
-    chain_hasher, decode_record, parse_segment_file_name, segment_file_name, RecordDecode,
-    SegmentHeader, COMMIT_KIND_VERSION,
+    chain_hasher, parse_segment_file_name, segment_file_name, SegmentHeader,
 };
-use spark_log_format::{FORMAT_VERSION, HEADER_LEN, KIND_SEAL};
+use spark_log_format::{FrameKind, Frames, FORMAT_VERSION, HEADER_LEN};
 
 use crate::op::Op;
 
@@ -89,13 +88,10 @@ pub fn committed_ops(
         let mut hasher = chain_hasher(&header.chain_start);
         let mut hashed = 0usize;
         let mut pending: Vec<Op> = Vec::new();
-        let mut offset = HEADER_LEN;
-        while let RecordDecode::Record { record, size } =
-            decode_record(bytes, offset, max_record_bytes)
-        {
-            let end = offset + size;
-            let closes = if record.kind == KIND_SEAL {
-                if !(batched && record.kind_version == COMMIT_KIND_VERSION) {
+        for frame in Frames::new(bytes, HEADER_LEN, max_record_bytes) {
+            let (record, offset, end) = (frame.record, frame.offset(), frame.end());
+            let closes = if frame.kind != FrameKind::Op {
+                if !(batched && frame.kind == FrameKind::CommitMark) {
                     // The seal: the segment ends here.
                     break;
                 }
@@ -121,7 +117,6 @@ pub fn committed_ops(
                 }
                 !batched
             };
-            offset = end;
             if !closes {
                 continue;
             }

@@ -8,7 +8,7 @@ use spark_test_support::server as common;
 
 use common::{log_records, settings, ulid, TestServer};
 use serde_json::json;
-use spark_engine::failpoints::{arm, disarm_all, Action};
+use spark_engine::failpoints::{arm, disarm_all, spent, Action};
 
 /// The failpoints are process-wide: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -18,6 +18,11 @@ async fn start(dir: &std::path::Path, segment_size_bytes: Option<u64>) -> TestSe
     if let Some(size) = segment_size_bytes {
         s.log.segment_size_bytes = size;
     }
+    start_with(s).await
+}
+
+/// A server on `s` whose file seam goes through the failpoints.
+async fn start_with(s: spark_engine::config::Settings) -> TestServer {
     let fs = std::sync::Arc::new(spark_engine::failpoints::FailpointFs(std::sync::Arc::new(
         spark_log_format::OsFs,
     )));
@@ -321,4 +326,105 @@ async fn media_failures_never_leave_an_op_without_its_blob() {
             .count(),
         0
     );
+}
+
+/// The checkpoints in `data`'s checkpoint directory, by name, each checked
+/// whole by its header and trailer; panics on one that is not whole. With
+/// `idle` (no checkpoint being written), a temporary file there panics
+/// too; else it is the write in progress, and skipped.
+fn whole_checkpoints(data: &std::path::Path, idle: bool) -> Vec<String> {
+    let dir = spark_core::checkpoint::checkpoint_dir(data);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(spark_core::checkpoint::TMP_SUFFIX) {
+            assert!(!idle, "{name} left behind");
+            continue;
+        }
+        let bytes = match std::fs::read(entry.path()) {
+            Ok(bytes) => bytes,
+            // Pruned by the worker since the listing.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !idle => continue,
+            Err(e) => panic!("{name}: {e}"),
+        };
+        spark_core::checkpoint::decode_header(&bytes)
+            .unwrap_or_else(|e| panic!("{name} is not a whole checkpoint: {e}"));
+        names.push(name);
+    }
+    names.sort();
+    names
+}
+
+/// Polls `done` every 50 ms until it holds, for at most `deadline`.
+async fn wait_for(deadline: std::time::Duration, what: &str, done: impl Fn() -> bool) {
+    let until = std::time::Instant::now() + deadline;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < until,
+            "{what}: not within {deadline:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A checkpoint whose write fails at any of its file system calls (create,
+/// write, fsync, rename, directory fsync: `Fs::write_file_durably`) is not
+/// fatal, a checkpoint being derived state: writes go on being
+/// acknowledged, the checkpoint directory holds only whole checkpoints
+/// (never a torn one, never a temporary file), the next interval writes
+/// one, and a restart recovers every acknowledged write.
+#[tokio::test]
+async fn a_failed_checkpoint_write_at_each_call_is_not_fatal_and_leaves_whole_files() {
+    let _serial = SERIAL.lock().await;
+    const INTERVAL_OPS: u64 = 10;
+    // The worker meets the failpoint on a loaded machine within seconds;
+    // this only bounds a hang.
+    const DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+    for name in [
+        "checkpoint.create",
+        "checkpoint.write",
+        "checkpoint.fsync",
+        "checkpoint.rename",
+        "checkpoint.dir_fsync",
+    ] {
+        disarm_all();
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path());
+        s.log.checkpoint_interval_ops = INTERVAL_OPS;
+        let server = start_with(s.clone()).await;
+        arm(name, Action::Eio, Some(1));
+        let mut acked = Vec::new();
+        for _ in 0..INTERVAL_OPS {
+            let (status, _, _, id) = create(&server).await;
+            assert_eq!(status, 201, "{name}");
+            acked.push(id);
+        }
+        wait_for(DEADLINE, name, || spent(name)).await;
+        // Writes go on, and the next interval writes a checkpoint.
+        let before = whole_checkpoints(dir.path(), false);
+        for _ in 0..INTERVAL_OPS {
+            let (status, _, _, id) = create(&server).await;
+            assert_eq!(status, 201, "{name}: a failed checkpoint stops no write");
+            acked.push(id);
+        }
+        wait_for(DEADLINE, name, || {
+            whole_checkpoints(dir.path(), false)
+                .iter()
+                .any(|n| !before.contains(n))
+        })
+        .await;
+        server.stop().await;
+        disarm_all();
+        whole_checkpoints(dir.path(), true);
+        let server = start_with(s).await;
+        for id in &acked {
+            let (status, _) = server.get(&format!("/api/moments/{id}")).await;
+            assert_eq!(status, 200, "{name}: acknowledged {id} lost");
+        }
+        server.stop().await;
+    }
 }

@@ -6,10 +6,8 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use spark_log_format::format::{
-    chain_hex, decode_record, ChainValue, RecordDecode, Seq, COMMIT_KIND_VERSION, KIND_SEAL,
-    SEAL_KIND_VERSION,
-};
+use spark_log_format::format::{chain_hex, ChainValue, Seq};
+use spark_log_format::{FrameKind, Frames};
 
 /// Version of the archive layout this build writes and reads.
 pub const ARCHIVE_VERSION: u16 = 1;
@@ -623,39 +621,37 @@ pub fn acknowledged_end(
     target_seq: Seq,
     max_record_bytes: u32,
 ) -> AckEnd {
-    let mut at = from_offset;
     let mut seq = from_seq;
     let mut end = AckEnd {
-        offset: at,
+        offset: from_offset,
         last_seq: from_seq,
         sealed: false,
     };
-    while let RecordDecode::Record { record, size } = decode_record(segment, at, max_record_bytes) {
-        at += size;
-        if record.kind != KIND_SEAL {
-            seq = record.seq;
-            continue;
-        }
-        if record.kind_version == SEAL_KIND_VERSION {
-            end = AckEnd {
-                offset: at,
-                last_seq: seq,
-                sealed: true,
-            };
-            break;
-        }
-        if record.kind_version == COMMIT_KIND_VERSION {
-            if record.seq > target_seq {
+    for frame in Frames::new(segment, from_offset, max_record_bytes) {
+        match frame.kind {
+            FrameKind::Op => seq = frame.seq(),
+            FrameKind::Seal => {
+                end = AckEnd {
+                    offset: frame.end(),
+                    last_seq: seq,
+                    sealed: true,
+                };
                 break;
             }
-            end = AckEnd {
-                offset: at,
-                last_seq: seq,
-                sealed: false,
-            };
-            if record.seq == target_seq {
-                break;
+            FrameKind::CommitMark => {
+                if frame.seq() > target_seq {
+                    break;
+                }
+                end = AckEnd {
+                    offset: frame.end(),
+                    last_seq: seq,
+                    sealed: false,
+                };
+                if frame.seq() == target_seq {
+                    break;
+                }
             }
+            FrameKind::UnknownMarker(_) => {}
         }
     }
     end

@@ -1,10 +1,12 @@
-//! Durable file writes for the outbox: temporary file, fsync, rename,
-//! directory fsync. A reader sees the old bytes or the new ones, never a
-//! torn mix, and what a call wrote survives a crash once it returns.
+//! Durable file writes for the outbox, through the workspace's file seam
+//! ([`Fs`] of `spark-log-format`, [`OsFs`] here): a whole file is written
+//! by [`Fs::write_file_durably`] (temporary file, fsync, rename, directory
+//! fsync), so a reader sees the old bytes or the new ones, never a torn mix,
+//! and what a call wrote survives a crash once it returns.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use spark_log_format::{Fs, OsFs};
 
 use crate::ClientError;
 
@@ -18,9 +20,7 @@ pub(crate) fn io_error(path: &Path, source: std::io::Error) -> ClientError {
 
 /// Flushes a directory's entries (names created, renamed or removed).
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), ClientError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error(dir, e))
+    OsFs.sync_dir(dir).map_err(|e| io_error(dir, e))
 }
 
 /// Creates `dir` (and its parents) and makes its name durable.
@@ -28,7 +28,7 @@ pub(crate) fn create_dir_durably(dir: &Path) -> Result<(), ClientError> {
     if dir.is_dir() {
         return Ok(());
     }
-    fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+    OsFs.create_dir_all(dir).map_err(|e| io_error(dir, e))?;
     if let Some(parent) = dir.parent() {
         sync_dir(parent)?;
     }
@@ -36,44 +36,28 @@ pub(crate) fn create_dir_durably(dir: &Path) -> Result<(), ClientError> {
 }
 
 /// Writes `bytes` to a new file at `path` and fsyncs it (not its
-/// directory: the caller syncs the directory once for several files).
+/// directory: the caller syncs the directory once for several files, in a
+/// capture's temporary directory that is renamed into place whole).
 pub(crate) fn write_new_file_synced(path: &Path, bytes: &[u8]) -> Result<(), ClientError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(|e| io_error(path, e))?;
-    file.write_all(bytes).map_err(|e| io_error(path, e))?;
+    let mut file = OsFs.create_new(path).map_err(|e| io_error(path, e))?;
+    file.write_all_at(0, bytes).map_err(|e| io_error(path, e))?;
     file.sync_all().map_err(|e| io_error(path, e))
 }
 
-/// A temporary name beside `path`, in the same directory (so the rename is
-/// atomic), starting with a dot so listings skip it.
-pub(crate) fn temp_beside(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp-{:016x}", rand::random::<u64>()))
-}
-
 /// Replaces (or creates) the file at `path` with `bytes` atomically and
-/// durably: temporary file, fsync, rename over, directory fsync.
+/// durably ([`Fs::write_file_durably`]: temporary file `<name>.tmp`, fsync,
+/// rename over, directory fsync). Listings of the outbox skip the
+/// temporary file a crash may leave (not `.json`, or a file in an entry's
+/// directory); the next write of the same file removes it.
 pub(crate) fn write_file_durably(path: &Path, bytes: &[u8]) -> Result<(), ClientError> {
-    let temp = temp_beside(path);
-    let written = write_new_file_synced(&temp, bytes)
-        .and_then(|()| fs::rename(&temp, path).map_err(|e| io_error(path, e)));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&temp);
-        return Err(e);
-    }
-    sync_dir(parent_of(path))
+    OsFs.write_file_durably(path, bytes)
+        .map_err(|e| io_error(path, e))
 }
 
 /// Removes the file at `path` durably (directory fsync). A file already
 /// gone is not an error.
 pub(crate) fn remove_file_durably(path: &Path) -> Result<(), ClientError> {
-    match fs::remove_file(path) {
+    match OsFs.remove_file(path) {
         Ok(()) => sync_dir(parent_of(path)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_error(path, e)),
@@ -91,6 +75,7 @@ pub(crate) fn parent_of(path: &Path) -> &Path {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn replaces_atomically_and_leaves_no_temp() {

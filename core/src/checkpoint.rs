@@ -1269,9 +1269,13 @@ pub struct Built {
 /// [`PastTheLog`]); offline callers pass `u64::MAX`. Safe beside the running engine: it reads the log
 /// and never touches the engine's mirror. `stop` is asked now and then; a
 /// build it stops writes nothing. `Ok(None)`: nothing new since the newest
-/// checkpoint, or stopped. Errors: [`CheckpointError`] (the log unreadable,
-/// a record that does not fold, the write).
+/// checkpoint, or stopped. The file is written through `fs` ([`write_file`];
+/// a running engine passes its own seam, so fault-injection tests reach
+/// the write); the log and older checkpoints are read from the disk.
+/// Errors: [`CheckpointError`] (the log unreadable, a record that does not
+/// fold, the write).
 pub fn build(
+    fs: &dyn Fs,
     data_dir: &Path,
     log_dir: &Path,
     max_record_bytes: u32,
@@ -1341,7 +1345,7 @@ pub fn build(
     };
     let bytes = encode(&mirror, &at);
     drop(mirror);
-    let file = write_file(&OsFs, data_dir, seq, &bytes)?;
+    let file = write_file(fs, data_dir, seq, &bytes)?;
     prune(data_dir, log_dir, keep);
     Ok(Some(Built {
         file,
@@ -1572,6 +1576,46 @@ mod tests {
                     }
                 },
             );
+        }
+    }
+
+    /// An error injected at each file system call of a checkpoint's write
+    /// (create, write, fsync, rename, directory fsync) is returned, naming
+    /// the file (the worker logs it and tries again later: a checkpoint is
+    /// derived state), and the file at its name is the old checkpoint or
+    /// the new one, whole; no temporary file is left before the rename.
+    #[test]
+    fn an_injected_error_at_any_call_is_returned_and_leaves_whole_checkpoints() {
+        use spark_log_format::{Fault, FaultOp, FaultyFs, MemFs};
+        use std::sync::Arc;
+        let data = Path::new("/data");
+        let (older, newer) = (sample_mirror(2, 1), sample_mirror(5, 3));
+        let (old, new) = (
+            encode(&older, &point(&older)),
+            encode(&newer, &point(&newer)),
+        );
+        let target = checkpoint_dir(data).join(file_name(newer.seq));
+        for op in [
+            FaultOp::CreateNew,
+            FaultOp::Write,
+            FaultOp::SyncAll,
+            FaultOp::Rename,
+            FaultOp::SyncDir,
+        ] {
+            let mem = Arc::new(MemFs::new());
+            mem.insert_durable(&target, &old);
+            let fs = FaultyFs::new(mem.clone());
+            fs.fail_next(op, Fault::Os(5));
+            let e = write_file(&fs, data, newer.seq, &new).expect_err("the fault is returned");
+            assert!(e.contains("/data/checkpoint"), "{op:?}: {e}");
+            let now = mem.read(&target);
+            match op {
+                // The rename happened: the new file is in place, durable or
+                // not.
+                FaultOp::SyncDir => assert_eq!(now.as_deref(), Some(&new[..]), "{op:?}"),
+                _ => assert_eq!(now.as_deref(), Some(&old[..]), "{op:?}"),
+            }
+            assert_eq!(mem.paths(), vec![target.clone()], "{op:?}: no temp left");
         }
     }
 }

@@ -17,6 +17,8 @@
 //! - [`memfs`]: [`MemFs`], an in-memory [`Fs`] that keeps written bytes and
 //!   directory entries apart from durable ones and simulates power cuts
 //!   ([`CutMode`]), for crash tests and fuzzing.
+//! - `frames`: [`Frames`], the record frames of a segment's bytes with their kind
+//!   (op, commit mark, seal) and a typed [`FramesEnd`], for walks outside recovery.
 //! - `segment`: the one routine that decodes a segment, shared by recovery and
 //!   the reader, so both apply exactly the same rules.
 //! - `recovery`: what [`Log::open`] does before the first append (torn tails,
@@ -42,6 +44,7 @@ pub mod memfs;
 
 mod damage;
 mod error;
+mod frames;
 mod reader;
 mod recovery;
 mod segment;
@@ -57,6 +60,7 @@ pub use format::{
     ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES,
     FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, SEGMENT_SUFFIX,
 };
+pub use frames::{Frame, FrameKind, Frames, FramesEnd};
 pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
 pub use memfs::{CutMode, MemFs, PAGE_BYTES};
 pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo, LIVE_OPEN_ATTEMPTS};

@@ -25,11 +25,10 @@ use spark_archive::layout::{
 use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
 use spark_archive::{ArchiveStore, StoreConfig, StoreError};
 use spark_core::mirror::Mirror;
-use spark_log_format::format::{
-    chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode, COMMIT_KIND_VERSION,
-    KIND_SEAL, SEAL_KIND_VERSION,
+use spark_log_format::format::{chain_hasher, chain_hex, segment_file_name, ChainValue};
+use spark_log_format::{
+    FrameKind, Frames, Fs as _, OsFs, ScanReport, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN,
 };
-use spark_log_format::{Fs as _, OsFs, ScanReport, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 
 use crate::scan::At;
 use crate::{exit, progress, scan, Common, Failure, Outcome};
@@ -196,38 +195,33 @@ pub fn listed(manifest: &Manifest) -> Vec<Listed<'_>> {
 /// kept. Otherwise the log is cut at the end of the last commit mark (or
 /// seal) before that op: a restore can only stop at a batch's end.
 fn cut_in(bytes: &[u8], start: usize, from_seq: u64, at: &At) -> Option<Cut> {
-    let mut offset = start;
     let mut kept_end = start;
     let mut kept_seq = from_seq;
     let mut seen_seq = from_seq;
-    loop {
-        let RecordDecode::Record { record, size } =
-            decode_record(bytes, offset, DEFAULT_MAX_RECORD_BYTES)
-        else {
-            // The end, or damage that the full decoder reports later.
-            return None;
-        };
-        if record.kind == KIND_SEAL {
-            offset += size;
-            if record.kind_version == COMMIT_KIND_VERSION
-                || record.kind_version == SEAL_KIND_VERSION
-            {
-                kept_end = offset;
+    // The walk ends at the end, or at damage that the full decoder reports
+    // later.
+    for frame in Frames::new(bytes, start, DEFAULT_MAX_RECORD_BYTES) {
+        let record = frame.record;
+        match frame.kind {
+            FrameKind::CommitMark | FrameKind::Seal => {
+                kept_end = frame.end();
                 kept_seq = seen_seq;
+                continue;
             }
-            continue;
+            FrameKind::UnknownMarker(_) => continue,
+            FrameKind::Op => {}
         }
         if at.excludes(record.seq, record.ts_ms) {
             return Some(Cut {
                 offset: kept_end,
                 last_seq: kept_seq,
                 next_seq: record.seq,
-                mid_batch: kept_end != offset,
+                mid_batch: kept_end != frame.offset(),
             });
         }
         seen_seq = record.seq;
-        offset += size;
     }
+    None
 }
 
 /// How far a read of the archive got: the chain so far, the seq the next

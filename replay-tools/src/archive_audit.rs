@@ -21,9 +21,9 @@ use spark_archive::layout::{Manifest, CHUNK_HEADER_LEN};
 use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
 use spark_archive::StoreError;
 use spark_log_format::format::{
-    chain_hex, decode_record, segment_file_name, ChainValue, RecordDecode,
+    chain_hasher, chain_hex, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
 };
-use spark_log_format::{DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
+use spark_log_format::{Frames, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 
 use crate::archive::{
     connect, in_order, latest_manifest, listed, runtime, store_failure, From, Listed,
@@ -64,17 +64,13 @@ fn read_local(log_dir: &Path, name: &str) -> Result<Option<Vec<u8>>, Failure> {
 /// walking the frames from `start`; `None` in the header or past whole
 /// frames.
 fn seq_at(bytes: &[u8], start: usize, offset: usize) -> Option<u64> {
-    let mut at = start;
-    while let RecordDecode::Record { record, size } =
-        decode_record(bytes, at, DEFAULT_MAX_RECORD_BYTES)
-    {
-        if offset < at {
+    for frame in Frames::new(bytes, start, DEFAULT_MAX_RECORD_BYTES) {
+        if offset < frame.offset() {
             return None;
         }
-        if offset < at + size {
-            return Some(record.seq);
+        if offset < frame.end() {
+            return Some(frame.seq());
         }
-        at += size;
     }
     None
 }

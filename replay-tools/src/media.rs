@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::json;
 use spark_core::blob::{blob_path, blobs_dir, verify};
 use spark_core::mirror::Media;
+use spark_log_format::{Fs as _, OsFs};
 
 use crate::scan::replay_all;
 use crate::{exit, Common, Failure, Outcome};
@@ -127,14 +128,13 @@ fn sweep_orphans(
             past_grace += 1;
         }
         if remove_orphans && age >= grace {
-            std::fs::remove_file(entry.path())
+            OsFs.remove_file(&entry.path())
                 .map_err(|e| Failure::unreadable(format!("cannot remove orphan {name}: {e}")))?;
             removed.push(name);
         }
     }
     if !removed.is_empty() {
-        std::fs::File::open(blobs)
-            .and_then(|d| d.sync_all())
+        OsFs.sync_dir(blobs)
             .map_err(|e| Failure::unreadable(format!("cannot fsync {}: {e}", blobs.display())))?;
     }
     Ok(Orphans {

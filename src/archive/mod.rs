@@ -63,11 +63,10 @@ use spark_archive::layout::{
 };
 use spark_archive::{ArchiveStore, Put, StoreConfig, StoreError};
 use spark_log_format::format::{
-    chain_hasher, chain_hex, chain_value, decode_record, segment_file_name, ChainValue,
-    RecordDecode, HEADER_CHAIN_START_OFFSET, KIND_SEAL, RECORD_LEN_OFFSET, RECORD_SEQ_OFFSET,
-    SEAL_KIND_VERSION, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
+    chain_hasher, chain_hex, chain_value, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
+    RECORD_LEN_OFFSET, RECORD_SEQ_OFFSET, SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
 };
-use spark_log_format::{Fs, Head, OsFs, HEADER_LEN};
+use spark_log_format::{FrameKind, Frames, Fs, Head, OsFs, HEADER_LEN};
 
 use crate::config::ArchiveSettings;
 use crate::engine::Engine;
@@ -286,15 +285,11 @@ impl ArchiveStatus {
                 Some(at + RECORD_SEQ_OFFSET as u64 + u64::from(len)),
             )
             .ok()?;
-            match decode_record(&frame, 0, self.max_record_bytes) {
-                RecordDecode::Record { record, .. } if record.seq == next.seq => {
-                    return (record.kind != KIND_SEAL).then_some(record.ts_ms)
+            match Frames::new(&frame, 0, self.max_record_bytes).next() {
+                Some(frame) if frame.seq() == next.seq => {
+                    return (frame.kind == FrameKind::Op).then_some(frame.record.ts_ms)
                 }
-                RecordDecode::Record { record, .. }
-                    if record.kind == KIND_SEAL && record.kind_version == SEAL_KIND_VERSION =>
-                {
-                    continue
-                }
+                Some(frame) if frame.kind == FrameKind::Seal => continue,
                 _ => return None,
             }
         }
@@ -1340,14 +1335,11 @@ impl Shipper {
             let path = self.log_dir.join(segment_file_name(first_seq));
             let where_ = path.display().to_string();
             let bytes = read_range(&path, offset, None).map_err(|e| local(&where_, e))?;
-            let mut at = 0;
             let mut sealed = false;
-            while let RecordDecode::Record { record, size } =
-                decode_record(&bytes, at, self.max_record_bytes)
-            {
-                at += size;
-                if record.kind == KIND_SEAL {
-                    sealed = record.kind_version == SEAL_KIND_VERSION;
+            for frame in Frames::new(&bytes, 0, self.max_record_bytes) {
+                let record = frame.record;
+                if frame.kind != FrameKind::Op {
+                    sealed = frame.kind == FrameKind::Seal;
                     if sealed {
                         break;
                     }

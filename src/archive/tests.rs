@@ -2122,3 +2122,47 @@ fn the_writer_file_is_old_or_new_whole_after_a_power_cut() {
         );
     }
 }
+
+/// An error injected at each file system call of writing the writer-epoch
+/// file (create, write, fsync, rename, directory fsync) refuses the claim
+/// with an error naming the file (the start is refused: no epoch is taken
+/// on a record that may not be durable), and the file there is the old
+/// record or the new one, whole.
+#[test]
+fn an_injected_error_writing_the_writer_file_refuses_and_leaves_it_whole() {
+    use spark_log_format::{Fault, FaultOp, FaultyFs, MemFs};
+    let data = Path::new("/data");
+    let record = |epoch| WriterFile {
+        writer: "0123abcd".into(),
+        epoch,
+    };
+    for op in [
+        FaultOp::CreateNew,
+        FaultOp::Write,
+        FaultOp::SyncAll,
+        FaultOp::Rename,
+        FaultOp::SyncDir,
+    ] {
+        let mem = Arc::new(MemFs::new());
+        mem.insert_durable(
+            &data.join(WRITER_FILE),
+            &serde_json::to_vec(&record(3)).unwrap(),
+        );
+        let fs = FaultyFs::new(mem.clone());
+        fs.fail_next(op, Fault::Os(5));
+        let e = write_writer_file(&fs, data, &record(4)).expect_err("the fault is returned");
+        assert!(
+            matches!(&e, ArchiveStartError::Local { path, .. } if path.ends_with(WRITER_FILE)),
+            "{op:?}: {e}"
+        );
+        let epoch = read_writer_file(mem.as_ref(), data)
+            .unwrap_or_else(|e| panic!("{op:?}: {e}"))
+            .map(|b| b.epoch);
+        match op {
+            // The rename happened: the new record is in place, durable or
+            // not.
+            FaultOp::SyncDir => assert_eq!(epoch, Some(4), "{op:?}"),
+            _ => assert_eq!(epoch, Some(3), "{op:?}"),
+        }
+    }
+}

@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use spark_log_format::Fs;
+
 use super::Shared;
 
 /// How often the worker looks at the committed seq.
@@ -35,6 +37,8 @@ pub(super) struct CheckpointWorker {
 
 /// What the worker needs from the settings.
 pub(super) struct WorkerConfig {
+    /// The engine's file seam, which checkpoints are written through.
+    pub fs: Arc<dyn Fs>,
     pub data_dir: PathBuf,
     pub log_dir: PathBuf,
     pub max_record_bytes: u32,
@@ -102,6 +106,7 @@ fn run(
         }
         let started = std::time::Instant::now();
         match spark_core::checkpoint::build(
+            config.fs.as_ref(),
             &config.data_dir,
             &config.log_dir,
             config.max_record_bytes,

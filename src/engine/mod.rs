@@ -181,7 +181,7 @@ impl Engine {
         let (log, recovery, mirror, checkpoint_seq) = replay_log(settings, Arc::clone(&fs))?;
         let scrub = scrub::Scrub::new(
             settings.log_dir(),
-            fs,
+            Arc::clone(&fs),
             recovery.deferred.clone(),
             settings.log.max_record_bytes,
         );
@@ -226,6 +226,7 @@ impl Engine {
             .then(|| {
                 checkpoint::CheckpointWorker::spawn(
                     checkpoint::WorkerConfig {
+                        fs,
                         data_dir: settings.data_dir.clone(),
                         log_dir: settings.log_dir(),
                         max_record_bytes: settings.log.max_record_bytes,
@@ -914,7 +915,7 @@ pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        File::open(parent)?.sync_all()?;
+        spark_log_format::OsFs.sync_dir(parent)?;
     }
     Ok(())
 }

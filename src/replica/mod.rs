@@ -50,7 +50,7 @@ use spark_archive::layout::{extends, manifest_key, Manifest};
 use spark_archive::{ArchiveStore, StoreConfig, StoreError};
 use spark_core::wire::events::EventCursor;
 use spark_log_format::format::segment_file_name;
-use spark_log_format::Head;
+use spark_log_format::{Fs, Head, OsFs};
 
 use crate::archive::{
     catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch, DIVERGED_ADVICE,
@@ -274,23 +274,28 @@ fn local(path: &Path, source: std::io::Error) -> ReplicaStartError {
     }
 }
 
-fn read_cache_file(data_dir: &Path) -> Result<Option<CacheFile>, ReplicaStartError> {
+/// `<data>/replica-manifest` on `fs` ([`OsFs`] outside tests): `None`
+/// when there is none, or when it does not parse (the cache is then
+/// checked against the archive as if it had no record).
+fn read_cache_file(fs: &dyn Fs, data_dir: &Path) -> Result<Option<CacheFile>, ReplicaStartError> {
     let path = data_dir.join(CACHE_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+    match fs.map(&path) {
+        Ok(bytes) => Ok(serde_json::from_slice((*bytes).as_ref()).ok()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(local(&path, e)),
     }
 }
 
-fn write_cache_file(data_dir: &Path, url: &str, manifest: u64) -> std::io::Result<()> {
+/// Records the archive `url` and the manifest applied as
+/// `<data>/replica-manifest` on `fs`, durably ([`Fs::write_file_durably`]):
+/// a power cut leaves the old record or the new one, whole.
+fn write_cache_file(fs: &dyn Fs, data_dir: &Path, url: &str, manifest: u64) -> std::io::Result<()> {
     let doc = CacheFile {
         url: url.to_owned(),
         manifest,
     };
     let bytes = serde_json::to_vec(&doc).map_err(std::io::Error::other)?;
-    use spark_log_format::Fs as _;
-    spark_log_format::OsFs.write_file_durably(&data_dir.join(CACHE_FILE), &bytes)
+    fs.write_file_durably(&data_dir.join(CACHE_FILE), &bytes)
 }
 
 /// Sets the cached log aside (`log` becomes `log.stale-<ms>`) so that it
@@ -298,7 +303,6 @@ fn write_cache_file(data_dir: &Path, url: &str, manifest: u64) -> std::io::Resul
 /// The renames are made durable (the data directory is fsynced), so that a
 /// power cut does not bring the stale log back.
 fn set_cache_aside(data_dir: &Path, why: &str) -> Result<(), ReplicaStartError> {
-    use spark_log_format::Fs as _;
     let log_dir = spark_core::layout::log_dir(data_dir);
     if log_dir.exists() {
         let aside = data_dir.join(format!("log.stale-{}", now_ms()));
@@ -316,9 +320,7 @@ fn set_cache_aside(data_dir: &Path, why: &str) -> Result<(), ReplicaStartError> 
         std::fs::rename(&checkpoints, &aside).map_err(|e| local(&checkpoints, e))?;
     }
     let _ = std::fs::remove_file(data_dir.join(CACHE_FILE));
-    spark_log_format::OsFs
-        .sync_dir(data_dir)
-        .map_err(|e| local(data_dir, e))
+    OsFs.sync_dir(data_dir).map_err(|e| local(data_dir, e))
 }
 
 /// `spark-engine replica`, before the engine opens: connects to the
@@ -345,14 +347,14 @@ pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError>
         )
     })?;
     let log_dir = spark_core::layout::log_dir(&data_dir);
-    let cached = read_cache_file(&data_dir)?;
+    let cached = read_cache_file(&OsFs, &data_dir)?;
     if cached.as_ref().is_some_and(|c| c.url != url) || (cached.is_none() && log_dir.exists()) {
         set_cache_aside(
             &data_dir,
             "the cache belongs to another archive, or to none",
         )?;
     }
-    let cached = read_cache_file(&data_dir)?;
+    let cached = read_cache_file(&OsFs, &data_dir)?;
     let probe_sent_ms = now_ms();
     let latest = match store.latest_manifest().await {
         Ok(latest) => latest,
@@ -471,7 +473,7 @@ impl Prepared {
     ) -> Result<Following, ReplicaStartError> {
         if self.unreachable.is_none() {
             fetch_media_blobs(&self.store, &self.data_dir, &engine, None).await?;
-            write_cache_file(&self.data_dir, &self.url, self.number)
+            write_cache_file(&OsFs, &self.data_dir, &self.url, self.number)
                 .map_err(|e| local(&self.data_dir.join(CACHE_FILE), e))?;
         }
         let replica = &settings.replica;
@@ -717,7 +719,7 @@ impl Follower {
             self.apply(&last).await?;
             self.number = last.number;
             self.status.applied(&last);
-            if let Err(e) = write_cache_file(&self.data_dir, &self.url, last.number) {
+            if let Err(e) = write_cache_file(&OsFs, &self.data_dir, &self.url, last.number) {
                 tracing::warn!(error = %e, "replica: cannot record the manifest applied; a restart checks the cache against the archive");
             }
             self.prev = Some(last);
@@ -793,7 +795,7 @@ impl Follower {
         self.status
             .caught_up_at_ms
             .store(sent_ms, Ordering::Release);
-        if let Err(e) = write_cache_file(&self.data_dir, &self.url, latest.number) {
+        if let Err(e) = write_cache_file(&OsFs, &self.data_dir, &self.url, latest.number) {
             tracing::warn!(error = %e, "replica: cannot record the manifest applied");
         }
         self.prev = Some(latest);
@@ -888,4 +890,92 @@ fn read_ops(
         std::ops::ControlFlow::Continue(())
     })?;
     Ok(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spark_log_format::{Fault, FaultOp, FaultyFs, MemFs};
+
+    const URL: &str = "s3://bucket/prefix";
+
+    /// A disk whose data directory holds the record of manifest `old`, or
+    /// no record.
+    fn disk(data: &Path, old: Option<u64>) -> MemFs {
+        let fs = MemFs::new();
+        fs.create_dir_all(data).unwrap();
+        fs.sync_dir(Path::new("/")).unwrap();
+        if let Some(old) = old {
+            let doc = CacheFile {
+                url: URL.into(),
+                manifest: old,
+            };
+            fs.insert_durable(&data.join(CACHE_FILE), &serde_json::to_vec(&doc).unwrap());
+        }
+        fs
+    }
+
+    /// The replica's record of the manifest applied, written through
+    /// `MemFs` and crashed after each of its file system calls, then
+    /// power-cut in every mode: it reads back as the old record or the new
+    /// one, whole (a torn record would read as none and set the whole
+    /// cached log aside); a write that returned `Ok` survives.
+    #[test]
+    fn the_cache_record_is_old_or_new_whole_after_a_power_cut() {
+        let data = Path::new("/data");
+        for old in [None, Some(6)] {
+            let calls = MemFs::every_crash_point(
+                || disk(data, old),
+                |fs| write_cache_file(fs, data, URL, 7),
+                8,
+                |fs, written, point| {
+                    let back = read_cache_file(fs, data)
+                        .unwrap_or_else(|e| panic!("crash after {point:?}: {e}"));
+                    let manifest = back.as_ref().map(|c| c.manifest);
+                    assert!(
+                        manifest == old || manifest == Some(7),
+                        "crash after {point:?}: {back:?}"
+                    );
+                    if let Some(back) = &back {
+                        assert_eq!(back.url, URL, "crash after {point:?}");
+                    }
+                    if written.is_ok() {
+                        assert_eq!(manifest, Some(7), "acknowledged, then lost");
+                    }
+                },
+            );
+            assert!(calls >= 4, "{calls} file system calls");
+        }
+    }
+
+    /// An error injected at each file system call of the write (create,
+    /// write, fsync, rename, directory fsync) is returned, naming the
+    /// record's file, and the record there is still the old one or the new
+    /// one, whole.
+    #[test]
+    fn an_injected_error_at_any_call_is_returned_and_leaves_a_whole_record() {
+        let data = Path::new("/data");
+        for op in [
+            FaultOp::CreateNew,
+            FaultOp::Write,
+            FaultOp::SyncAll,
+            FaultOp::Rename,
+            FaultOp::SyncDir,
+        ] {
+            let mem = Arc::new(disk(data, Some(6)));
+            let fs = FaultyFs::new(mem.clone());
+            fs.fail_next(op, Fault::Os(5));
+            let e = write_cache_file(&fs, data, URL, 7).expect_err("the fault is returned");
+            assert!(e.to_string().contains(CACHE_FILE), "{op:?}: {e}");
+            let back = read_cache_file(mem.as_ref(), data)
+                .unwrap()
+                .map(|c| c.manifest);
+            match op {
+                // The rename happened: the new record is in place, durable
+                // or not.
+                FaultOp::SyncDir => assert_eq!(back, Some(7), "{op:?}"),
+                _ => assert_eq!(back, Some(6), "{op:?}"),
+            }
+        }
+    }
 }

@@ -465,6 +465,7 @@ fn data_ending_in_a_checkpoint() -> (tempfile::TempDir, PathBuf, spark_core::che
 /// worker does); returns its file and point.
 fn write_checkpoint(data: &Path) -> (PathBuf, spark_core::checkpoint::LogPoint) {
     let built = spark_core::checkpoint::build(
+        &spark_log_format::OsFs,
         data,
         &log_dir(data),
         DEFAULT_MAX_RECORD_BYTES,
