@@ -1607,7 +1607,7 @@ mod tests {
             let fs = FaultyFs::new(mem.clone());
             fs.fail_next(op, Fault::Os(5));
             let e = write_file(&fs, data, newer.seq, &new).expect_err("the fault is returned");
-            assert!(e.contains("/data/checkpoint"), "{op:?}: {e}");
+            assert!(e.to_string().contains("/data/checkpoint"), "{op:?}: {e}");
             let now = mem.read(&target);
             match op {
                 // The rename happened: the new file is in place, durable or

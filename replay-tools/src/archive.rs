@@ -25,7 +25,7 @@ use spark_archive::layout::{
 use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
 use spark_archive::{ArchiveStore, StoreConfig, StoreError};
 use spark_core::mirror::Mirror;
-use spark_log_format::format::{chain_hasher, chain_hex, segment_file_name, ChainValue};
+use spark_log_format::format::{chain_hex, segment_file_name, ChainValue};
 use spark_log_format::{
     FrameKind, Frames, Fs as _, OsFs, ScanReport, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN,
 };

@@ -20,9 +20,7 @@ use serde_json::json;
 use spark_archive::layout::{Manifest, CHUNK_HEADER_LEN};
 use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
 use spark_archive::StoreError;
-use spark_log_format::format::{
-    chain_hasher, chain_hex, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
-};
+use spark_log_format::format::{chain_hex, segment_file_name, ChainValue};
 use spark_log_format::{Frames, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 
 use crate::archive::{
