@@ -158,8 +158,10 @@ impl LogReader {
     /// but the last segment ends where the log stops continuing after its
     /// last valid commit mark, and nothing past that is judged: a batch may
     /// be half copied in there (with pre-allocated segments the map covers
-    /// those bytes), which is neither a torn tail nor damage. No torn tail is
-    /// reported; recovery, which runs alone, judges the tail.
+    /// those bytes), which is neither a torn tail nor damage; a newest file
+    /// without a whole header is a roll in progress and left out of the
+    /// view. No torn tail is reported; recovery, which runs alone, judges
+    /// the tail.
     pub fn open_live(
         dir: &Path,
         fs: Arc<dyn Fs>,
@@ -288,6 +290,11 @@ impl LogReader {
                 visit(record);
                 ControlFlow::Continue(())
             })? {
+                // Beside a running writer, a newest file without a whole
+                // header is a roll in progress (the writer creates the
+                // file, then writes and syncs its header): the view ends
+                // at the segment before, whose seal is already durable.
+                Decoded::InterruptedRoll { .. } if live && is_last => continue,
                 Decoded::InterruptedRoll { .. } => {
                     torn_tail = Some(TornTail {
                         segment: file.name.clone(),
