@@ -315,14 +315,21 @@ fn kill_9_and_restart_from_checkpoints_give_the_digest_of_a_full_replay() {
         if cycle == 3 {
             // The last start must be from a checkpoint past a sealed
             // segment, so that the scrub has something to read: on a busy
-            // machine the worker may not have written one yet.
+            // machine the windows above may have written too little to
+            // seal one, or the worker may not have caught up yet, so the
+            // writes go on until it has.
             let deadline = Instant::now() + Duration::from_secs(120);
             while !a_checkpoint_covers_a_sealed_segment(&data) {
                 assert!(
                     Instant::now() < deadline,
-                    "no checkpoint past a sealed segment after two minutes"
+                    "no checkpoint past a sealed segment after two minutes of writes"
                 );
-                std::thread::sleep(Duration::from_millis(100));
+                n += 1;
+                let _ = client
+                    .post(server.url("/api/moments"))
+                    .json(&json!({"client_request_id": format!("r{n}"), "text": format!("moment {n}")}))
+                    .send();
+                std::thread::sleep(Duration::from_millis(20));
             }
         }
         server.kill();

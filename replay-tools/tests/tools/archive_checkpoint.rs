@@ -323,9 +323,15 @@ fn a_replica_on_an_empty_cache_starts_from_the_archived_checkpoint() {
         let (engine, shipping) = open_checkpointed(&data, &url, &endpoint).await;
         write(&engine, 0, 400, true).await;
         wait_shipped(&engine, &shipping, Duration::from_secs(60)).await;
-        let m = wait_listed(&store, INTERVAL_OPS).await;
+        wait_listed(&store, INTERVAL_OPS).await;
         write(&engine, 400, 430, false).await;
         wait_shipped(&engine, &shipping, Duration::from_secs(60)).await;
+        // The newest checkpoint the writer makes of these writes (the worker
+        // makes one once INTERVAL_OPS ops follow the newest, so the last one
+        // has fewer after it): on a loaded machine the worker may still be
+        // behind here, and a replica starts from the newest listed.
+        let head = engine.head().seq;
+        let m = wait_listed(&store, head + 1 - INTERVAL_OPS).await;
         (engine, shipping, m.checkpoints.last().unwrap().clone())
     });
     let writer_seq = engine.head().seq;
