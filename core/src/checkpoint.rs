@@ -1595,13 +1595,7 @@ mod tests {
             encode(&newer, &point(&newer)),
         );
         let target = checkpoint_dir(data).join(file_name(newer.seq));
-        for op in [
-            FaultOp::CreateNew,
-            FaultOp::Write,
-            FaultOp::SyncAll,
-            FaultOp::Rename,
-            FaultOp::SyncDir,
-        ] {
+        for op in FaultOp::DURABLE_WRITE {
             let mem = Arc::new(MemFs::new());
             mem.insert_durable(&target, &old);
             let fs = FaultyFs::new(mem.clone());

@@ -314,6 +314,17 @@ impl FaultOp {
         FaultOp::Rename,
     ];
 
+    /// The operations of [`Fs::write_file_durably`], in its order (the
+    /// removal of a stale temporary file aside): each a place a fault can
+    /// strike a durable whole-file write.
+    pub const DURABLE_WRITE: [FaultOp; 5] = [
+        FaultOp::CreateNew,
+        FaultOp::Write,
+        FaultOp::SyncAll,
+        FaultOp::Rename,
+        FaultOp::SyncDir,
+    ];
+
     fn index(self) -> usize {
         match self {
             FaultOp::Write => 0,

@@ -2136,13 +2136,7 @@ fn an_injected_error_writing_the_writer_file_refuses_and_leaves_it_whole() {
         writer: "0123abcd".into(),
         epoch,
     };
-    for op in [
-        FaultOp::CreateNew,
-        FaultOp::Write,
-        FaultOp::SyncAll,
-        FaultOp::Rename,
-        FaultOp::SyncDir,
-    ] {
+    for op in FaultOp::DURABLE_WRITE {
         let mem = Arc::new(MemFs::new());
         mem.insert_durable(
             &data.join(WRITER_FILE),

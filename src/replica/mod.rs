@@ -955,13 +955,7 @@ mod tests {
     #[test]
     fn an_injected_error_at_any_call_is_returned_and_leaves_a_whole_record() {
         let data = Path::new("/data");
-        for op in [
-            FaultOp::CreateNew,
-            FaultOp::Write,
-            FaultOp::SyncAll,
-            FaultOp::Rename,
-            FaultOp::SyncDir,
-        ] {
+        for op in FaultOp::DURABLE_WRITE {
             let mem = Arc::new(disk(data, Some(6)));
             let fs = FaultyFs::new(mem.clone());
             fs.fail_next(op, Fault::Os(5));
