@@ -1,8 +1,8 @@
 //! `[archive] mode = "sync"` against a real S3-compatible server (SPEC
 //! section 11, `archive/ARCHIVE.md` "Sync mode"): a write is
 //! acknowledged only once a manifest naming its op is stored. Uses the
-//! `weed mini` helpers of `spark-test-support` (`test-support/src/s3.rs`) (skipped without a `weed` binary
-//! unless `SPARK_REQUIRE_S3=1`).
+//! `weed mini` helpers of `spark-test-support` (`test-support/src/s3.rs`;
+//! skipped without a `weed` binary unless `SPARK_REQUIRE_S3=1`).
 //!
 //! No timing asserts: waits are hang guards of minutes.
 
