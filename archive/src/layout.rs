@@ -496,6 +496,22 @@ fn is_zero(value: &u64) -> bool {
 }
 
 impl Manifest {
+    /// What an archive with no manifest holds: nothing (number 0, epoch
+    /// 0, no entries).
+    pub fn empty() -> Manifest {
+        Manifest {
+            number: 0,
+            epoch: 0,
+            written_ms: 0,
+            shipped_seq: 0,
+            shipped_chain: [0; 32],
+            segments: Vec::new(),
+            chunks: Vec::new(),
+            lease_ms: 0,
+            checkpoints: Vec::new(),
+        }
+    }
+
     /// The manifest object bytes.
     pub fn encode(&self) -> Vec<u8> {
         let body = serde_json::to_vec(self).expect("a manifest serializes");

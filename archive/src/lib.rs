@@ -11,6 +11,10 @@
 //! - [`verify`]: the checks of a sealed segment's or a tail chunk's bytes
 //!   against its manifest entry and the chain before it, one place for
 //!   take-over, restore and `audit archive`.
+//! - [`catch_up`](mod@catch_up): bringing a local log directory up to a
+//!   manifest (fetch what it lacks, check, write durably; refuse a local
+//!   log that is not a prefix), the one catch-up of restore, take-over and
+//!   replicas; [`catch_up()`] at the root.
 //! - [`checkpoint`]: taking an archived checkpoint into a data directory.
 //! - This module: an [`ArchiveStore`] is a bucket and a prefix behind
 //!   `object_store`, with create-only puts that settle "already exists" by
@@ -32,8 +36,10 @@ use spark_log_format::format::chain_hex;
 
 use crate::layout::{epoch_key, extends, manifest_key, EpochDoc, Manifest, ObjectError};
 
+pub use catch_up::{catch_up, CatchUpError, CaughtUp, Divergence, Keep, Options};
 pub use object_store;
 
+pub mod catch_up;
 pub mod checkpoint;
 pub mod layout;
 pub mod verify;

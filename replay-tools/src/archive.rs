@@ -4,13 +4,17 @@
 //! Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
 //! `AWS_SESSION_TOKEN`.
 //!
-//! Objects are fetched [`FETCH_CONCURRENCY`] at a time on the runtime's
-//! threads (each checked against its manifest entry there) and written in
-//! log order as they come, so memory stays at a few segments whatever the
-//! size of the log.
+//! The log is written by the archive's one catch-up
+//! ([`spark_archive::catch_up()`], which the engine's take-over and read
+//! replicas run too) into the empty log directory: objects are fetched
+//! [`FETCH_CONCURRENCY`] at a time on the runtime's threads (each checked
+//! against its manifest entry there) and written in log order as they
+//! come, so memory stays at a few segments whatever the size of the log;
+//! `--at` is this module's own, a cut the catch-up applies
+//! ([`spark_archive::Keep`]). Blobs and manifests are fetched the same
+//! number at a time ([`in_order`]).
 
 use std::future::Future;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -18,25 +22,24 @@ use clap::Args;
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
 use sha2::Digest;
+use spark_archive::catch_up::Fetched;
 use spark_archive::layout::{
     blob_key, extends, manifest_key, missing_key, CheckpointEntry, ChunkEntry, Manifest,
-    MissingBlobDoc, ObjectError, SegmentEntry,
+    MissingBlobDoc, SegmentEntry,
 };
-use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
-use spark_archive::{ArchiveStore, StoreConfig, StoreError};
+use spark_archive::{ArchiveStore, CatchUpError, Keep, StoreConfig, StoreError};
 use spark_core::mirror::Mirror;
-use spark_log_format::format::{chain_hex, segment_file_name, ChainValue};
-use spark_log_format::{
-    FrameKind, Frames, Fs as _, OsFs, ScanReport, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN,
-};
+use spark_log_format::format::chain_hex;
+use spark_log_format::{FrameKind, Frames, Fs as _, OsFs, ScanReport, DEFAULT_MAX_RECORD_BYTES};
 
 use crate::scan::At;
 use crate::{exit, progress, scan, Common, Failure, Outcome};
 
 /// How many objects (segments, chunks, blobs, manifests) are fetched at
-/// once. Bounded because each may be a whole segment (64 MiB by default)
-/// held in memory until it is written.
-pub const FETCH_CONCURRENCY: usize = 6;
+/// once: the catch-up's ([`spark_archive::catch_up::FETCH_CONCURRENCY`]).
+/// Bounded because each may be a whole segment (64 MiB by default) held
+/// in memory until it is written.
+pub const FETCH_CONCURRENCY: usize = spark_archive::catch_up::FETCH_CONCURRENCY;
 
 /// Where the archive is.
 #[derive(Args, Debug, Clone)]
@@ -84,13 +87,18 @@ struct Cut {
     mid_batch: bool,
 }
 
-/// An object that failed its check ([`spark_archive::verify`]): damage
-/// (exit 1), naming its key.
-fn damaged(key: &str, source: ObjectError) -> Failure {
-    store_failure(StoreError::Damaged {
-        key: key.to_owned(),
-        source,
-    })
+/// Maps a catch-up failure: the store's as [`store_failure`], an object
+/// listed out of seq order damage (exit 1), a file that cannot be written
+/// as [`unwritable`]. A refusal of the local log cannot happen in the
+/// empty directory a restore writes (damage if it did).
+fn catch_up_failure(e: CatchUpError) -> Failure {
+    match e {
+        CatchUpError::Store(e) => store_failure(e),
+        CatchUpError::Local { path, source } => unwritable(&path, source),
+        e @ (CatchUpError::OutOfOrder { .. } | CatchUpError::Diverged(_)) => {
+            Failure::damage(e.to_string())
+        }
+    }
 }
 
 /// Maps a store failure: unreachable is exit 3, the rest damage (exit 1).
@@ -154,14 +162,6 @@ pub enum Listed<'a> {
 }
 
 impl Listed<'_> {
-    /// Its first seq.
-    pub fn first_seq(&self) -> u64 {
-        match self {
-            Listed::Segment(s) => s.first_seq,
-            Listed::Chunk(c) => c.first_seq,
-        }
-    }
-
     /// Fetches it, checked against the entry (length and BLAKE3).
     pub fn fetch(&self, store: &ArchiveStore) -> impl Future<Output = Result<Bytes, Failure>> {
         let (key, bytes, blake3) = match self {
@@ -189,7 +189,7 @@ pub fn listed(manifest: &Manifest) -> Vec<Listed<'_>> {
 }
 
 /// Walks the records of a segment's bytes from `start` (the end of a
-/// commit mark, or [`HEADER_LEN`]), the last seq before it being
+/// commit mark, or [`HEADER_LEN`](spark_log_format::HEADER_LEN)), the last seq before it being
 /// `from_seq`, and finds the first op `at` leaves out ([`At::excludes`],
 /// the rule `rebuild --at` follows). `None`: every whole record there is
 /// kept. Otherwise the log is cut at the end of the last commit mark (or
@@ -224,29 +224,6 @@ fn cut_in(bytes: &[u8], start: usize, from_seq: u64, at: &At) -> Option<Cut> {
     None
 }
 
-/// How far a read of the archive got: the chain so far, the seq the next
-/// object must start at, and how many objects were read.
-struct Cursor {
-    chain: ChainValue,
-    next_seq: u64,
-    objects: usize,
-    object_bytes: u64,
-}
-
-/// The unsealed segment being written from chunks.
-struct TailFile {
-    name: String,
-    file: std::fs::File,
-    /// Where its bytes stand: the offset the next chunk starts at, and the
-    /// chain there.
-    chain: SegmentChain,
-    objects: Vec<(String, u64)>,
-}
-
-fn create_file(path: &Path) -> Result<std::fs::File, Failure> {
-    std::fs::File::create_new(path).map_err(|e| unwritable(path, e))
-}
-
 /// Writes `bytes` as the file `path` durably ([`Fs::write_file_durably`]:
 /// temporary file, fsync, rename, directory fsync).
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
@@ -273,24 +250,34 @@ fn unwritable(path: &Path, e: std::io::Error) -> Failure {
     Failure::unreadable(format!("cannot write {}: {e}", path.display()))
 }
 
-/// Fetches every object the manifest names (up to the batch `at` keeps),
-/// checks each (ARCHIVE.md "Sealed segment", "Tail chunk": BLAKE3 and
-/// length, then [`verify_sealed`] / [`verify_chunk`]: each segment's
-/// header, `chain_start` and seal, each chunk's frame, offsets and chain
-/// values) and writes the segment files into `log_dir` in log order
-/// as they come, each fsynced, then the directory.
+/// Fetches every object the manifest names (up to the batch `at` keeps)
+/// into `log_dir` with the archive's catch-up ([`spark_archive::catch_up()`]
+/// on an empty directory): each checked (ARCHIVE.md "Sealed segment",
+/// "Tail chunk": BLAKE3 and length, seq order, then `verify_sealed` /
+/// `verify_chunk`: each segment's header, `chain_start` and seal, each
+/// chunk's frame, offsets and chain values, also for an object `--at`
+/// cuts) and written in log order as they come, each file durably, then
+/// the directory fsynced. `at` is applied as a cut ([`cut_in`]) on each
+/// object once checked; with `--at SEQ` objects after SEQ are not fetched.
 async fn write_archived_log(
     store: &ArchiveStore,
     manifest: &Manifest,
     at: Option<At>,
     log_dir: &Path,
 ) -> Result<Written, Failure> {
-    let mut entries = listed(manifest);
-    if let Some(At::Seq(seq)) = at {
-        // Objects after SEQ are not fetched at all.
-        entries.retain(|e| e.first_seq() <= seq);
-    }
-    let total: u64 = entries
+    let trimmed;
+    let manifest = match at {
+        Some(At::Seq(seq)) => {
+            // Objects after SEQ are not fetched at all.
+            let mut kept = manifest.clone();
+            kept.segments.retain(|s| s.first_seq <= seq);
+            kept.chunks.retain(|c| c.first_seq <= seq);
+            trimmed = kept;
+            &trimmed
+        }
+        _ => manifest,
+    };
+    let total: u64 = listed(manifest)
         .iter()
         .map(|e| match e {
             Listed::Segment(s) => s.bytes,
@@ -299,155 +286,48 @@ async fn write_archived_log(
         .sum();
     let bar = progress::bar(total, "restore: reading the archive");
     std::fs::create_dir_all(log_dir).map_err(|e| unwritable(log_dir, e))?;
-    let mut cursor = Cursor {
-        chain: [0; 32],
-        next_seq: 1,
-        objects: 0,
-        object_bytes: 0,
-    };
-    let mut segments = Vec::new();
-    let mut tail: Option<TailFile> = None;
     let mut cut = None;
-    let mut fetched = std::pin::pin!(in_order(entries.clone(), |e| e.fetch(store)));
-    for entry in &entries {
-        let Some(object) = fetched.next().await else {
-            break;
-        };
-        let object = object?;
-        bar.inc(object.len() as u64);
-        cursor.objects += 1;
-        cursor.object_bytes += object.len() as u64;
-        cut = match entry {
-            Listed::Segment(s) => {
-                let (assembled, cut) =
-                    write_segment(manifest, s, &object, at.as_ref(), &mut cursor, log_dir)?;
-                segments.extend(assembled);
-                cut
+    let mut keep = |object: &Fetched<'_>| {
+        bar.inc(object.object_bytes);
+        let found = at
+            .as_ref()
+            .and_then(|at| cut_in(object.bytes, object.records_from, object.first_seq - 1, at));
+        match found {
+            Some(found) => {
+                cut = Some(found);
+                Keep::Upto(found.offset)
             }
-            Listed::Chunk(c) => write_chunk(
-                manifest,
-                c,
-                &object,
-                at.as_ref(),
-                &mut cursor,
-                &mut tail,
-                log_dir,
-            )?,
-        };
-        if cut.is_some() {
-            break;
+            None => Keep::All,
         }
-    }
+    };
+    let caught = spark_archive::catch_up(
+        store,
+        &OsFs,
+        log_dir,
+        Some(manifest),
+        DEFAULT_MAX_RECORD_BYTES,
+        spark_archive::Options {
+            allow_more: false,
+            keep: Some(&mut keep),
+        },
+    )
+    .await
+    .map_err(catch_up_failure)?;
     bar.finish_and_clear();
-    if let Some(tail) = tail {
-        tail.file.sync_all().map_err(|e| unwritable(log_dir, e))?;
-        segments.push(Assembled {
-            name: tail.name,
-            objects: tail.objects,
-        });
-    }
     sync_dir(log_dir)?;
     Ok(Written {
-        segments,
-        objects: cursor.objects,
-        object_bytes: cursor.object_bytes,
+        segments: caught
+            .segments
+            .into_iter()
+            .map(|s| Assembled {
+                name: s.name,
+                objects: s.objects,
+            })
+            .collect(),
+        objects: caught.objects,
+        object_bytes: caught.object_bytes,
         cut,
     })
-}
-
-/// Checks a sealed segment's object against its entry and the chain
-/// before it ([`verify_sealed`]: header, `chain_start`, seal, `chain_end`)
-/// and writes it (cut where `at` says): the file written (none when `at`
-/// leaves out its first op) and the cut.
-fn write_segment(
-    manifest: &Manifest,
-    entry: &SegmentEntry,
-    object: &[u8],
-    at: Option<&At>,
-    cursor: &mut Cursor,
-    log_dir: &Path,
-) -> Result<(Option<Assembled>, Option<Cut>), Failure> {
-    let next_seq = cursor.next_seq;
-    if entry.first_seq != next_seq {
-        return Err(Failure::damage(format!(
-            "manifest {}: segment {} starts at seq {}, expected {next_seq}",
-            manifest.number, entry.key, entry.first_seq
-        )));
-    }
-    let chain_end = verify_sealed(entry, object, &cursor.chain)
-        .map_err(|source| damaged(&entry.key, source))?;
-    let cut = at.and_then(|at| cut_in(object, HEADER_LEN, entry.first_seq - 1, at));
-    if cut.is_some_and(|c| c.offset == HEADER_LEN) {
-        return Ok((None, cut));
-    }
-    let name = segment_file_name(entry.first_seq);
-    let kept = cut.map_or(object.len(), |c| c.offset);
-    write_file(&log_dir.join(&name), &object[..kept])?;
-    cursor.chain = chain_end;
-    cursor.next_seq = entry.last_seq + 1;
-    Ok((
-        Some(Assembled {
-            name,
-            objects: vec![(entry.key.clone(), 0)],
-        }),
-        cut,
-    ))
-}
-
-/// Checks a chunk ([`verify_chunk`]: frame, header against the entry,
-/// offset, chain before and after) and appends its body to the tail
-/// segment file (cut where `at` says).
-fn write_chunk(
-    manifest: &Manifest,
-    entry: &ChunkEntry,
-    object: &[u8],
-    at: Option<&At>,
-    cursor: &mut Cursor,
-    tail: &mut Option<TailFile>,
-    log_dir: &Path,
-) -> Result<Option<Cut>, Failure> {
-    let next_seq = cursor.next_seq;
-    if entry.first_seq != next_seq {
-        return Err(Failure::damage(format!(
-            "manifest {}: chunk {} starts at seq {}, expected {next_seq}",
-            manifest.number, entry.key, entry.first_seq
-        )));
-    }
-    let first_in_segment;
-    let before = match tail.as_ref() {
-        Some(file) => &file.chain,
-        None => {
-            first_in_segment = SegmentChain::start(cursor.chain);
-            &first_in_segment
-        }
-    };
-    let checked =
-        verify_chunk(entry, object, before).map_err(|source| damaged(&entry.key, source))?;
-    let (header, body) = (&checked.header, checked.body);
-    let start = if header.offset == 0 { HEADER_LEN } else { 0 };
-    let cut = at.and_then(|at| cut_in(body, start, entry.first_seq - 1, at));
-    if tail.is_none() {
-        if cut.is_some_and(|c| c.offset == start && start == HEADER_LEN) {
-            return Ok(cut.map(|c| Cut { offset: 0, ..c }));
-        }
-        let name = segment_file_name(header.segment_first_seq);
-        tail.replace(TailFile {
-            file: create_file(&log_dir.join(&name))?,
-            name,
-            chain: SegmentChain::start(cursor.chain),
-            objects: Vec::new(),
-        });
-    }
-    let file = tail.as_mut().expect("set above");
-    let kept = cut.map_or(body.len(), |c| c.offset);
-    file.file
-        .write_all(&body[..kept])
-        .map_err(|e| unwritable(&log_dir.join(&file.name), e))?;
-    file.objects.push((entry.key.clone(), header.offset));
-    cursor.chain = checked.after.chain();
-    cursor.next_seq = header.last_seq + 1;
-    file.chain = checked.after;
-    Ok(cut)
 }
 
 /// Writes the log into `data`, checks it with the full decoder, the chain

@@ -40,7 +40,7 @@ pub mod metrics;
 mod takeover;
 
 pub use lease::LeaseView;
-pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch, DIVERGED_ADVICE};
+pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch};
 pub use takeover::{
     take_over, take_over_if_expired, take_over_if_expired_on, take_over_leased, take_over_on,
     TakenOver,

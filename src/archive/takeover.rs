@@ -6,24 +6,19 @@
 //! holds (normally it was restored from the archive with `spark-replay
 //! restore`, a while ago or just now). What the archive holds past it is
 //! fetched and appended (checked chunk by chunk and segment by segment
-//! against the chain, [`spark_archive::verify`]) before the engine opens,
+//! against the chain: [`spark_archive::catch_up()`], the one catch-up
+//! restore and replicas run too) before the engine opens,
 //! so the local log equals the archive at the take-over point exactly. A
 //! local log that holds an op the archive does not, or other bytes, is
 //! refused before anything is taken: two writers' ops are never
 //! interleaved.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bytes::Bytes;
-use spark_archive::layout::{
-    acknowledged_end, blob_key, extends, manifest_key, ChunkEntry, Manifest, SegmentEntry,
-};
-use spark_archive::verify::{verify_chunk, verify_sealed, SegmentChain};
-use spark_archive::{ArchiveStore, StoreError};
-use spark_log_format::format::{
-    chain_hex, parse_segment_file_name, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
-};
-use spark_log_format::{Fs as _, OsFs, HEADER_LEN};
+use spark_archive::layout::{blob_key, extends, manifest_key, Manifest, ObjectError};
+use spark_archive::{ArchiveStore, CatchUpError, Options as CatchUpOptions, StoreError};
+use spark_log_format::{Fs as _, OsFs};
 
 use super::lease::{still_expired, LeaseView};
 use super::{claim_epoch, count_put, read_writer_file, ArchiveStartError};
@@ -368,23 +363,8 @@ fn takeover_manifest(latest: Option<&Manifest>, epoch: u64, lease_ms: u64) -> Ma
             epoch,
             written_ms: spark_log_format::system_now_ms(),
             lease_ms,
-            ..empty_archive()
+            ..Manifest::empty()
         },
-    }
-}
-
-/// What an archive with no manifest holds: nothing (number 0).
-fn empty_archive() -> Manifest {
-    Manifest {
-        number: 0,
-        epoch: 0,
-        written_ms: 0,
-        shipped_seq: 0,
-        shipped_chain: [0; 32],
-        segments: Vec::new(),
-        chunks: Vec::new(),
-        lease_ms: 0,
-        checkpoints: Vec::new(),
     }
 }
 
@@ -529,312 +509,63 @@ fn diverged(message: String) -> ArchiveStartError {
     ArchiveStartError::Diverged(format!("{message}{DIVERGED_ADVICE}"))
 }
 
-/// The segment files of the local log, by first seq.
-fn local_segments(log_dir: &Path) -> Result<Vec<u64>, ArchiveStartError> {
-    let mut firsts = Vec::new();
-    for entry in std::fs::read_dir(log_dir).map_err(|e| local(log_dir, e))? {
-        let entry = entry.map_err(|e| local(log_dir, e))?;
-        if let Some(first) = entry.file_name().to_str().and_then(parse_segment_file_name) {
-            firsts.push(first);
-        }
-    }
-    firsts.sort_unstable();
-    Ok(firsts)
-}
-
-/// A local segment's acknowledged bytes, its first seq, whether it is
-/// sealed, and whether it holds any record.
-struct LocalSegment {
-    path: PathBuf,
-    bytes: Vec<u8>,
-    end: usize,
-    sealed: bool,
-    has_records: bool,
-}
-
-fn read_local(
-    log_dir: &Path,
-    first: u64,
-    max_record_bytes: u32,
-) -> Result<LocalSegment, ArchiveStartError> {
-    let path = log_dir.join(segment_file_name(first));
-    let bytes = std::fs::read(&path).map_err(|e| local(&path, e))?;
-    if bytes.len() < HEADER_LEN {
-        return Ok(LocalSegment {
-            path,
-            bytes,
-            end: 0,
-            sealed: false,
-            has_records: false,
-        });
-    }
-    let end = acknowledged_end(&bytes, HEADER_LEN, first - 1, u64::MAX, max_record_bytes);
-    Ok(LocalSegment {
-        path,
-        bytes,
-        end: end.offset,
-        sealed: end.sealed,
-        has_records: end.last_seq >= first,
-    })
-}
-
-/// Writes `bytes` as `path` (a new file or in place of the old one),
-/// durably.
-fn write_segment(path: &Path, bytes: &[u8]) -> Result<(), ArchiveStartError> {
-    OsFs.write_file_durably(path, bytes)
-        .map_err(|e| local(path, e))
-}
-
-/// Brings the local log to what `manifest` names (`None`: an empty
-/// archive): checks that it is a prefix of it, then fetches and appends the
-/// rest. Refuses ([`ArchiveStartError::Diverged`]) a local log that holds
-/// other bytes, or more ops than the archive unless `allow_more` (this
-/// directory's own ops, not shipped yet: the shipper's start checks them).
+/// The take-over's and the replica's way to [`spark_archive::catch_up`]:
+/// the local log in `log_dir` brought to what `manifest` names (`None`: an
+/// empty archive), on the real file system, with no cut. `allow_more`:
+/// accept a local log that holds more than the manifest (this directory's
+/// own ops, not shipped yet: the shipper's start checks them). Logs the
+/// merged chunk a local tail ended inside, when one was fetched whole.
 pub(crate) async fn catch_up(
     store: &ArchiveStore,
     log_dir: &Path,
     manifest: Option<&Manifest>,
     max_record_bytes: u32,
     allow_more: bool,
-) -> Result<(), ArchiveStartError> {
-    let empty = empty_archive();
-    let manifest = manifest.unwrap_or(&empty);
-    let locals = local_segments(log_dir)?;
-    let mut locals = locals.iter().copied().peekable();
-    let mut chain: ChainValue = [0; 32];
-    for entry in &manifest.segments {
-        let here = match locals.peek() {
-            Some(&first) if first == entry.first_seq => {
-                locals.next();
-                Some(read_local(log_dir, first, max_record_bytes)?)
-            }
-            Some(&first) if first < entry.first_seq => {
-                return Err(diverged(format!(
-                    "the local log has segment {} where the archive has {}",
-                    segment_file_name(first),
-                    entry.key
-                )))
-            }
-            _ => None,
-        };
-        catch_up_sealed(store, log_dir, entry, &chain, here, locals.peek().is_some()).await?;
-        chain = entry.chain_end;
-    }
-    let Some(first_chunk) = manifest.chunks.first() else {
-        // Past the archive: only the engine's next segment, still empty.
-        for first in locals {
-            let rest = read_local(log_dir, first, max_record_bytes)?;
-            if rest.has_records && !allow_more {
-                return Err(diverged(format!(
-                    "{} holds ops after the archive's last (seq {})",
-                    rest.path.display(),
-                    manifest.shipped_seq
-                )));
-            }
-        }
-        return Ok(());
-    };
-    let segment = first_chunk.segment_first_seq;
-    let here = match locals.next() {
-        Some(first) if first == segment => Some(read_local(log_dir, first, max_record_bytes)?),
-        Some(first) => {
-            return Err(diverged(format!(
-                "the local log has segment {} where the archive's tail is segment {}",
-                segment_file_name(first),
-                segment_file_name(segment)
-            )))
-        }
-        None => None,
-    };
-    if let Some(after) = locals.next() {
-        if allow_more {
-            return Ok(());
-        }
-        return Err(diverged(format!(
-            "the local log has segment {} after the archive's last",
-            segment_file_name(after)
-        )));
-    }
-    catch_up_chunks(store, log_dir, &manifest.chunks, &chain, here, allow_more).await
-}
-
-/// One sealed segment of the archive against the local one (`here`, when
-/// the local log has that file): equal, or a local prefix of it that is
-/// completed from the archive, or missing locally and fetched. `more_after`:
-/// the local log has later segment files.
-async fn catch_up_sealed(
-    store: &ArchiveStore,
-    log_dir: &Path,
-    entry: &SegmentEntry,
-    chain: &ChainValue,
-    here: Option<LocalSegment>,
-    more_after: bool,
-) -> Result<(), ArchiveStartError> {
-    if let Some(local) = &here {
-        if local.sealed {
-            let same = local.end as u64 == entry.bytes
-                && *blake3::hash(&local.bytes[..local.end]).as_bytes() == entry.blake3;
-            if !same {
-                return Err(diverged(format!(
-                    "the local sealed segment {} differs from the archive's {}",
-                    local.path.display(),
-                    entry.key
-                )));
-            }
-            return Ok(());
-        }
-        if more_after {
-            return Err(diverged(format!(
-                "the local segment {} is not sealed, yet later segments follow it",
-                local.path.display()
-            )));
-        }
-    }
-    let archived = store
-        .get_listed(&entry.key, entry.bytes, &entry.blake3)
-        .await?;
-    verify_sealed(entry, &archived, chain).map_err(|source| {
-        ArchiveStartError::Store(StoreError::Damaged {
-            key: entry.key.clone(),
-            source,
-        })
-    })?;
-    if let Some(local) = &here {
-        if local.has_records && archived.get(..local.end) != Some(&local.bytes[..local.end]) {
-            return Err(diverged(format!(
-                "the local segment {} differs from the archive's {} in its first {} bytes",
-                local.path.display(),
-                entry.key,
-                local.end
-            )));
-        }
-    }
-    write_segment(&log_dir.join(segment_file_name(entry.first_seq)), &archived)
-}
-
-/// The archive's tail chunks against the local tail segment (`here`, when
-/// the local log has it): the local bytes must end where a chunk ends, with
-/// that chunk's chain, or inside a chunk (one a `sync`-mode writer merged),
-/// whose start they reach with the chain before it and whose body starts
-/// with the local bytes after that; the chunks after (and that one) are
-/// fetched, checked and appended.
-async fn catch_up_chunks(
-    store: &ArchiveStore,
-    log_dir: &Path,
-    chunks: &[ChunkEntry],
-    chain_start: &ChainValue,
-    here: Option<LocalSegment>,
-    allow_more: bool,
-) -> Result<(), ArchiveStartError> {
-    let first = &chunks[0];
-    let archived_end = chunks.last().map_or(0, |c| c.offset + body_bytes(c));
-    if allow_more
-        && here
-            .as_ref()
-            .is_some_and(|l| l.sealed || l.end as u64 > archived_end)
-    {
-        return Ok(());
-    }
-    let path = log_dir.join(segment_file_name(first.segment_first_seq));
-    let mut bytes: Vec<u8> = Vec::new();
-    // The chunk the local bytes end inside, and the local bytes in it.
-    let mut inside: Option<(String, Vec<u8>)> = None;
-    if let Some(local) = here.filter(|l| l.has_records || l.sealed) {
-        if local.sealed {
-            return Err(diverged(format!(
-                "the local segment {} is sealed; the archive holds only part of it",
-                local.path.display()
-            )));
-        }
-        if local.bytes[HEADER_CHAIN_START_OFFSET..HEADER_LEN] != chain_start[..] {
-            return Err(diverged(format!(
-                "the local segment {} starts from another chain than the archive's",
-                local.path.display()
-            )));
-        }
-        let end = local.end as u64;
-        if end > archived_end {
-            return Err(diverged(format!(
-                "the local segment {} holds {end} bytes, the archive {archived_end} of it: it \
-                 holds ops after the archive's last",
-                local.path.display()
-            )));
-        }
-        // The listed chunk the local bytes end in (or at the end of): a
-        // `sync`-mode writer merges runs of chunks (ARCHIVE.md "Sync
-        // mode"), so the local tail may end inside one. The local bytes
-        // before it must give the chain it starts from; it is fetched
-        // (checked like any other) and must start with the local bytes
-        // after that.
-        let at = chunks
-            .iter()
-            .position(|c| c.offset + body_bytes(c) >= end)
-            .expect("end is within the archived bytes");
-        let chunk = &chunks[at];
-        let before = chunk.offset as usize;
-        let chain_before = match at {
-            0 => *chain_start,
-            _ => chunks[at - 1].chain_after,
-        };
-        let local_chain =
-            SegmentChain::after(*chain_start, &local.bytes[..before.min(local.end)]).chain();
-        if local_chain != chain_before || before > local.end {
-            return Err(diverged(format!(
-                "the local segment {} differs from the archive before byte {before} (chain {}, \
-                 archived {})",
-                local.path.display(),
-                chain_hex(&local_chain),
-                chain_hex(&chain_before),
-            )));
-        }
-        if end == chunk.offset + body_bytes(chunk) {
-            bytes = local.bytes[..local.end].to_vec();
-        } else {
-            bytes = local.bytes[..before].to_vec();
-            inside = Some((chunk.key.clone(), local.bytes[before..local.end].to_vec()));
-        }
-    }
-    let mut running = SegmentChain::after(*chain_start, &bytes);
-    let mut fetched = false;
-    let have = bytes.len() as u64;
-    for entry in chunks.iter().filter(|c| c.offset >= have) {
-        let object = store
-            .get_listed(&entry.key, entry.bytes, &entry.blake3)
-            .await?;
-        let checked = verify_chunk(entry, &object, &running).map_err(|source| {
-            ArchiveStartError::Store(StoreError::Damaged {
-                key: entry.key.clone(),
-                source,
-            })
-        })?;
-        let body = checked.body;
-        if let Some((key, local_part)) = inside.take() {
-            if key != entry.key || !body.starts_with(&local_part) {
-                return Err(diverged(format!(
-                    "the local segment {} differs from the archive's chunk {} in its {} bytes \
-                     from offset {}",
-                    path.display(),
-                    entry.key,
-                    local_part.len(),
-                    checked.header.offset
-                )));
-            }
-            tracing::info!(
-                chunk = %entry.key,
-                "archive: the local tail ended inside a merged chunk; the chunk was fetched whole"
-            );
-        }
-        running = checked.after;
-        bytes.extend_from_slice(body);
-        fetched = true;
-    }
-    if fetched {
-        write_segment(&path, &bytes)?;
+) -> Result<(), CatchUpError> {
+    let caught = spark_archive::catch_up(
+        store,
+        &OsFs,
+        log_dir,
+        manifest,
+        max_record_bytes,
+        CatchUpOptions {
+            allow_more,
+            keep: None,
+        },
+    )
+    .await?;
+    if let Some(chunk) = caught.merged_chunk {
+        tracing::info!(
+            chunk = %chunk,
+            "archive: the local tail ended inside a merged chunk; the chunk was fetched whole"
+        );
     }
     Ok(())
 }
 
-/// The body bytes of a chunk: its object less the header.
-fn body_bytes(chunk: &ChunkEntry) -> u64 {
-    chunk.bytes - spark_archive::layout::CHUNK_HEADER_LEN as u64
+/// A catch-up's failure as the take-over (and a replica's start) reports
+/// it: a local log that is not a prefix is [`ArchiveStartError::Diverged`]
+/// with [`DIVERGED_ADVICE`] appended; a manifest that lists an object out
+/// of seq order is the manifest's damage.
+impl From<CatchUpError> for ArchiveStartError {
+    fn from(e: CatchUpError) -> ArchiveStartError {
+        match e {
+            CatchUpError::Store(e) => ArchiveStartError::Store(e),
+            CatchUpError::Diverged(why) => diverged(why.to_string()),
+            CatchUpError::Local { path, source } => local(&path, source),
+            CatchUpError::OutOfOrder {
+                manifest_key,
+                what,
+                key,
+                first_seq,
+                expected,
+                ..
+            } => ArchiveStartError::Store(StoreError::Damaged {
+                key: manifest_key,
+                source: ObjectError::Mismatch(format!(
+                    "{what} {key} starts at seq {first_seq}, expected {expected}"
+                )),
+            }),
+        }
+    }
 }

@@ -4,8 +4,8 @@
 //! `421 read_only` ([`crate::api`]).
 //!
 //! The data directory is a cache. At start the local log is brought to the
-//! latest manifest with the take-over's catch-up
-//! ([`crate::archive::catch_up`]: the local log must be a prefix of the
+//! latest manifest with the catch-up the take-over and restore run too
+//! ([`spark_archive::catch_up()`]: the local log must be a prefix of the
 //! archive; what the archive holds past it is fetched and checked object by
 //! object against the manifest's lengths, BLAKE3 and chain values), so a
 //! restart fetches only what was added since; then the engine opens on it
@@ -47,14 +47,12 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde_json::json;
 use spark_archive::layout::{extends, manifest_key, Manifest};
-use spark_archive::{ArchiveStore, StoreConfig, StoreError};
+use spark_archive::{ArchiveStore, CatchUpError, StoreConfig, StoreError};
 use spark_core::wire::events::EventCursor;
 use spark_log_format::format::segment_file_name;
 use spark_log_format::{Fs, Head, OsFs};
 
-use crate::archive::{
-    catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch, DIVERGED_ADVICE,
-};
+use crate::archive::{catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch};
 use crate::config::Settings;
 use crate::engine::Engine;
 use crate::op::{Op, OpBody};
@@ -385,13 +383,18 @@ pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError>
     // An empty cache starts from the archive's checkpoint, if any.
     let mut fresh = cached.is_none();
     crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
-    match catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await {
+    match catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false)
+        .await
+        .map_err(ArchiveStartError::from)
+    {
         Ok(()) => {}
         Err(ArchiveStartError::Diverged(why)) => {
             set_cache_aside(&data_dir, &why)?;
             fresh = true;
             crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
-            catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await?;
+            catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false)
+                .await
+                .map_err(ArchiveStartError::from)?;
         }
         Err(e) => return Err(e.into()),
     }
@@ -817,8 +820,7 @@ impl Follower {
         .await
         {
             Ok(()) => {}
-            Err(ArchiveStartError::Diverged(why)) => {
-                let why = why.strip_suffix(DIVERGED_ADVICE).unwrap_or(&why);
+            Err(CatchUpError::Diverged(why)) => {
                 return Err(FollowError::Retry(format!(
                     "{why}: the archive's history forks from what this replica holds (manifest \
                      {}), and the replica stays at seq {}",
@@ -826,7 +828,7 @@ impl Follower {
                     self.engine.head().seq
                 )));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(ArchiveStartError::from(e).into()),
         }
         let after = self.engine.head().seq;
         let upto = manifest.shipped_seq;
