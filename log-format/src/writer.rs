@@ -138,6 +138,31 @@ fn poison<T>(
     })
 }
 
+/// Writes `bytes` at the active segment's end (`active.len`) and syncs
+/// its data: the append path's one durable write (a batch, a seal). A
+/// write refused for want of space heals ([`OnNoSpace::Heal`]); any
+/// other error, and every `sync_data` error, poisons.
+fn append_durably(
+    poisoned: &mut Option<Poison>,
+    active: &mut ActiveSegment,
+    bytes: &[u8],
+) -> Result<(), LogError> {
+    poison(
+        poisoned,
+        "write",
+        &active.path,
+        active.file.write_all_at(active.len, bytes),
+        OnNoSpace::Heal,
+    )?;
+    poison(
+        poisoned,
+        "sync_data",
+        &active.path,
+        active.file.sync_data(),
+        OnNoSpace::Poison,
+    )
+}
+
 impl Log {
     /// Opens (creating if missing, and syncing its parent) the log in `dir`,
     /// running recovery (FORMAT.md, "Recovery"). `visit` is called for every
@@ -246,20 +271,7 @@ impl Log {
             // Cast: at most `preallocate_bytes` more than a batch in memory.
             buf.resize(buf.len() + (fill_to - end) as usize, 0);
         }
-        poison(
-            &mut self.poisoned,
-            "write",
-            &active.path,
-            active.file.write_all_at(active.len, &buf),
-            OnNoSpace::Heal,
-        )?;
-        poison(
-            &mut self.poisoned,
-            "sync_data",
-            &active.path,
-            active.file.sync_data(),
-            OnNoSpace::Poison,
-        )?;
+        append_durably(&mut self.poisoned, active, &buf)?;
         // The chain covers the records and the commit mark, not the zero
         // fill after them. Cast: `batch_bytes` is `buf.len()` before the
         // fill.
@@ -360,20 +372,7 @@ impl Log {
                 (self.config.now_ms)(),
                 &self.head.chain,
             );
-            poison(
-                &mut self.poisoned,
-                "write",
-                &active.path,
-                active.file.write_all_at(active.len, &seal),
-                OnNoSpace::Heal,
-            )?;
-            poison(
-                &mut self.poisoned,
-                "sync_data",
-                &active.path,
-                active.file.sync_data(),
-                OnNoSpace::Poison,
-            )?;
+            append_durably(&mut self.poisoned, active, &seal)?;
             tracing::debug!(segment = %active.name, last_seq = self.head.seq, "sealed segment");
             self.active = None;
         }
