@@ -40,7 +40,7 @@
 //! ([`ArchiveStatus`], [`Shipping`]); `takeover` and `lease` move the
 //! prefix to another engine; `gate` is the `sync` mode's wait for the
 //! archive; `metrics` its Prometheus metrics. This file holds what they
-//! share: the start error, the tuning constants and [`read_range`].
+//! share: the start error, the tuning constants and `read_range`.
 
 pub mod gate;
 mod lease;

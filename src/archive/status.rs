@@ -235,7 +235,7 @@ pub struct Shipping {
 
 impl Shipping {
     /// Ships what is committed (one last ship, up to
-    /// [`FINAL_SHIP_TIMEOUT`]), then stops. In `sync` mode the archive gate
+    /// [`FINAL_SHIP_TIMEOUT`](super::FINAL_SHIP_TIMEOUT)), then stops. In `sync` mode the archive gate
     /// is then closed: writes still waiting, and any later one, are
     /// answered `503 unavailable` (durable locally, archived after the
     /// restart), never left hanging.
