@@ -490,15 +490,8 @@ impl OpBody {
             OpBody::MomentCreate(p) => p.request_id.take(),
             OpBody::MomentEdit(p) => p.request_id.take(),
             OpBody::MomentDelete(p) => p.request_id.take(),
-            OpBody::TurnStart(p) => p.request_id.clone(),
-            OpBody::JobStart(p) => Some(p.job_id.clone()),
-            OpBody::MediaPut(_)
-            | OpBody::TurnFinish(_)
-            | OpBody::TurnFail(_)
-            | OpBody::MarkKeep(_)
-            | OpBody::MarkDrop(_)
-            | OpBody::RecallStart(_)
-            | OpBody::MessagePost(_) => None,
+            // A turn keeps its request id in place; a job's is its id.
+            other => other.request_id().map(str::to_owned),
         }
     }
 

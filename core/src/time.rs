@@ -3,13 +3,40 @@
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-/// Parses an RFC 3339 time (any offset) into Unix milliseconds. Errors with
-/// a sentence for the problem body when the text is not RFC 3339.
-pub fn parse_rfc3339_ms(text: &str) -> Result<i64, String> {
-    let parsed = OffsetDateTime::parse(text, &Rfc3339)
-        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))?;
+/// Why a text is not a time [`parse_rfc3339_ms`] accepts. Its `Display` is
+/// a sentence for a problem body (`400 invalid_request`) or a tool's usage
+/// error.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimeError {
+    /// The text is not an RFC 3339 date-time; `reason` is the parser's.
+    #[error("{text:?} is not an RFC 3339 time: {reason}")]
+    NotRfc3339 {
+        /// The text as given.
+        text: String,
+        /// What the RFC 3339 parser found wrong.
+        reason: String,
+    },
+    /// The time is RFC 3339 but its Unix milliseconds do not fit an `i64`.
+    #[error("{text:?} is out of range")]
+    OutOfRange {
+        /// The text as given.
+        text: String,
+    },
+}
+
+/// Parses an RFC 3339 time (any offset) into Unix milliseconds.
+///
+/// # Errors
+/// [`TimeError`] when the text is not RFC 3339 or is out of range.
+pub fn parse_rfc3339_ms(text: &str) -> Result<i64, TimeError> {
+    let parsed = OffsetDateTime::parse(text, &Rfc3339).map_err(|e| TimeError::NotRfc3339 {
+        text: text.to_owned(),
+        reason: e.to_string(),
+    })?;
     let ms = parsed.unix_timestamp_nanos() / 1_000_000;
-    i64::try_from(ms).map_err(|_| format!("{text:?} is out of range"))
+    i64::try_from(ms).map_err(|_| TimeError::OutOfRange {
+        text: text.to_owned(),
+    })
 }
 
 /// Formats Unix milliseconds as RFC 3339 UTC (`Z`), with milliseconds only
@@ -40,6 +67,9 @@ mod tests {
         assert_eq!(format_rfc3339_ms(ms), "2026-09-01T00:00:00Z");
         let ms = parse_rfc3339_ms("2026-09-01T02:00:00.250+02:00").unwrap();
         assert_eq!(format_rfc3339_ms(ms), "2026-09-01T00:00:00.250Z");
-        assert!(parse_rfc3339_ms("yesterday").is_err());
+        assert!(matches!(
+            parse_rfc3339_ms("yesterday"),
+            Err(TimeError::NotRfc3339 { .. })
+        ));
     }
 }

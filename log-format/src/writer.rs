@@ -100,39 +100,31 @@ struct Poison {
     healable: bool,
 }
 
+/// Whether a write-path error for want of space may heal in process
+/// ([`Log::heal`]) or poisons like any other.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnNoSpace {
+    /// Any error poisons until a restart.
+    Poison,
+    /// A write or create of the append path (the batch's write, the seal's
+    /// write, the next segment's create and header write): one refused for
+    /// want of space leaves a poison that [`Log::heal`] lifts.
+    Heal,
+}
+
 /// Turns a write-path error into `Io` and poisons: every later append
-/// returns `Poisoned` with this reason, until a restart.
+/// returns `Poisoned` with this reason, until a restart (or, for a refusal
+/// for want of space with [`OnNoSpace::Heal`], until [`Log::heal`]).
 fn poison<T>(
     poisoned: &mut Option<Poison>,
     op: &'static str,
     path: &Path,
     result: io::Result<T>,
-) -> Result<T, LogError> {
-    poison_as(poisoned, op, path, result, false)
-}
-
-/// Like [`poison`], for a write or create of the append path (the batch's
-/// write, the seal's write, the next segment's create and header write):
-/// one refused for want of space leaves a poison that [`Log::heal`] lifts.
-fn poison_write<T>(
-    poisoned: &mut Option<Poison>,
-    op: &'static str,
-    path: &Path,
-    result: io::Result<T>,
-) -> Result<T, LogError> {
-    poison_as(poisoned, op, path, result, true)
-}
-
-fn poison_as<T>(
-    poisoned: &mut Option<Poison>,
-    op: &'static str,
-    path: &Path,
-    result: io::Result<T>,
-    heal_no_space: bool,
+    on_no_space: OnNoSpace,
 ) -> Result<T, LogError> {
     result.map_err(|source| {
         let error = LogError::io(op, path, source);
-        let healable = heal_no_space && error.is_no_space();
+        let healable = on_no_space == OnNoSpace::Heal && error.is_no_space();
         if healable {
             tracing::warn!(%error, "log write refused for want of space; the tail is recovered in process once space is back");
         } else {
@@ -144,6 +136,31 @@ fn poison_as<T>(
         });
         error
     })
+}
+
+/// Writes `bytes` at the active segment's end (`active.len`) and syncs
+/// its data: the append path's one durable write (a batch, a seal). A
+/// write refused for want of space heals ([`OnNoSpace::Heal`]); any
+/// other error, and every `sync_data` error, poisons.
+fn append_durably(
+    poisoned: &mut Option<Poison>,
+    active: &mut ActiveSegment,
+    bytes: &[u8],
+) -> Result<(), LogError> {
+    poison(
+        poisoned,
+        "write",
+        &active.path,
+        active.file.write_all_at(active.len, bytes),
+        OnNoSpace::Heal,
+    )?;
+    poison(
+        poisoned,
+        "sync_data",
+        &active.path,
+        active.file.sync_data(),
+        OnNoSpace::Poison,
+    )
 }
 
 impl Log {
@@ -254,18 +271,7 @@ impl Log {
             // Cast: at most `preallocate_bytes` more than a batch in memory.
             buf.resize(buf.len() + (fill_to - end) as usize, 0);
         }
-        poison_write(
-            &mut self.poisoned,
-            "write",
-            &active.path,
-            active.file.write_all_at(active.len, &buf),
-        )?;
-        poison(
-            &mut self.poisoned,
-            "sync_data",
-            &active.path,
-            active.file.sync_data(),
-        )?;
+        append_durably(&mut self.poisoned, active, &buf)?;
         // The chain covers the records and the commit mark, not the zero
         // fill after them. Cast: `batch_bytes` is `buf.len()` before the
         // fill.
@@ -298,7 +304,13 @@ impl Log {
             return Ok(());
         }
         let bytes = self.fs.map(&active.path);
-        let bytes = poison(&mut self.poisoned, "map", &active.path, bytes)?;
+        let bytes = poison(
+            &mut self.poisoned,
+            "map",
+            &active.path,
+            bytes,
+            OnNoSpace::Poison,
+        )?;
         let header = SegmentHeader::decode((*bytes).as_ref()).map_err(|e| {
             LogError::corrupt(
                 &active.name,
@@ -314,12 +326,14 @@ impl Log {
             "write",
             &active.path,
             active.file.write_all_at(0, &encoded),
+            OnNoSpace::Poison,
         )?;
         poison(
             &mut self.poisoned,
             "sync_all",
             &active.path,
             active.file.sync_all(),
+            OnNoSpace::Poison,
         )?;
         let mut hasher = chain_hasher(&header.chain_start);
         hasher.update(&encoded);
@@ -358,18 +372,7 @@ impl Log {
                 (self.config.now_ms)(),
                 &self.head.chain,
             );
-            poison_write(
-                &mut self.poisoned,
-                "write",
-                &active.path,
-                active.file.write_all_at(active.len, &seal),
-            )?;
-            poison(
-                &mut self.poisoned,
-                "sync_data",
-                &active.path,
-                active.file.sync_data(),
-            )?;
+            append_durably(&mut self.poisoned, active, &seal)?;
             tracing::debug!(segment = %active.name, last_seq = self.head.seq, "sealed segment");
             self.active = None;
         }
@@ -390,16 +393,35 @@ impl Log {
         }
         .encode();
         let created = self.fs.create_new(&path);
-        let mut file = poison_write(&mut self.poisoned, "create_new", &path, created)?;
-        poison_write(
+        let mut file = poison(
+            &mut self.poisoned,
+            "create_new",
+            &path,
+            created,
+            OnNoSpace::Heal,
+        )?;
+        poison(
             &mut self.poisoned,
             "write",
             &path,
             file.write_all_at(0, &header),
+            OnNoSpace::Heal,
         )?;
-        poison(&mut self.poisoned, "sync_all", &path, file.sync_all())?;
+        poison(
+            &mut self.poisoned,
+            "sync_all",
+            &path,
+            file.sync_all(),
+            OnNoSpace::Poison,
+        )?;
         let synced = self.fs.sync_dir(&self.dir);
-        poison(&mut self.poisoned, "sync_dir", &self.dir, synced)?;
+        poison(
+            &mut self.poisoned,
+            "sync_dir",
+            &self.dir,
+            synced,
+            OnNoSpace::Poison,
+        )?;
         let mut hasher = chain_hasher(&self.head.chain);
         hasher.update(&header);
         tracing::debug!(segment = %name, first_seq, "started segment");

@@ -414,6 +414,7 @@ pub fn parse_time_ms(text: &str) -> Result<u64, Failure> {
         return Ok(ms);
     }
     spark_core::time::parse_rfc3339_ms(text)
+        .map_err(|e| e.to_string())
         .and_then(|ms| u64::try_from(ms).map_err(|_| format!("{text:?} is before 1970")))
         .map_err(|e| Failure {
             message: e,

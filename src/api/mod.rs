@@ -316,6 +316,19 @@ impl PageLimit {
     }
 }
 
+/// The query of a list route that pages by id only (`GET /api/moments`,
+/// `GET /api/phrases`): `after`, the last id of the page before, and
+/// `limit`, read by [`page_limit`]. Any other parameter is `400
+/// invalid_request`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PageQuery {
+    /// The last id of the page before (absent: the first page).
+    pub after: Option<String>,
+    /// The page size as given, in items.
+    pub limit: Option<String>,
+}
+
 /// The page size of a list route: `limit` from the query (a whole number
 /// from 1 to `list_limit_max`; larger is clamped, not refused, and the
 /// answer says so), else the default. Anything else is `400

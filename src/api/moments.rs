@@ -1,6 +1,6 @@
 //! `/api/moments` and `/api/moments/{id}` (SPEC sections 3, 4 and 10).
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use spark_core::wire::bodies::{
     CreateMomentBody as CreateBody, DeleteMomentBody as DeleteBody, EditMomentBody as EditBody,
 };
@@ -12,14 +12,6 @@ use crate::ids::Id;
 use crate::mirror::MomentView;
 
 use super::{json_response, ApiError, AppState, Request};
-
-/// Query of `GET /api/moments`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListQuery {
-    after: Option<String>,
-    limit: Option<String>,
-}
 
 #[derive(Serialize)]
 struct Page {
@@ -85,7 +77,7 @@ pub(crate) fn path_id(text: &str) -> Result<Id, ApiError> {
 
 /// `GET /api/moments`: a page of moments.
 pub(crate) fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
-    let query: ListQuery = req.query()?;
+    let query: super::PageQuery = req.query()?;
     let after = query
         .after
         .as_deref()
@@ -122,7 +114,7 @@ pub(crate) async fn create(state: &AppState, req: &mut Request) -> Result<Respon
         .as_deref()
         .map(crate::time::parse_rfc3339_ms)
         .transpose()
-        .map_err(ApiError::invalid_request)?;
+        .map_err(|e| ApiError::invalid_request(e.to_string()))?;
     let command = Command::CreateMoment(CreateMoment {
         id,
         request_id,

@@ -26,13 +26,6 @@ struct KeepBody {
     moment_id: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListQuery {
-    after: Option<String>,
-    limit: Option<String>,
-}
-
 #[derive(Serialize)]
 struct Page {
     marks: Vec<MarkView>,
@@ -51,7 +44,8 @@ pub async fn forget(state: Arc<AppState>, id: String, req: Request) -> Result<Re
         )));
     };
     // The id must be the canonical form of its phrase.
-    let canonical = normalise_phrase(phrase).map_err(ApiError::invalid_request)?;
+    let canonical =
+        normalise_phrase(phrase).map_err(|e| ApiError::invalid_request(e.to_string()))?;
     let command = Command::DropPhrase(DropPhrase {
         mark_id: crate::engine::mark_id(&canonical),
         device: req.device.clone(),
@@ -66,7 +60,8 @@ pub(crate) async fn keep(state: &AppState, req: &mut Request) -> Result<Response
         .json(state.settings.limits.json_body_limit_bytes)
         .await?
         .ok_or_else(|| ApiError::invalid_request("a JSON object with a phrase is required"))?;
-    let phrase = normalise_phrase(&body.phrase).map_err(ApiError::invalid_request)?;
+    let phrase =
+        normalise_phrase(&body.phrase).map_err(|e| ApiError::invalid_request(e.to_string()))?;
     let moment_id = body
         .moment_id
         .as_deref()
@@ -83,7 +78,7 @@ pub(crate) async fn keep(state: &AppState, req: &mut Request) -> Result<Response
 
 /// `GET /api/phrases`: the active marks.
 pub(crate) fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
-    let query: ListQuery = req.query()?;
+    let query: super::PageQuery = req.query()?;
     let limits = &state.settings.limits;
     let page_limit = super::page_limit(query.limit.as_deref(), limits)?;
     let limit = page_limit.items;

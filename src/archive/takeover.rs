@@ -21,7 +21,10 @@ use spark_archive::{ArchiveStore, CatchUpError, Options as CatchUpOptions, Store
 use spark_log_format::{Fs as _, OsFs};
 
 use super::lease::{still_expired, LeaseView};
-use super::{claim_epoch, count_put, read_writer_file, ArchiveStartError};
+use super::shipper::count_put;
+use super::start::{claim_epoch, connect, read_writer_file, start_on_leased};
+use super::status::Shipping;
+use super::ArchiveStartError;
 use crate::clock::Clock;
 use crate::config::ArchiveSettings;
 use crate::engine::Engine;
@@ -53,7 +56,7 @@ pub async fn take_over(
     max_record_bytes: u32,
 ) -> Result<TakenOver, ArchiveStartError> {
     take_over_leased(
-        super::connect(settings)?,
+        connect(settings)?,
         data_dir,
         max_record_bytes,
         settings.lease_ms,
@@ -83,7 +86,7 @@ pub async fn take_over(
 ///
 /// Then open the engine, fetch the blobs its new ops name
 /// ([`TakenOver::fetch_missing_blobs`]) and start shipping
-/// ([`TakenOver::start`], which is [`super::start`] on the same store).
+/// ([`TakenOver::start`], which is [`super::start()`] on the same store).
 ///
 /// Leases off: the epoch and the take-over manifest record no lease (see
 /// [`take_over_leased`]).
@@ -229,7 +232,7 @@ pub async fn take_over_if_expired(
         return Ok(None);
     }
     take_over_if_expired_on(
-        super::connect(settings)?,
+        connect(settings)?,
         data_dir,
         max_record_bytes,
         settings.lease_ms,
@@ -369,7 +372,7 @@ fn takeover_manifest(latest: Option<&Manifest>, epoch: u64, lease_ms: u64) -> Ma
 }
 
 impl TakenOver {
-    /// [`super::start`] on the store the take-over used (building an S3
+    /// [`super::start()`] on the store the take-over used (building an S3
     /// client again costs tens of milliseconds), once the engine is open.
     pub async fn start(
         &self,
@@ -377,8 +380,8 @@ impl TakenOver {
         data_dir: &Path,
         engine: std::sync::Arc<Engine>,
         max_record_bytes: u32,
-    ) -> Result<super::Shipping, ArchiveStartError> {
-        super::start_on_leased(
+    ) -> Result<Shipping, ArchiveStartError> {
+        start_on_leased(
             self.store.clone(),
             data_dir,
             engine,

@@ -15,19 +15,28 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use object_store::memory::InMemory;
 use object_store::path::Path as StorePath;
 use object_store::{
     GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
-use spark_archive::layout::{manifest_key, Manifest};
+use spark_archive::layout::{
+    blob_key, checkpoint_key, epoch_key, manifest_key, missing_key, segment_key, CheckpointEntry,
+    ChunkHeader, EpochDoc, Manifest, MissingBlobDoc, SegmentEntry, CHECKPOINTS_LISTED,
+};
 use spark_archive::ArchiveStore;
+use spark_log_format::format::{
+    chain_value, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
+};
+use spark_log_format::{Fs, HEADER_LEN};
 
+use super::start::{claim_epoch, read_writer_file, take_epoch, write_writer_file, WriterFile};
 use super::*;
 use crate::clock::SystemClock;
 use crate::config::Settings;
-use crate::engine::{Command, CreateMoment, EngineError};
+use crate::engine::{Command, CreateMoment, Engine, EngineError};
 
 /// An in-memory store whose puts fail while `down` is set and wait while
 /// `hold` is set; it records the order of the puts that landed and how

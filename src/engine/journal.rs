@@ -30,7 +30,7 @@ use crate::clock::Clock;
 use crate::ids::Id;
 use crate::op::{Op, OpBody};
 
-use super::{EngineError, Job, Outcome, Shared};
+use super::{EngineError, Outcome, Shared, WriterRequest};
 use spark_core::command::Key;
 use spark_core::rules::{decide, Decision, Plan};
 
@@ -80,7 +80,7 @@ struct Folded {
 pub(super) fn spawn(
     log: Log,
     shared: Arc<Shared>,
-    queue: mpsc::Receiver<Job>,
+    queue: mpsc::Receiver<WriterRequest>,
     clock: Arc<dyn Clock>,
     max_batch_ops: usize,
 ) -> std::io::Result<JoinHandle<()>> {
@@ -114,7 +114,7 @@ struct Journal {
 }
 
 impl Journal {
-    fn run(mut self, mut queue: mpsc::Receiver<Job>) {
+    fn run(mut self, mut queue: mpsc::Receiver<WriterRequest>) {
         let mut stopping = false;
         loop {
             let mut batch: Vec<(super::Command, Reply)> = self.deferred.drain(..).collect();
@@ -123,14 +123,14 @@ impl Journal {
                     break;
                 }
                 match queue.blocking_recv() {
-                    Some(Job::Command { command, reply }) => batch.push((command, reply)),
-                    Some(Job::Stop) | None => stopping = true,
+                    Some(WriterRequest::Command { command, reply }) => batch.push((command, reply)),
+                    Some(WriterRequest::Stop) | None => stopping = true,
                 }
             }
             while !stopping && batch.len() < self.max_batch_ops {
                 match queue.try_recv() {
-                    Ok(Job::Command { command, reply }) => batch.push((command, reply)),
-                    Ok(Job::Stop) => stopping = true,
+                    Ok(WriterRequest::Command { command, reply }) => batch.push((command, reply)),
+                    Ok(WriterRequest::Stop) => stopping = true,
                     Err(_) => break,
                 }
             }
@@ -141,7 +141,7 @@ impl Journal {
         // Anything queued after the stop is refused, never dropped silently.
         queue.close();
         while let Ok(job) = queue.try_recv() {
-            if let Job::Command { reply, .. } = job {
+            if let WriterRequest::Command { reply, .. } = job {
                 let _ = reply.send(Err(EngineError::Unavailable(
                     "the engine is shutting down".into(),
                 )));

@@ -138,7 +138,7 @@ pub struct Change {
 }
 
 /// A command on its way to the writer thread, with where to answer.
-enum Job {
+enum WriterRequest {
     /// Decide, write and answer this command.
     Command {
         command: Command,
@@ -151,7 +151,7 @@ enum Job {
 /// The running engine: a handle to the writer thread and the published
 /// mirror. Cheap to share behind an `Arc`.
 pub struct Engine {
-    queue: mpsc::Sender<Job>,
+    queue: mpsc::Sender<WriterRequest>,
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// The checkpoint worker, when `log.checkpoint_interval_ops` is above 0:
@@ -284,7 +284,7 @@ impl Engine {
         self.refuse_if_fenced()?;
         let (reply, answer) = oneshot::channel();
         self.queue
-            .send(Job::Command { command, reply })
+            .send(WriterRequest::Command { command, reply })
             .await
             .map_err(|_| EngineError::Unavailable("the engine is shutting down".into()))?;
         let answer = answer.await.unwrap_or_else(|_| {
@@ -466,7 +466,7 @@ impl Engine {
     /// is answered, then releases the data directory's lock; later commands
     /// get `Unavailable`. Idempotent.
     pub async fn shutdown(&self) {
-        let _ = self.queue.send(Job::Stop).await;
+        let _ = self.queue.send(WriterRequest::Stop).await;
         let handle = self.writer.lock().take();
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;

@@ -17,20 +17,35 @@ use crate::outcome::{Outcome, Replay};
 /// Longest normalised phrase, in characters (SPEC section 4).
 pub const PHRASE_MAX_CHARS: usize = 200;
 
+/// Why a phrase cannot be kept. Its `Display` is the sentence of the
+/// `400 invalid_request` problem body.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PhraseError {
+    /// Nothing is left once normalised (empty or only white space).
+    #[error("the phrase is empty once normalised")]
+    Empty,
+    /// Longer than [`PHRASE_MAX_CHARS`] characters once normalised.
+    #[error("the phrase is {chars} characters once normalised; the limit is {PHRASE_MAX_CHARS}")]
+    TooLong {
+        /// Its length once normalised, in characters.
+        chars: usize,
+    },
+}
+
 /// Normalises a phrase: NFKC, lower case, trimmed, white space runs to one
-/// space. Errors (a sentence for `400 invalid_request`) when the result is
-/// empty or over [`PHRASE_MAX_CHARS`].
-pub fn normalise_phrase(text: &str) -> Result<String, String> {
+/// space.
+///
+/// # Errors
+/// [`PhraseError`] when the result is empty or over [`PHRASE_MAX_CHARS`].
+pub fn normalise_phrase(text: &str) -> Result<String, PhraseError> {
     let folded: String = text.nfkc().collect::<String>().to_lowercase();
     let phrase = folded.split_whitespace().collect::<Vec<_>>().join(" ");
     let chars = phrase.chars().count();
     if chars == 0 {
-        return Err("the phrase is empty once normalised".into());
+        return Err(PhraseError::Empty);
     }
     if chars > PHRASE_MAX_CHARS {
-        return Err(format!(
-            "the phrase is {chars} characters once normalised; the limit is {PHRASE_MAX_CHARS}"
-        ));
+        return Err(PhraseError::TooLong { chars });
     }
     Ok(phrase)
 }
@@ -39,7 +54,7 @@ pub fn normalise_phrase(text: &str) -> Result<String, String> {
 pub fn decide_keep(mirror: &Mirror, c: KeepPhrase) -> Decision {
     let phrase = match normalise_phrase(&c.phrase) {
         Ok(phrase) => phrase,
-        Err(why) => return refuse(EngineError::Invalid(why)),
+        Err(why) => return refuse(EngineError::Invalid(why.to_string())),
     };
     let id = mark_id(&phrase);
     if let Some(mark) = mirror.marks.get(&id).filter(|m| m.active) {

@@ -26,7 +26,7 @@ use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use super::{millis, Brain, BrainAnswer, BrainError, BrainRequest};
-pub use glossary::{glossary_hits, GlossaryEntry, GLOSSARY};
+pub use glossary::{glossary, glossary_hits, GlossaryEntry};
 pub use reading::normalise_whitespace;
 use reading::{practical_reading, recall_prompt};
 pub use tesseract::find_on_path;
