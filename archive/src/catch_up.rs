@@ -153,6 +153,27 @@ pub enum Divergence {
         /// The chain the chunk starts from.
         archived_chain: ChainValue,
     },
+    /// The local tail ends where a chunk ends, and its chain there is not
+    /// the chunk's `chain_after`: the same bytes' length with other ops.
+    #[error(
+        "the local segment {} differs from the archive's chunk {key}: its chain at byte {end} is \
+         {}, the chunk's is {}",
+        .path.display(),
+        chain_hex(.local_chain),
+        chain_hex(.archived_chain)
+    )]
+    TailChainAtEnd {
+        /// The local file.
+        path: PathBuf,
+        /// The chunk the local tail ends with.
+        key: String,
+        /// The local file's acknowledged bytes (the chunk's end).
+        end: u64,
+        /// The local chain at `end`.
+        local_chain: ChainValue,
+        /// The chunk's `chain_after`.
+        archived_chain: ChainValue,
+    },
     /// The local tail ends inside a chunk whose body does not start with
     /// the local bytes.
     #[error(
@@ -655,6 +676,20 @@ fn plan_tail<'m>(
         .into());
     }
     if end == chunk.offset + body_bytes(chunk) {
+        // Ending where the chunk ends, the local bytes in it must give its
+        // `chain_after` (ARCHIVE.md "Chunk"): the same length with other
+        // ops is another history, even when it is the archive's last chunk.
+        let local_chain = SegmentChain::after(chain_start, &local.bytes[..local.end]).chain();
+        if local_chain != chunk.chain_after {
+            return Err(Divergence::TailChainAtEnd {
+                path: local.path,
+                key: chunk.key.clone(),
+                end,
+                local_chain,
+                archived_chain: chunk.chain_after,
+            }
+            .into());
+        }
         step.bytes = local.bytes[..local.end].to_vec();
     } else {
         step.bytes = local.bytes[..before].to_vec();
@@ -1136,6 +1171,54 @@ mod tests {
         );
         assert!(err.to_string().contains(&segment_file_name(9)), "{err}");
         assert_eq!(files(&fs), vec![9]);
+    }
+
+    #[tokio::test]
+    async fn a_local_tail_of_the_same_length_with_other_ops_is_refused() {
+        // The archive holds seqs 9-10 of the tail segment in one chunk; the
+        // local tail ends where that chunk ends, with other ops of the
+        // same length. The chain before the chunk (the segment's start)
+        // agrees; only the chain at its end tells them apart.
+        let archived = archive().await;
+        let first_chunk = archived.manifest.chunks[0].clone();
+        let manifest = Manifest {
+            shipped_seq: first_chunk.last_seq,
+            shipped_chain: first_chunk.chain_after,
+            chunks: vec![first_chunk.clone()],
+            ..archived.manifest.clone()
+        };
+        let log = Path::new(LOG);
+        let fs = log_fs();
+        fs.insert_durable(&log.join(segment_file_name(1)), &archived.files[0].1);
+        fs.insert_durable(&log.join(segment_file_name(5)), &archived.files[1].1);
+        let (other, ends) = segment(9, 10, archived.manifest.segments[1].chain_end, b"an Op");
+        assert_eq!(
+            ends[1] as u64,
+            first_chunk.offset + body_bytes(&first_chunk)
+        );
+        fs.insert_durable(&log.join(segment_file_name(9)), &other);
+        let err = run(&archived, &fs, &manifest, Options::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, CatchUpError::Diverged(Divergence::TailChainAtEnd { key, .. })
+                if *key == first_chunk.key),
+            "{err}"
+        );
+        assert!(err.to_string().contains(&segment_file_name(9)), "{err}");
+        assert_eq!(read(&fs, 9), other);
+
+        // The archive's own bytes there are its prefix: nothing to fetch.
+        let fs = log_fs();
+        for (first, bytes) in &archived.files[..2] {
+            fs.insert_durable(&log.join(segment_file_name(*first)), bytes);
+        }
+        let own = &archived.files[2].1[..ends[1]];
+        fs.insert_durable(&log.join(segment_file_name(9)), own);
+        run(&archived, &fs, &manifest, Options::default())
+            .await
+            .unwrap();
+        assert_eq!(read(&fs, 9), own);
     }
 
     #[tokio::test]
