@@ -924,12 +924,7 @@ mod tests {
             number,
             epoch,
             written_ms: 1,
-            shipped_seq: 0,
-            shipped_chain: [0; 32],
-            segments: Vec::new(),
-            chunks: Vec::new(),
-            lease_ms: 0,
-            checkpoints: Vec::new(),
+            ..Manifest::empty()
         }
     }
 

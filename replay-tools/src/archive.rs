@@ -33,7 +33,7 @@ use spark_log_format::format::chain_hex;
 use spark_log_format::{FrameKind, Frames, Fs as _, OsFs, ScanReport, DEFAULT_MAX_RECORD_BYTES};
 
 use crate::scan::At;
-use crate::{exit, progress, scan, Common, Failure, Outcome};
+use crate::{exit, progress, scan, Common, Failure, ToolExit};
 
 /// How many objects (segments, chunks, blobs, manifests) are fetched at
 /// once: the catch-up's ([`spark_archive::catch_up::FETCH_CONCURRENCY`]).
@@ -651,7 +651,7 @@ fn discard(data: &Path, existed: bool) {
 /// refuses a non-empty DIR; on failure removes what it wrote. With
 /// `from_checkpoint`, the fold starts from the newest valid archived
 /// checkpoint ([`start_from_checkpoint`]).
-pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: bool) -> Outcome {
+pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: bool) -> ToolExit {
     let at = at.map(At::parse).transpose()?;
     let data = &common.data;
     match is_empty_dir(data) {
@@ -745,7 +745,7 @@ async fn walk_history(store: &ArchiveStore) -> Result<(Manifest, u64), Failure> 
 /// `verify --from URL`: walks the manifest history, then reads and checks
 /// everything the latest manifest names, in a scratch directory that is
 /// removed afterwards.
-pub fn verify(common: &Common, from: &From) -> Outcome {
+pub fn verify(common: &Common, from: &From) -> ToolExit {
     let store = connect(from)?;
     let scratch: PathBuf = std::env::temp_dir().join(format!(
         "spark-verify-{}-{}",

@@ -26,7 +26,7 @@ use spark_log_format::{Frames, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 use crate::archive::{
     connect, in_order, latest_manifest, listed, runtime, store_failure, From, Listed,
 };
-use crate::{exit, scan, Common, Failure, Outcome};
+use crate::{exit, scan, Common, Failure, ToolExit};
 
 /// The first place where the local log and the archive differ.
 struct Difference {
@@ -225,7 +225,7 @@ async fn compare_chunks(
 /// the archive is), 1 when they differ (naming the first object, segment,
 /// offset and seq), 2 on bad usage, 3 when the log or the store cannot be
 /// read.
-pub fn audit(common: &Common, from: &From) -> Outcome {
+pub fn audit(common: &Common, from: &From) -> ToolExit {
     let reader = scan::open(common)?;
     let log_dir = spark_core::layout::log_dir(&common.data);
     let local_seq = reader.segments().last().map_or(0, |s| s.last_seq);

@@ -11,7 +11,7 @@ use spark_core::ids::Id;
 use spark_core::op::Op;
 
 use crate::scan::{open, replay_all, scan};
-use crate::{exit, Common, Failure, Outcome};
+use crate::{exit, Common, Failure, ToolExit};
 
 /// The audits.
 #[derive(Subcommand, Debug)]
@@ -95,7 +95,7 @@ pub enum AuditCmd {
 }
 
 /// Runs one audit.
-pub fn run(cmd: AuditCmd) -> Outcome {
+pub fn run(cmd: AuditCmd) -> ToolExit {
     match cmd {
         AuditCmd::Entity { id, common } => entity(&common, &id),
         AuditCmd::Request { rid, common } => request(&common, &rid),
@@ -129,7 +129,7 @@ fn ops_where(common: &Common, keep: impl Fn(&Op) -> bool) -> Result<Vec<Op>, Fai
     Ok(ops)
 }
 
-fn entity(common: &Common, id: &str) -> Outcome {
+fn entity(common: &Common, id: &str) -> ToolExit {
     let id = crate::scan::parse_entity(id);
     let ops = ops_where(common, |op| op.body.entity() == id)?;
     if common.json {
@@ -156,7 +156,7 @@ fn entity(common: &Common, id: &str) -> Outcome {
     Ok(exit::OK)
 }
 
-fn request(common: &Common, rid: &str) -> Outcome {
+fn request(common: &Common, rid: &str) -> ToolExit {
     let (mirror, _) = replay_all(common)?;
     let ops = ops_where(common, |op| op.body.request_id() == Some(rid))?;
     let row = mirror.requests.get(rid);
@@ -182,7 +182,7 @@ fn request(common: &Common, rid: &str) -> Outcome {
     Ok(exit::OK)
 }
 
-fn chain(common: &Common) -> Outcome {
+fn chain(common: &Common) -> ToolExit {
     let reader = open(common)?;
     let report = scan(&reader, true, "chain", |_, _| Ok(ControlFlow::Continue(())))?;
     let head = &report.head;
@@ -204,7 +204,7 @@ fn chain(common: &Common) -> Outcome {
     Ok(exit::OK)
 }
 
-fn duplicates(common: &Common) -> Outcome {
+fn duplicates(common: &Common) -> ToolExit {
     let (mirror, _) = replay_all(common)?;
     type Content<'a> = (
         Option<&'a str>,
@@ -246,7 +246,7 @@ fn duplicates(common: &Common) -> Outcome {
     })
 }
 
-fn damage(common: &Common) -> Outcome {
+fn damage(common: &Common) -> ToolExit {
     let dir = spark_core::layout::log_dir(&common.data);
     if !dir.is_dir() {
         return Err(Failure::unreadable(format!("no log at {}", dir.display())));

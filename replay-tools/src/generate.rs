@@ -5,14 +5,14 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use spark_log_format::LogConfig;
 
-use crate::{Common, Failure, Outcome};
+use crate::{Common, Failure, ToolExit};
 use spark_core::layout::log_dir;
 
 /// Writes `ops` synthetic moment creates, then `edits` edits and deletes
 /// ([`spark_core::synth::tail_op`]), into `--data DIR` (which must hold no
 /// log yet), with the server's default segment size; prints the ops, the
 /// payload bytes and the log bytes.
-pub fn run(common: &Common, ops: u64, edits: u64) -> Outcome {
+pub fn run(common: &Common, ops: u64, edits: u64) -> ToolExit {
     let dir = log_dir(&common.data);
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) && ops + edits >= 100_000 {
         let bar = ProgressBar::with_draw_target(Some(ops + edits), ProgressDrawTarget::stderr());

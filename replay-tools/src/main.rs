@@ -264,5 +264,6 @@ impl Failure {
     }
 }
 
-/// What a subcommand returns: its exit code, or a failure.
-pub type Outcome = Result<u8, Failure>;
+/// What a subcommand returns: its exit code, or a failure (printed, with
+/// its own exit code). Not the engine's `Outcome` of a command.
+pub type ToolExit = Result<u8, Failure>;

@@ -10,10 +10,10 @@ use spark_core::mirror::Media;
 use spark_log_format::{Fs as _, OsFs};
 
 use crate::scan::replay_all;
-use crate::{exit, Common, Failure, Outcome};
+use crate::{exit, Common, Failure, ToolExit};
 
 /// The audit: exit 1 when a blob is missing or damaged.
-pub fn audit(common: &Common, remove_orphans: bool, grace_seconds: u64) -> Outcome {
+pub fn audit(common: &Common, remove_orphans: bool, grace_seconds: u64) -> ToolExit {
     let (mirror, _) = replay_all(common)?;
     let blobs = blobs_dir(&common.data);
     let mut media: Vec<_> = mirror.media.values().collect();

@@ -17,7 +17,7 @@ use spark_log_format::{
     LogError, LogReader, RecordRef, ScanOptions, ScanReport, SegmentInfo, TornTail,
 };
 
-use crate::{exit, progress, Common, Failure, Outcome};
+use crate::{exit, progress, Common, Failure, ToolExit};
 
 /// Opens the log of a data directory read-only.
 pub fn open(common: &Common) -> Result<LogReader, Failure> {
@@ -210,7 +210,7 @@ pub fn unacknowledged_text(tail: &TornTail) -> String {
 }
 
 /// `verify`: the whole log, checksums and chain, every op decoded and folded.
-pub fn verify(common: &Common) -> Outcome {
+pub fn verify(common: &Common) -> ToolExit {
     let reader = open(common)?;
     let mut mirror = Mirror::new();
     let checkpoints = check_checkpoints(common);
@@ -431,7 +431,7 @@ pub fn usage(message: String) -> Failure {
 }
 
 /// `dump`: ops as JSON lines.
-pub fn dump(common: &Common, filter: &Filter) -> Outcome {
+pub fn dump(common: &Common, filter: &Filter) -> ToolExit {
     let since = filter.since.as_deref().map(parse_time_ms).transpose()?;
     let until = filter.until.as_deref().map(parse_time_ms).transpose()?;
     let mut kinds = Vec::new();
@@ -579,7 +579,7 @@ pub fn rebuild(
     at: Option<&str>,
     export: Option<&Path>,
     from_checkpoint: bool,
-) -> Outcome {
+) -> ToolExit {
     let at = at.map(At::parse).transpose()?;
     let reader = open(common)?;
     let start = if from_checkpoint {
@@ -708,7 +708,7 @@ fn check_checkpoints(common: &Common) -> Vec<CheckpointCheck> {
 }
 
 /// `stats`: ops per kind, segments, bytes and the time span.
-pub fn stats(common: &Common) -> Outcome {
+pub fn stats(common: &Common) -> ToolExit {
     let reader = open(common)?;
     let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
     let mut first_ts = None;
