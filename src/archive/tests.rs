@@ -363,13 +363,7 @@ async fn a_manifest_of_a_newer_epoch_fences_the_shipper() {
     let theirs = Manifest {
         number: 1,
         epoch: 2,
-        written_ms: 0,
-        shipped_seq: 0,
-        shipped_chain: [0; 32],
-        segments: Vec::new(),
-        chunks: Vec::new(),
-        lease_ms: 0,
-        checkpoints: Vec::new(),
+        ..Manifest::empty()
     };
     store
         .put_create(&manifest_key("", 1), Bytes::from(theirs.encode()))
@@ -1093,13 +1087,7 @@ async fn sync_a_fenced_shipper_fails_waiting_writes() {
     let theirs = Manifest {
         number: 1,
         epoch: 2,
-        written_ms: 0,
-        shipped_seq: 0,
-        shipped_chain: [0; 32],
-        segments: Vec::new(),
-        chunks: Vec::new(),
-        lease_ms: 0,
-        checkpoints: Vec::new(),
+        ..Manifest::empty()
     };
     ArchiveStore::new(flaky.clone(), "shard".into())
         .put_create(&manifest_key("shard", 1), Bytes::from(theirs.encode()))
