@@ -1,4 +1,4 @@
-//! The side-by-side of issue 18 item 1: durable moment creates over HTTP,
+//! The side-by-side: durable moment creates over HTTP,
 //! the engine beside the HTTP ceiling and SQLite and PostgreSQL glue, all
 //! real HTTP servers in their own processes, driven by the same client with
 //! the same body, interleaved in one run.
@@ -35,7 +35,7 @@
 //!   `/proc/<pid>/stat` over the window; for `postgres` the peer plus the
 //!   postmaster and all its children), the generator's CPU and, for the
 //!   engine, ops per fdatasync from its `/metrics`. Then the goals of
-//!   issue 18 item 2 with PASS/MISS.
+//!   the engine against the others, with PASS/MISS.
 //! - **fdatasync rows**: a 200-byte append to a growing file plus
 //!   `fdatasync`, and a 200-byte write over zeros already synced (as into
 //!   the engine's pre-allocated segments) plus `fdatasync`, in the same
@@ -132,7 +132,7 @@ mod peers;
 #[path = "load/postgres.rs"]
 mod postgres;
 
-/// Issue 18 item 2's goals, at 64 connections: the engine's creates/s
+/// The goals, at 64 connections: the engine's creates/s
 /// against the ceiling's and the SQLite group-commit glue's.
 const TARGET_VS_CEILING_64: f64 = 0.85;
 const TARGET_VS_SQLITE_GROUP_64: f64 = 1.5;

@@ -1,4 +1,4 @@
-//! Replay and startup on a big log, in one run (issue 7): the raw
+//! Replay and startup on a big log, in one run: the raw
 //! read-plus-CRC speed of the segment files, the engine's replay (recovery,
 //! CRC, chain, decode, fold) over the same files, the real server's startup
 //! time until it listens, and the mirror's memory per moment.
@@ -10,7 +10,7 @@
 //! made by `spark-replay generate --data DIR --ops N`. Figures are with the
 //! files in the page cache (they were just written or read).
 //!
-//! Checkpoints (issue 18), in the same run: the big log's `Engine::open`
+//! Checkpoints, in the same run: the big log's `Engine::open`
 //! again from a checkpoint; then a log of `SPARK_BENCH_HISTORY_CREATES`
 //! creates (default 2,000,000) followed by `SPARK_BENCH_HISTORY_TAIL_OPS`
 //! edits and deletes (default 9x the creates) beside a log of its creates

@@ -8,7 +8,7 @@ use super::*;
 /// The archive rows, in the order each round runs them: no archive, `async`,
 /// `sync`.
 const ARCHIVE_MODES: [&str; 3] = ["none", "async", "sync"];
-/// Issue 15's goal: shipping costs at most this share of creates/s.
+/// The archive's cost goal: shipping costs at most this share of creates/s.
 const TARGET_ARCHIVE_COST: f64 = 0.05;
 
 /// The samples of metric `name` (with labels), summed by the value of
@@ -341,7 +341,7 @@ const RPO_INTERVAL_MS: u64 = 500;
 const RPO_CONNECTIONS: usize = 8;
 /// One create in this many is followed by a media upload to its moment.
 const RPO_UPLOAD_EVERY: u64 = 5;
-/// Issue 24's goal: every acknowledged write archived within the ship
+/// The async-mode RPO goal: every acknowledged write archived within the ship
 /// interval plus this many ms.
 const RPO_SLACK_MS: u64 = 500;
 /// How often the RPO row's monitor asks `GET /api/log/head`.

@@ -1,4 +1,4 @@
-//! The peers of the side-by-side (issue 18 item 1): the same create over
+//! The peers of the side-by-side: the same create over
 //! the same warp, answered by the glue a careful person would write around
 //! SQLite or PostgreSQL, or by nothing at all (the HTTP ceiling).
 //!
