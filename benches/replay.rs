@@ -31,7 +31,7 @@ fn ops_wanted() -> u64 {
 /// generator as `spark-replay generate`); returns the bytes of the log.
 fn generate(data: &Path, count: u64) -> u64 {
     let log = data.join("log");
-    spark_engine::synth::generate(&log, count, LogConfig::default(), |_| {})
+    spark_core::synth::generate(&log, count, LogConfig::default(), |_| {})
         .expect("the synthetic log is written");
     std::fs::read_dir(&log)
         .unwrap()

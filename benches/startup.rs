@@ -114,7 +114,7 @@ fn ensure_log(data: &Path, creates: u64, tail: u64) {
             "writing {creates} creates and {tail} edits/deletes into {}",
             log.display()
         );
-        spark_engine::synth::generate_with_tail(&log, creates, tail, LogConfig::default(), |_| {})
+        spark_core::synth::generate_with_tail(&log, creates, tail, LogConfig::default(), |_| {})
             .expect("the synthetic log is written");
         eprintln!("written in {:.1} s", started.elapsed().as_secs_f64());
     }
@@ -213,7 +213,7 @@ fn main() {
     if LogReader::open(&log).map_or(true, |r| r.segments().is_empty()) {
         let started = Instant::now();
         eprintln!("writing {ops} moment creates into {}", log.display());
-        spark_engine::synth::generate(&log, ops, LogConfig::default(), |_| {})
+        spark_core::synth::generate(&log, ops, LogConfig::default(), |_| {})
             .expect("the synthetic log is written");
         eprintln!("written in {:.1} s", started.elapsed().as_secs_f64());
     }

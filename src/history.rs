@@ -19,7 +19,7 @@ use spark_log_format::format::{
 };
 use spark_log_format::{FrameKind, Frames, FORMAT_VERSION, HEADER_LEN};
 
-use crate::op::Op;
+use spark_core::op::Op;
 
 /// The first seqs of the segment files in `log_dir`, in order.
 pub fn segment_firsts(log_dir: &Path) -> Result<Vec<u64>, String> {

@@ -4,13 +4,13 @@
 //! Every write becomes a checksummed op appended to a segment file (see the
 //! `spark-log-format` crate); the in-memory mirror and request index are
 //! rebuilt by replaying the segments at startup, with the one fold
-//! ([`mirror::Mirror::apply`]) that the live write path and the offline
-//! `spark-replay` tools also use.
+//! (`spark_core::mirror::Mirror::apply`) that the live write path and the
+//! offline `spark-replay` tools also use.
 //!
 //! # Layout
 //!
 //! From `spark-core` (re-exported here, so paths like
-//! `spark_engine::mirror` keep working): [`ids`] (ULIDs, request ids and
+//! `spark_core::mirror` keep working): [`ids`] (ULIDs, request ids and
 //! derived ids), [`op`] and [`codec`], [`mirror`] (the state and the one
 //! fold), [`request_index`], [`replay`], [`layout`], [`damage`], [`synth`],
 //! [`time`]; the rules live in `spark_core::rules`.
@@ -28,7 +28,7 @@
 //! - [`history`]: committed ops read back from the log with their event
 //!   cursors (`/api/events` and the replica).
 //! - [`server`]: start, serve and shut down.
-//! - [`config`]: settings with units in their names; [`clock`], [`time`].
+//! - [`config`]: settings with units in their names; [`clock`].
 
 #![warn(missing_docs)]
 
@@ -41,7 +41,6 @@ pub mod disk;
 pub mod engine;
 pub mod failpoints;
 pub mod history;
-pub use spark_core::{codec, damage, ids, layout, mirror, op, replay, request_index, synth, time};
 pub mod media;
 pub mod metrics;
 pub mod replica;
@@ -50,6 +49,6 @@ pub mod turns;
 
 pub use config::Settings;
 pub use engine::{Engine, EngineError, Outcome};
-pub use ids::Id;
-pub use mirror::Mirror;
-pub use op::{Op, OpBody, OpKind};
+pub use spark_core::ids::Id;
+pub use spark_core::mirror::Mirror;
+pub use spark_core::op::{Op, OpBody, OpKind};

@@ -43,8 +43,8 @@ use bytes::Bytes;
 use futures_util::Stream;
 
 use crate::engine::{Command, Engine, EngineError, Outcome, PutMedia};
-use crate::ids::Id;
-use crate::op::MediaRole;
+use spark_core::ids::Id;
+use spark_core::op::MediaRole;
 use spark_core::rules::media as media_rules;
 
 /// Bytes of an upload gathered before one write to its temporary file.

@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::mirror::Mirror;
+use spark_core::mirror::Mirror;
 
 /// Label pairs of a family.
 type Labels = Vec<(String, String)>;

@@ -16,9 +16,9 @@ use tokio::task::JoinHandle;
 
 use crate::brain::{Brain, BrainRequest};
 use crate::engine::{Command, EndTurn, Engine, EngineError};
-use crate::ids::Id;
 use crate::media::MediaStore;
-use crate::op::MediaRole;
+use spark_core::ids::Id;
+use spark_core::op::MediaRole;
 
 /// The seats by name.
 pub type Seats = HashMap<String, Arc<dyn Brain>>;
@@ -95,7 +95,7 @@ impl Runner {
     async fn request(&self, turn_id: Id) -> Option<(String, BrainRequest)> {
         let (seat, mut request, copy) = self.engine.read(|mirror| {
             let turn = mirror.turns.get(&turn_id)?;
-            if turn.status != crate::mirror::TurnStatus::Running {
+            if turn.status != spark_core::mirror::TurnStatus::Running {
                 return None;
             }
             let moment = mirror.moment(turn.moment_id)?;

@@ -13,10 +13,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use spark_core::op::{MediaRole, OpKind};
 use spark_engine::clock::SystemClock;
 use spark_engine::config::Settings;
 use spark_engine::engine::{Command, CreateMoment, DeleteMoment, EditMoment, PutMedia};
-use spark_engine::op::{MediaRole, OpKind};
 use spark_engine::{Engine, EngineError, Id, Outcome};
 use spark_log_format::{CutMode, MemFs};
 

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
+use spark_core::op::MediaRole;
 use spark_engine::clock::SystemClock;
 use spark_engine::config::Settings;
 use spark_engine::engine::{Command as EngineCommand, CreateMoment, PutMedia};
 use spark_engine::media::{hex_digest, MediaStore};
-use spark_engine::op::MediaRole;
 use spark_engine::{Engine, Id};
 use spark_log_format::OsFs;
 

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use warp::reply::Response;
 
 use crate::engine::{Command, StartJob};
-use crate::ids::Id;
+use spark_core::ids::Id;
 
 use super::{ApiError, AppState, Request};
 

@@ -20,11 +20,11 @@ use tokio::sync::mpsc;
 use warp::http::{header, HeaderValue, Method, StatusCode};
 use warp::reply::{Reply, Response};
 
-use crate::ids::Id;
 use crate::media::{hex_digest, parse_hex_digest, Sha256Digest, Upload, UploadError};
-use crate::mirror::Media;
-use crate::op::MediaRole;
 use spark_core::blob::BlobFault;
+use spark_core::ids::Id;
+use spark_core::mirror::Media;
+use spark_core::op::MediaRole;
 
 use super::{ApiError, AppState, Request};
 

@@ -15,8 +15,8 @@ use warp::http::StatusCode;
 use warp::reply::Response;
 
 use crate::engine::{Command, PostMessage};
-use crate::ids::Id;
-use crate::mirror::MessageView;
+use spark_core::ids::Id;
+use spark_core::mirror::MessageView;
 
 use super::{json_response, ApiError, AppState, Request};
 

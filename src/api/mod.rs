@@ -47,8 +47,8 @@ use warp::Filter;
 use self::route_table::{Access, Handler, HandlerFuture, Resource, RESOURCES};
 use crate::config::Settings;
 use crate::engine::Engine;
-use crate::ids::{check_request_id, REQUEST_ID_MAX_BYTES};
 use crate::media::{MediaStore, Sha256Digest};
+use spark_core::ids::{check_request_id, REQUEST_ID_MAX_BYTES};
 
 pub(crate) use answer::outcome_response;
 pub use problem::ApiError;

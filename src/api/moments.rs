@@ -8,8 +8,8 @@ use warp::http::StatusCode;
 use warp::reply::Response;
 
 use crate::engine::{Command, CreateMoment, DeleteMoment, EditMoment};
-use crate::ids::Id;
-use crate::mirror::MomentView;
+use spark_core::ids::Id;
+use spark_core::mirror::MomentView;
 
 use super::{json_response, ApiError, AppState, Request};
 
@@ -112,7 +112,7 @@ pub(crate) async fn create(state: &AppState, req: &mut Request) -> Result<Respon
     let captured_at_ms = body
         .captured_at
         .as_deref()
-        .map(crate::time::parse_rfc3339_ms)
+        .map(spark_core::time::parse_rfc3339_ms)
         .transpose()
         .map_err(|e| ApiError::invalid_request(e.to_string()))?;
     let command = Command::CreateMoment(CreateMoment {

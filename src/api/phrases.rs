@@ -12,8 +12,8 @@ use warp::http::StatusCode;
 use warp::reply::Response;
 
 use crate::engine::{Command, DropPhrase, KeepPhrase};
-use crate::ids::Id;
-use crate::mirror::MarkView;
+use spark_core::ids::Id;
+use spark_core::mirror::MarkView;
 
 use super::{json_response, ApiError, AppState, Request};
 
@@ -38,7 +38,7 @@ pub async fn forget(state: Arc<AppState>, id: String, req: Request) -> Result<Re
         .decode_utf8()
         .map_err(|_| ApiError::invalid_request("the mark id in the path is not UTF-8"))?
         .into_owned();
-    let Some(phrase) = crate::ids::mark_phrase(&mark_id) else {
+    let Some(phrase) = spark_core::ids::mark_phrase(&mark_id) else {
         return Err(ApiError::invalid_request(format!(
             "{mark_id:?} is not a mark id (keep:<phrase>)"
         )));

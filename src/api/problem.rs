@@ -8,7 +8,7 @@ use warp::reply::Response;
 use spark_core::wire::problem as wire;
 
 use crate::engine::{Conflict, EngineError};
-use crate::ids::{IdError, RequestIdError};
+use spark_core::ids::{IdError, RequestIdError};
 
 /// `Retry-After` of a `507 insufficient_storage`, in seconds: space comes
 /// back when someone frees it, so a client should not hammer.
@@ -288,7 +288,7 @@ fn conflict_members(conflict: &Conflict) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::Id;
+    use spark_core::ids::Id;
 
     #[test]
     fn a_conflict_names_what_conflicted() {

@@ -268,7 +268,8 @@ pub fn template_of(path: &str) -> &'static str {
             let Some(part) = parts.next() else {
                 return false;
             };
-            let is_id = part.len() == crate::ids::ULID_LEN && crate::ids::Id::parse(part).is_ok();
+            let is_id =
+                part.len() == spark_core::ids::ULID_LEN && spark_core::ids::Id::parse(part).is_ok();
             let is_mark = previous == "phrases" && !part.is_empty();
             let matched = if want == "{id}" {
                 is_id || is_mark

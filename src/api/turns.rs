@@ -10,7 +10,7 @@ use warp::http::StatusCode;
 use warp::reply::Response;
 
 use crate::engine::{Command, StartTurn};
-use crate::ids::Id;
+use spark_core::ids::Id;
 
 use super::{json_response, ApiError, AppState, Request};
 

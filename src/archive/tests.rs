@@ -552,7 +552,7 @@ async fn a_take_over_fetches_the_blobs_of_the_ops_it_fetched() {
     old.submit(Command::PutMedia(crate::engine::PutMedia {
         id: crate::Id::from_parts(1_767_225_700_000, 1),
         moment_id: crate::Id::from_parts(1_767_225_600_001, 1),
-        role: crate::op::MediaRole::Copy,
+        role: spark_core::op::MediaRole::Copy,
         sha256,
         size_bytes: bytes.len() as u64,
         content_type: "image/jpeg".into(),
@@ -1032,7 +1032,7 @@ async fn sync_media_blobs_are_stored_before_the_put_is_acknowledged() {
         .submit(Command::PutMedia(crate::engine::PutMedia {
             id: crate::Id::from_parts(1_767_225_700_000, 1),
             moment_id: moment_id(1),
-            role: crate::op::MediaRole::Copy,
+            role: spark_core::op::MediaRole::Copy,
             sha256: received.sha256,
             size_bytes: 10,
             content_type: "image/jpeg".into(),

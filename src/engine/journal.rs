@@ -27,8 +27,8 @@ use spark_log_format::{Log, LogError, RecordIn};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::Clock;
-use crate::ids::Id;
-use crate::op::{Op, OpBody};
+use spark_core::ids::Id;
+use spark_core::op::{Op, OpBody};
 
 use super::{EngineError, Outcome, Shared, WriterRequest};
 use spark_core::command::Key;
@@ -538,7 +538,7 @@ const RECORD_FRAME_BYTES: u64 = 64;
 fn encode_fitting(
     ops: &mut [OpBody],
     max_record_bytes: u32,
-) -> Result<Result<Vec<Encoded>, EngineError>, crate::codec::CodecError> {
+) -> Result<Result<Vec<Encoded>, EngineError>, spark_core::codec::CodecError> {
     let mut encoded = Vec::with_capacity(ops.len());
     for body in ops.iter_mut() {
         let mut op = body.encode()?;
@@ -551,7 +551,7 @@ fn encode_fitting(
             let OpBody::TurnFinish(finish) = body else {
                 return Ok(Err(EngineError::Invalid(why)));
             };
-            *body = OpBody::TurnFail(crate::op::TurnFail {
+            *body = OpBody::TurnFail(spark_core::op::TurnFail {
                 id: finish.id,
                 error: format!("the brain's answer does not fit the log: {why}"),
                 elapsed_ms: finish.elapsed_ms,

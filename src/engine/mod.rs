@@ -34,18 +34,18 @@ use tokio::sync::{mpsc, oneshot};
 use crate::archive::gate::ArchiveGate;
 use crate::clock::Clock;
 use crate::config::{ArchiveMode, Settings};
-use crate::ids::Id;
-use crate::mirror::{Mirror, PreparedOp};
-use crate::op::Op;
+use spark_core::ids::Id;
+use spark_core::mirror::{Mirror, PreparedOp};
+use spark_core::op::Op;
 pub use spark_core::replay::{replay_record, ReplayError};
 
-pub use crate::ids::{job_turn_request_id, mark_id, recall_turn_request_id};
 pub use scrub::ScrubStatus;
 pub use spark_core::command::{
     Command, CreateMoment, DeleteMoment, DropPhrase, EditMoment, EndTurn, FieldChange, KeepPhrase,
     PostMessage, PutMedia, StartJob, StartRecall, StartTurn,
 };
 pub use spark_core::error::{Conflict, EngineError};
+pub use spark_core::ids::{job_turn_request_id, mark_id, recall_turn_request_id};
 pub use spark_core::outcome::Outcome;
 
 /// Why the engine could not open its data directory.
@@ -67,7 +67,7 @@ pub enum EngineOpenError {
     #[error(transparent)]
     Log(#[from] LogError),
     /// The log is corrupt: the damaged seq range and what the damaged
-    /// records were about, where they still decode (see [`crate::damage`]).
+    /// records were about, where they still decode (see [`spark_core::damage`]).
     #[error("refusing to start on a damaged log: {0}")]
     Damaged(String),
     /// A checkpoint shows that ops past the end of the log were committed:
@@ -365,7 +365,7 @@ impl Engine {
         let mut running: Vec<(u64, Id)> = mirror
             .turns
             .values()
-            .filter(|t| t.status == crate::mirror::TurnStatus::Running)
+            .filter(|t| t.status == spark_core::mirror::TurnStatus::Running)
             .map(|t| (t.seq, t.id))
             .collect();
         running.sort_unstable();
@@ -633,7 +633,7 @@ fn spawn_replay_fold(
 }
 
 /// Why opening the log failed: a corrupt log names its damage (see
-/// [`crate::damage`]); a record that does not decode names its segment and
+/// [`spark_core::damage`]); a record that does not decode names its segment and
 /// offset (`at`: the seq and offset of the last record visited).
 fn open_error(settings: &Settings, e: OpenError<ReplayStop>, at: (u64, u64)) -> EngineOpenError {
     match e {
@@ -644,7 +644,7 @@ fn open_error(settings: &Settings, e: OpenError<ReplayStop>, at: (u64, u64)) -> 
             ) {
                 Ok(Some(report)) => EngineOpenError::Damaged(format!(
                     "{}\nrun `spark-replay audit damage` for the full report",
-                    crate::damage::summary(&report)
+                    spark_core::damage::summary(&report)
                 )),
                 _ => EngineOpenError::Log(e),
             }

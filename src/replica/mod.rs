@@ -55,7 +55,7 @@ use spark_log_format::{Fs, Head, OsFs};
 use crate::archive::{catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch};
 use crate::config::Settings;
 use crate::engine::Engine;
-use crate::op::{Op, OpBody};
+use spark_core::op::{Op, OpBody};
 
 /// The file in a replica's data directory that names the archive it
 /// caches and the last manifest applied: JSON `{"url": "s3://…",

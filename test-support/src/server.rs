@@ -143,7 +143,7 @@ impl TestServer {
 /// A fresh ULID for now, as a string.
 pub fn ulid() -> String {
     use spark_engine::clock::Clock;
-    spark_engine::ids::Id::from_parts(SystemClock.now_ms(), rand::random::<u128>()).to_string()
+    spark_core::ids::Id::from_parts(SystemClock.now_ms(), rand::random::<u128>()).to_string()
 }
 
 /// Every record of the log under `data`, as (seq, kind code) pairs, read

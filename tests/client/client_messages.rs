@@ -13,8 +13,8 @@ use spark_client::{
     Client, ClientClock, HttpRequest, HttpResponse, ManualClock, MessageAttempt, MessageState,
     Outbox, ReqwestTransport, Transport, TransportError, WaitCause,
 };
+use spark_core::ids::Id;
 use spark_engine::clock::{Clock, OffsetClock, SystemClock};
-use spark_engine::ids::Id;
 use spark_log_format::OsFs;
 
 use common::{settings, TestServer};
@@ -313,7 +313,7 @@ async fn a_kept_id_keeps_its_ts_and_a_retried_message_keeps_its_place() {
     // The display time follows the id while it is kept.
     assert!(!one.ts_from_server);
     assert_eq!(
-        spark_engine::time::parse_rfc3339_ms(&one.ts).unwrap() as u64,
+        spark_core::time::parse_rfc3339_ms(&one.ts).unwrap() as u64,
         one.id.time_ms()
     );
 

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use common::ServerProcess;
 use serde_json::{json, Value};
+use spark_core::synth;
 use spark_engine::clock::SystemClock;
 use spark_engine::config::{log_dir, Settings};
 use spark_engine::engine::EngineOpenError;
-use spark_engine::{synth, Engine};
+use spark_engine::Engine;
 use spark_log_format::{Log, LogConfig, OsFs, RecordIn, DEFAULT_MAX_RECORD_BYTES};
 
 /// Creates before the checkpoint, and after it.

@@ -20,7 +20,7 @@ use common::{ulid, ServerProcess};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use spark_engine::op::{Op, OpBody};
+use spark_core::op::{Op, OpBody};
 use spark_log_format::{LogReader, ScanOptions};
 
 const CLIENTS: usize = 64;

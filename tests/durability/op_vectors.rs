@@ -1,10 +1,10 @@
 //! Pins the payload bytes of every op kind at its current version (bincode
-//! 2.0.1, standard configuration, behind `spark_engine::codec`). If this
+//! 2.0.1, standard configuration, behind `spark_core::codec`). If this
 //! test fails, the encoding changed: old logs would no longer read. Add a
 //! new kind version instead, and keep the old vector here forever.
 
-use spark_engine::ids::Id;
-use spark_engine::op::{
+use spark_core::ids::Id;
+use spark_core::op::{
     JobStart, MarkDrop, MarkKeep, MediaPut, MediaRole, MessagePost, MomentCreate, MomentDelete,
     MomentEdit, Op, OpBody, OpKind, RecallStart, Sha256, TurnFail, TurnFinish, TurnMode, TurnStart,
 };

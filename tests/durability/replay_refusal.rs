@@ -5,11 +5,12 @@
 
 use std::sync::Arc;
 
+use spark_core::op::{MomentEdit, OpBody};
+use spark_core::synth;
 use spark_engine::clock::SystemClock;
 use spark_engine::config::{log_dir, Settings};
 use spark_engine::engine::EngineOpenError;
-use spark_engine::op::{MomentEdit, OpBody};
-use spark_engine::{synth, Engine, Id};
+use spark_engine::{Engine, Id};
 use spark_log_format::{Log, LogConfig, OsFs, RecordIn};
 
 /// More creates than one replay batch holds (4,096), so that a refusal

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use common::{settings, ulid, TestServer};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use spark_core::op::Op;
 use spark_engine::config::TokenEntry;
-use spark_engine::op::Op;
 use spark_log_format::{LogReader, ScanOptions};
 
 const TOKEN: &str = "spk_test_token_for_phone_1";

@@ -11,9 +11,9 @@ use std::time::Duration;
 use common::{log_records, settings, TestServer};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
+use spark_core::ids::Id;
+use spark_core::op::OpKind;
 use spark_engine::clock::Clock;
-use spark_engine::ids::Id;
-use spark_engine::op::OpKind;
 use spark_log_format::OsFs;
 
 /// A server clock the test sets.

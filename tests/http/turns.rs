@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use common::{log_records, settings, ulid, TestServer};
 use serde_json::{json, Value};
+use spark_core::op::OpKind;
 use spark_engine::brain::scripted::ScriptedBrain;
 use spark_engine::brain::Brain;
-use spark_engine::op::OpKind;
 
 fn brain(b: &ScriptedBrain) -> Arc<dyn Brain> {
     Arc::new(b.clone())

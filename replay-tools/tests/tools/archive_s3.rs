@@ -51,7 +51,7 @@ async fn restore_after_the_disk_is_lost_gives_every_acknowledged_write() {
         .submit(EngineCommand::PutMedia(PutMedia {
             id: Id::from_parts(1_767_225_700_000, 1),
             moment_id: Id::from_parts(1_767_225_600_001, 1),
-            role: spark_engine::op::MediaRole::Copy,
+            role: spark_core::op::MediaRole::Copy,
             sha256: received.sha256,
             size_bytes: 10,
             content_type: "image/jpeg".into(),
@@ -612,7 +612,7 @@ async fn a_blob_lost_before_it_shipped_is_listed_by_restore_and_verify() {
         .submit(EngineCommand::PutMedia(PutMedia {
             id: Id::from_parts(1_767_225_700_000, 1),
             moment_id: Id::from_parts(1_767_225_600_001, 1),
-            role: spark_engine::op::MediaRole::Copy,
+            role: spark_core::op::MediaRole::Copy,
             sha256,
             size_bytes: 10,
             content_type: "image/jpeg".into(),

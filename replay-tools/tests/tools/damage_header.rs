@@ -16,7 +16,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use spark_engine::synth;
+use spark_core::synth;
 use spark_log_format::{Log, LogConfig, OsFs, RecordIn};
 
 use crate::{frames_by_the_tables, json, refused_open, run};

@@ -14,7 +14,7 @@ use spark_log_format::{Fault, FaultOp, FaultyFs, OsFs};
 use crate::clock::SystemClock;
 use crate::config::Settings;
 use crate::engine::{Command, CreateMoment, EditMoment, Engine, EngineError, Outcome};
-use crate::ids::Id;
+use spark_core::ids::Id;
 
 /// How long each fdatasync is held back while a test queues commands
 /// behind it (not a speed check: the outcome is the same at any delay).
