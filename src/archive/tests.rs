@@ -1914,12 +1914,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
                 number,
                 epoch: 1,
                 written_ms: 1,
-                shipped_seq: 0,
-                shipped_chain: [0; 32],
-                segments: Vec::new(),
-                chunks: Vec::new(),
-                lease_ms: 0,
-                checkpoints: Vec::new(),
+                ..Manifest::empty()
             },
             _ => {
                 let first_seq = latest

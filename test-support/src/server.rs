@@ -38,17 +38,22 @@ impl TestServer {
         TestServer::start_with(settings(data)).await
     }
 
-    /// A server with `settings` (panics when it does not start).
-    pub async fn start_with(settings: Settings) -> TestServer {
-        let running = server::start_with(settings, Arc::new(OsFs), Arc::new(SystemClock))
-            .await
-            .expect("server starts");
+    /// The handle to a started server: its base URL and a client.
+    fn around(running: RunningServer) -> TestServer {
         let base = format!("http://{}", running.addr);
         TestServer {
             running,
             base,
             client: reqwest::Client::new(),
         }
+    }
+
+    /// A server with `settings` (panics when it does not start).
+    pub async fn start_with(settings: Settings) -> TestServer {
+        let running = server::start_with(settings, Arc::new(OsFs), Arc::new(SystemClock))
+            .await
+            .expect("server starts");
+        TestServer::around(running)
     }
 
     /// A server whose seats are these brains (named, in order).
@@ -68,12 +73,7 @@ impl TestServer {
             server::start_with_brains(settings, Arc::new(OsFs), Arc::new(SystemClock), brains)
                 .await
                 .expect("server starts");
-        let base = format!("http://{}", running.addr);
-        TestServer {
-            running,
-            base,
-            client: reqwest::Client::new(),
-        }
+        TestServer::around(running)
     }
 
     /// `base` and `path`.
