@@ -57,6 +57,9 @@ pub struct Settings {
     pub access: AccessSettings,
     /// The media store.
     pub media: MediaSettings,
+    /// Forgetting: when a deleted moment's content is erased (SPEC section
+    /// 13).
+    pub retention: RetentionSettings,
     /// The archive to S3-compatible object storage (SPEC section 11).
     /// Absent (the default): no archive, the engine runs as without one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -142,6 +145,33 @@ impl Default for MediaSettings {
     fn default() -> MediaSettings {
         MediaSettings {
             orphan_grace_ms: 3_600_000,
+        }
+    }
+}
+
+/// Forgetting (SPEC section 13; DESIGN.md, "Forgetting"): a deleted
+/// moment's content is erased from the log, the checkpoints and the media
+/// store once `erase_after_ms` has passed since its delete was
+/// acknowledged, by a background compactor that looks every
+/// `check_interval_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionSettings {
+    /// Milliseconds from a delete's acknowledgement to the moment its
+    /// content is due for erasure. Default 86,400,000 (a day); `0` erases at
+    /// the next check. Env `SPARK_RETENTION_ERASE_AFTER_MS`.
+    pub erase_after_ms: u64,
+    /// Milliseconds between the compactor's checks for due content. Default
+    /// 60,000 (a minute); must be above 0. Env
+    /// `SPARK_RETENTION_CHECK_INTERVAL_MS`.
+    pub check_interval_ms: u64,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> RetentionSettings {
+        RetentionSettings {
+            erase_after_ms: 86_400_000,
+            check_interval_ms: 60_000,
         }
     }
 }
@@ -423,6 +453,7 @@ impl Default for Settings {
             brains: BrainSettings::default(),
             access: AccessSettings::default(),
             media: MediaSettings::default(),
+            retention: RetentionSettings::default(),
             archive: None,
             take_over: false,
             replica: ReplicaSettings::default(),
@@ -603,6 +634,7 @@ impl Settings {
             "SPARK_BRAINS_",
             "SPARK_ACCESS_",
             "SPARK_MEDIA_",
+            "SPARK_RETENTION_",
             "SPARK_ARCHIVE_",
             "SPARK_REPLICA_",
         ];
@@ -731,6 +763,9 @@ impl Settings {
         };
         if self.limits.json_body_limit_bytes == 0 {
             return invalid("limits.json_body_limit_bytes", "must be above 0");
+        }
+        if self.retention.check_interval_ms == 0 {
+            return invalid("retention.check_interval_ms", "must be above 0");
         }
         if self.limits.media_limit_bytes == 0 {
             return invalid("limits.media_limit_bytes", "must be above 0");

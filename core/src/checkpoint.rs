@@ -1370,6 +1370,7 @@ mod tests {
             seq += 1;
             mirror
                 .apply(Op {
+                    erased: false,
                     seq,
                     ts_ms: crate::synth::BASE_MS + seq,
                     body,

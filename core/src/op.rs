@@ -381,6 +381,21 @@ pub struct MessagePost {
     pub device: String,
 }
 
+/// The high bit of a record's `kind_version`: set on an **erased** op, one
+/// whose content a compaction replaced (SPEC section 13). The low 15 bits are
+/// the payload's version as before, and the payload is that version's
+/// encoding with the content members emptied (see [`OpBody::erased`]): text,
+/// caption and lang `None`, an edit's changes `None`, a turn's answer,
+/// source and error and a message's body empty. Ids, request ids, devices,
+/// times, sizes and digests stay.
+pub const ERASED_BIT: u16 = 0x8000;
+
+/// The payload members an erased op's JSON (`spark-replay dump`) leaves
+/// out: the content [`OpBody::erased`] empties.
+pub const ERASED_MEMBERS: &[&str] = &[
+    "text", "caption", "lang", "changes", "answer", "source", "error", "body",
+];
+
 /// The device recorded on ops the engine writes on its own (turn outcomes).
 pub const ENGINE_DEVICE: &str = "engine";
 
@@ -552,6 +567,58 @@ impl OpBody {
         }
     }
 
+    /// True when the op carries content a deleted moment's erasure removes
+    /// (SPEC section 13): a create's or edit's texts, a turn's answer,
+    /// source or error, a message's body. The other kinds hold ids, times,
+    /// sizes and digests only, and stay as written.
+    pub fn has_content(&self) -> bool {
+        matches!(
+            self.kind(),
+            OpKind::MomentCreate
+                | OpKind::MomentEdit
+                | OpKind::TurnFinish
+                | OpKind::TurnFail
+                | OpKind::MessagePost
+        )
+    }
+
+    /// The op with its content removed, as a compaction writes it (SPEC
+    /// section 13): a create's and an edit's text, caption and lang become
+    /// `None` (an edit then changes nothing but the version), a turn's
+    /// answer, source and error and a message's body become empty. Ids,
+    /// request ids, devices, times, the adapter and elapsed times stay. Kinds
+    /// without content ([`OpBody::has_content`] false) come back unchanged.
+    pub fn erased(self) -> OpBody {
+        match self {
+            OpBody::MomentCreate(p) => OpBody::MomentCreate(MomentCreate {
+                text: None,
+                caption: None,
+                lang: None,
+                ..p
+            }),
+            OpBody::MomentEdit(p) => OpBody::MomentEdit(MomentEdit {
+                text: None,
+                caption: None,
+                lang: None,
+                ..p
+            }),
+            OpBody::TurnFinish(p) => OpBody::TurnFinish(TurnFinish {
+                answer: String::new(),
+                source: String::new(),
+                ..p
+            }),
+            OpBody::TurnFail(p) => OpBody::TurnFail(TurnFail {
+                error: String::new(),
+                ..p
+            }),
+            OpBody::MessagePost(p) => OpBody::MessagePost(MessagePost {
+                body: String::new(),
+                ..p
+            }),
+            other => other,
+        }
+    }
+
     /// Encodes the payload at the kind's current version: `(kind code,
     /// kind version, payload bytes)`.
     pub fn encode(&self) -> Result<(u16, u16, Vec<u8>), CodecError> {
@@ -584,6 +651,31 @@ pub struct Op {
     pub ts_ms: u64,
     /// The payload.
     pub body: OpBody,
+    /// True when a compaction erased the op's content ([`ERASED_BIT`] set in
+    /// the record's `kind_version`): `body` is then [`OpBody::erased`]'s
+    /// form, and the fold marks its moment erased (SPEC section 13).
+    pub erased: bool,
+}
+
+impl Op {
+    /// A live (not erased) op: what the sequencer writes.
+    pub fn new(seq: u64, ts_ms: u64, body: OpBody) -> Op {
+        Op {
+            seq,
+            ts_ms,
+            body,
+            erased: false,
+        }
+    }
+
+    /// The record a compaction writes in place of this op's: `(kind code,
+    /// kind version with [`ERASED_BIT`], payload of [`OpBody::erased`])`.
+    ///
+    /// Errors: the codec's, as [`OpBody::encode`].
+    pub fn encode_erased(&self) -> Result<(u16, u16, Vec<u8>), CodecError> {
+        let (code, version, payload) = self.body.clone().erased().encode()?;
+        Ok((code, version | ERASED_BIT, payload))
+    }
 }
 
 /// Why a record does not decode into an op.
@@ -633,11 +725,13 @@ impl Op {
             seq,
             code: record.kind,
         })?;
-        if record.kind_version == 0 || record.kind_version > kind.current_version() {
+        let erased = record.kind_version & ERASED_BIT != 0;
+        let version = record.kind_version & !ERASED_BIT;
+        if version == 0 || version > kind.current_version() {
             return Err(OpDecodeError::NewerVersion {
                 seq,
                 kind: kind.name(),
-                version: record.kind_version,
+                version,
                 supported: kind.current_version(),
             });
         }
@@ -665,12 +759,14 @@ impl Op {
             seq,
             ts_ms: record.ts_ms,
             body,
+            erased,
         })
     }
 
     /// The op as one JSON object, the line `spark-replay dump` prints: `seq`,
     /// `ts_ms`, `kind`, `request_id` (or null), `entity_id`, `device`, and the
-    /// payload under `payload`.
+    /// payload under `payload`. An erased op also has `"erased": true`, and
+    /// its payload none of the content members ([`ERASED_MEMBERS`]).
     ///
     /// An edit's payload shows only the fields it touched: a member set to
     /// `null` was cleared, an absent member was left alone.
@@ -696,7 +792,15 @@ impl Op {
             }
             other => serde_json::to_value(other).unwrap_or(serde_json::Value::Null),
         };
-        serde_json::json!({
+        let mut payload = payload;
+        if self.erased {
+            if let serde_json::Value::Object(members) = &mut payload {
+                for name in ERASED_MEMBERS {
+                    members.remove(*name);
+                }
+            }
+        }
+        let mut line = serde_json::json!({
             "seq": self.seq,
             "ts_ms": self.ts_ms,
             "kind": self.body.kind().name(),
@@ -704,7 +808,11 @@ impl Op {
             "entity_id": self.body.entity().to_string(),
             "device": self.body.device(),
             "payload": payload,
-        })
+        });
+        if self.erased {
+            line["erased"] = serde_json::Value::Bool(true);
+        }
+        line
     }
 }
 

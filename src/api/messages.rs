@@ -94,7 +94,7 @@ pub(crate) fn list(state: &AppState, req: &Request) -> Result<Response, ApiError
             .by_ref()
             .take(limit)
             .filter_map(|id| mirror.messages.get(id))
-            .map(|m| m.view())
+            .map(|m| mirror.message_view(m))
             .collect();
         let next = if ids.next().is_some() {
             messages.last().map(|m| m.id)

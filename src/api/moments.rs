@@ -135,7 +135,22 @@ pub(crate) fn get(state: &AppState, id: Id) -> Result<Response, ApiError> {
         .read(|mirror| mirror.moment(id).map(|m| mirror.moment_view(m)));
     match view {
         None => Err(ApiError::not_found(format!("moment {id} does not exist"))),
-        Some(view) if view.deleted => Err(ApiError::from(crate::engine::EngineError::Deleted(id))),
+        Some(view) if view.deleted => {
+            // The tombstone (SPEC section 13): ids, version, times, media
+            // records and turn ids, but no text, caption or lang.
+            let tombstone = spark_core::mirror::MomentView {
+                text: None,
+                caption: None,
+                lang: None,
+                ..view
+            };
+            let mut error = ApiError::from(crate::engine::EngineError::Deleted(id));
+            error.extra.insert(
+                "moment".into(),
+                serde_json::to_value(tombstone).unwrap_or(serde_json::Value::Null),
+            );
+            Err(error)
+        }
         Some(view) => {
             let version = view.version;
             Ok(super::answer::with_etag(

@@ -90,7 +90,7 @@ pub async fn get(state: Arc<AppState>, id: String, req: Request) -> Result<Respo
         commits.borrow_and_update();
         let turn = state
             .engine
-            .read(|mirror| mirror.turns.get(&turn_id).map(|t| t.view()))
+            .read(|mirror| mirror.turns.get(&turn_id).map(|t| mirror.turn_view(t)))
             .ok_or_else(|| ApiError::not_found(format!("turn {turn_id} does not exist")))?;
         if turn.status != "running" || tokio::time::Instant::now() >= deadline {
             return Ok(json_response(StatusCode::OK, &turn));
@@ -101,7 +101,7 @@ pub async fn get(state: Arc<AppState>, id: String, req: Request) -> Result<Respo
             Ok(Err(_)) | Err(_) => {
                 let turn = state
                     .engine
-                    .read(|mirror| mirror.turns.get(&turn_id).map(|t| t.view()));
+                    .read(|mirror| mirror.turns.get(&turn_id).map(|t| mirror.turn_view(t)));
                 return turn
                     .map(|t| json_response(StatusCode::OK, &t))
                     .ok_or_else(|| ApiError::not_found(format!("turn {turn_id} does not exist")));

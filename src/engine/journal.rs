@@ -274,7 +274,12 @@ impl Journal {
                     if let OpBody::TurnStart(t) = &body {
                         started_turns.push(t.id);
                     }
-                    let op = Op { seq, ts_ms, body };
+                    let op = Op {
+                        erased: false,
+                        seq,
+                        ts_ms,
+                        body,
+                    };
                     seq += 1;
                     notices.push(super::ChangeNotice::of(&op));
                     appended.add(op.body.kind().name());

@@ -39,7 +39,8 @@ use crate::request_index::RequestIndex;
 /// CHECKPOINT.md "Moments") do not make a moment. Each names the moment.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PackedMomentError {
-    /// `present` has bits other than the four texts and capture time.
+    /// `present` has bits other than the three texts, capture time and
+    /// erased.
     #[error("moment {id}: unknown present bits {present:#x}")]
     PresentBits {
         /// The moment.
@@ -126,6 +127,10 @@ const HAS_TEXT: u8 = 1;
 const HAS_CAPTION: u8 = 2;
 const HAS_LANG: u8 = 4;
 const HAS_CAPTURED_AT: u8 = 8;
+/// Set once the moment's content was erased (SPEC section 13): it is deleted,
+/// its texts are gone, and so are its turns' answers, its messages' bodies
+/// and its media's bytes.
+const ERASED: u8 = 16;
 
 impl Moment {
     /// A moment as a `moment.create` at `seq` and server time `ts_ms` (Unix
@@ -182,6 +187,21 @@ impl Moment {
         (self.present & HAS_CAPTURED_AT != 0).then_some(self.captured_at_ms)
     }
 
+    /// True once a compaction erased the moment's content (SPEC section 13):
+    /// its text, caption and lang are `None`, and its turns' answers, its
+    /// thread's message bodies and its media's bytes are gone too.
+    pub fn erased(&self) -> bool {
+        self.present & ERASED != 0
+    }
+
+    /// Drops the moment's texts and marks it erased (the fold's part of an
+    /// erasure; see [`Moment::erased`]).
+    pub(crate) fn erase(&mut self) {
+        let seq = self.created_seq();
+        self.set_texts(seq, [None; 3]);
+        self.present |= ERASED;
+    }
+
     /// Ids of the moment's media, in upload order (at most one per role).
     pub fn media(&self) -> &[Id] {
         &self.ids[..usize::from(self.media_count)]
@@ -226,7 +246,7 @@ impl Moment {
         media_count: u8,
         ids: ThinVec<Id>,
     ) -> Result<Moment, PackedMomentError> {
-        if present & !(HAS_TEXT | HAS_CAPTION | HAS_LANG | HAS_CAPTURED_AT) != 0 {
+        if present & !(HAS_TEXT | HAS_CAPTION | HAS_LANG | HAS_CAPTURED_AT | ERASED) != 0 {
             return Err(PackedMomentError::PresentBits { id, present });
         }
         if usize::from(media_count) > ids.len() {
@@ -320,7 +340,12 @@ impl Serialize for Moment {
         s.serialize_field("captured_at_ms", &self.captured_at_ms())?;
         s.serialize_field("created_at_ms", &self.created_at_ms)?;
         s.serialize_field("version", &self.version)?;
-        s.serialize_field("deleted", &self.deleted)?;
+        // 0 live, 1 deleted, 2 erased: a `u8` encodes as the `bool` it
+        // replaced did, so digests of mirrors without erasures are unchanged.
+        s.serialize_field(
+            "deleted",
+            &(u8::from(self.deleted) + u8::from(self.erased())),
+        )?;
         s.serialize_field("media", self.media())?;
         s.serialize_field("turns", self.turns())?;
         s.end()
@@ -534,6 +559,7 @@ mod tests {
 
     fn create(seq: u64, id: u128, text: Option<&str>, lang: Option<&str>) -> Op {
         Op {
+            erased: false,
             seq,
             ts_ms: 1_700_000_000_000 + seq,
             body: OpBody::MomentCreate(MomentCreate {
@@ -571,6 +597,7 @@ mod tests {
         // Set the caption, clear the text, leave the lang alone.
         mirror
             .apply(Op {
+                erased: false,
                 seq: 3,
                 ts_ms: 1_700_000_000_003,
                 body: OpBody::MomentEdit(MomentEdit {

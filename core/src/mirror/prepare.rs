@@ -82,6 +82,7 @@ pub(super) fn prepare(hasher: &RequestHasher, op: Op) -> PreparedOp {
         seq,
         ts_ms,
         mut body,
+        erased,
     } = op;
     let request = body.take_request_id().map(|request_id| {
         let row = RequestRow {
@@ -94,7 +95,15 @@ pub(super) fn prepare(hasher: &RequestHasher, op: Op) -> PreparedOp {
     let body = match body {
         OpBody::MomentCreate(p) => PreparedBody::Create {
             id: p.id,
-            moment: Box::new(Moment::created(p, seq, ts_ms)),
+            moment: {
+                let mut moment = Box::new(Moment::created(p, seq, ts_ms));
+                // An erased create (SPEC section 13) makes an erased moment;
+                // its other ops were erased with it.
+                if erased {
+                    moment.erase();
+                }
+                moment
+            },
         },
         other => PreparedBody::Other(Box::new(other)),
     };

@@ -28,6 +28,11 @@ pub struct MomentView {
     pub version: u32,
     /// True for a tombstone.
     pub deleted: bool,
+    /// True once the tombstone's content was erased (SPEC section 13): text,
+    /// caption and lang are then `null`. Left out while false, so a moment
+    /// that was never erased answers as it always did.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub erased: bool,
     /// The moment's media, in upload order.
     pub media: Vec<MediaView>,
     /// Ids of the moment's turns.
@@ -66,6 +71,7 @@ impl Mirror {
             created_at: crate::time::format_rfc3339_ms(moment.created_at_ms as i64),
             version: moment.version,
             deleted: moment.deleted,
+            erased: moment.erased(),
             media: moment
                 .media()
                 .iter()
@@ -151,9 +157,43 @@ pub struct RecallView {
     pub turn: TurnView,
 }
 
+impl Mirror {
+    /// True when `moment_id` names a moment whose content was erased (SPEC
+    /// section 13): its turns' answers and its thread's bodies are gone.
+    pub fn is_erased(&self, moment_id: Id) -> bool {
+        self.moment(moment_id).is_some_and(Moment::erased)
+    }
+
+    /// A turn as the API shows it; a turn of an erased moment shows no
+    /// answer, source or error (SPEC section 13).
+    pub fn turn_view(&self, turn: &Turn) -> TurnView {
+        let mut view = turn.view();
+        if self.is_erased(turn.moment_id) {
+            view.answer = None;
+            view.source = None;
+            view.error = None;
+        }
+        view
+    }
+
+    /// A message as the API shows it; a message in an erased moment's
+    /// thread shows no body (SPEC section 13).
+    pub fn message_view(&self, message: &Message) -> MessageView {
+        MessageView {
+            id: message.id,
+            thread_id: message.thread_id,
+            body: (!self.is_erased(message.thread_id)).then(|| message.body.clone()),
+            // Cast: server times are below i64::MAX ms.
+            ts: crate::time::format_rfc3339_ms(message.ts_ms as i64),
+            ts_ms: message.ts_ms,
+        }
+    }
+}
+
 impl Turn {
-    /// The turn as the API shows it.
-    pub fn view(&self) -> TurnView {
+    /// The turn as stored, content included: the API goes through
+    /// [`Mirror::turn_view`].
+    fn view(&self) -> TurnView {
         let (status, answer, error, adapter, source, elapsed_ms) = match &self.status {
             TurnStatus::Running => ("running", None, None, None, None, None),
             TurnStatus::Done {
@@ -214,7 +254,7 @@ impl Mirror {
             .filter_map(|index| {
                 self.turn_by_request(&crate::ids::job_turn_request_id(&job.job_id, index))
             })
-            .map(Turn::view)
+            .map(|turn| self.turn_view(turn))
             .collect();
         JobView {
             job_id: job.job_id.clone(),
@@ -230,7 +270,7 @@ impl Mirror {
         Some(RecallView {
             id: recall.id.clone(),
             moment: self.moment_view(moment),
-            turn: turn.view(),
+            turn: self.turn_view(turn),
         })
     }
 
@@ -259,24 +299,11 @@ pub struct MessageView {
     pub id: Id,
     /// The thread (a moment id).
     pub thread_id: Id,
-    /// The text.
-    pub body: String,
+    /// The text; `null` once the thread's moment was erased (SPEC section
+    /// 13).
+    pub body: Option<String>,
     /// Server time of the post (RFC 3339 UTC).
     pub ts: String,
     /// The same time in Unix milliseconds.
     pub ts_ms: u64,
-}
-
-impl Message {
-    /// The message as the API shows it.
-    pub fn view(&self) -> MessageView {
-        MessageView {
-            id: self.id,
-            thread_id: self.thread_id,
-            body: self.body.clone(),
-            // Cast: server times are below i64::MAX ms.
-            ts: crate::time::format_rfc3339_ms(self.ts_ms as i64),
-            ts_ms: self.ts_ms,
-        }
-    }
 }

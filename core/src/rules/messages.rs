@@ -36,13 +36,16 @@ pub fn decide_message(mirror: &Mirror, c: PostMessage, now_ms: u64) -> Decision 
     // A known id is answered with the stored message whatever the clock
     // says now: the receiver ignores what it already has (ADR-036).
     if let Some(known) = mirror.messages.get(&c.id) {
-        if known.body != c.body || known.thread_id != c.thread_id {
+        // An erased body (SPEC section 13) cannot be compared: the id and
+        // thread decide, and the answer shows no body.
+        let body_differs = known.body != c.body && !mirror.is_erased(known.thread_id);
+        if body_differs || known.thread_id != c.thread_id {
             return refuse(Conflict::Message { message_id: c.id }.into());
         }
         return answer(Outcome::MessagePosted {
             created: false,
             replayed: Some(Replay::of(mirror, known.seq, known.ts_ms)),
-            message: known.view(),
+            message: mirror.message_view(known),
         });
     }
     if let Err(e) = check_clock_window(c.id, now_ms) {

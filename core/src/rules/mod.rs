@@ -85,10 +85,18 @@ impl Plan {
             Plan::TurnStarted(id) => Outcome::TurnStarted {
                 created,
                 replayed: None,
-                turn: found(mirror.turns.get(&id).map(|t| t.view()), "turn", &id)?,
+                turn: found(
+                    mirror.turns.get(&id).map(|t| mirror.turn_view(t)),
+                    "turn",
+                    &id,
+                )?,
             },
             Plan::TurnEnded(id) => Outcome::TurnEnded {
-                turn: found(mirror.turns.get(&id).map(|t| t.view()), "turn", &id)?,
+                turn: found(
+                    mirror.turns.get(&id).map(|t| mirror.turn_view(t)),
+                    "turn",
+                    &id,
+                )?,
             },
             Plan::Kept(id) => Outcome::PhraseKept {
                 created,
@@ -110,7 +118,11 @@ impl Plan {
             Plan::Message(id) => Outcome::MessagePosted {
                 created,
                 replayed: None,
-                message: found(mirror.messages.get(&id).map(|m| m.view()), "message", &id)?,
+                message: found(
+                    mirror.messages.get(&id).map(|m| mirror.message_view(m)),
+                    "message",
+                    &id,
+                )?,
             },
             Plan::Job(id) => Outcome::JobStarted {
                 created,

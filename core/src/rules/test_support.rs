@@ -26,6 +26,7 @@ pub(crate) fn apply(mirror: &mut Mirror, body: OpBody) {
     let seq = mirror.seq + 1;
     mirror
         .apply(Op {
+            erased: false,
             seq,
             ts_ms: NOW_MS + seq,
             body,

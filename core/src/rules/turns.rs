@@ -50,7 +50,7 @@ pub fn decide_start_turn(mirror: &Mirror, c: StartTurn, mint: &mut dyn FnMut() -
                 Some(turn) => answer(Outcome::TurnStarted {
                     created: false,
                     replayed: Some(Replay::of(mirror, turn.seq, turn.ts_ms)),
-                    turn: turn.view(),
+                    turn: mirror.turn_view(turn),
                 }),
                 None => refuse(EngineError::Missing(format!("turn {entity}"))),
             }
@@ -74,16 +74,33 @@ pub fn decide_start_turn(mirror: &Mirror, c: StartTurn, mint: &mut dyn FnMut() -
     )
 }
 
-/// `turn.finish` or `turn.fail`: the first outcome stands.
+/// The error a turn of a deleted moment ends with, in place of the brain's
+/// outcome (SPEC section 13: nothing derived from a deleted moment is
+/// written).
+pub const MOMENT_DELETED_ERROR: &str = "the moment was deleted before the brain answered";
+
+/// `turn.finish` or `turn.fail`: the first outcome stands; a turn of a
+/// deleted moment ends failed with [`MOMENT_DELETED_ERROR`].
 pub fn decide_end_turn(mirror: &Mirror, c: EndTurn) -> Decision {
     let Some(turn) = mirror.turns.get(&c.turn_id) else {
         return refuse(EngineError::Missing(format!("turn {}", c.turn_id)));
     };
     if turn.status != TurnStatus::Running {
         // Already ended: the first outcome stands.
-        return answer(Outcome::TurnEnded { turn: turn.view() });
+        return answer(Outcome::TurnEnded {
+            turn: mirror.turn_view(turn),
+        });
     }
-    let op = match c.outcome {
+    // A reading of a deleted moment is made of what the person deleted: it
+    // is never written (SPEC section 13). The turn ends failed, with the
+    // engine's words only, so nothing of it waits for an erasure.
+    let deleted = mirror.moment(turn.moment_id).is_none_or(|m| m.deleted);
+    let outcome = if deleted {
+        Err(MOMENT_DELETED_ERROR.to_owned())
+    } else {
+        c.outcome
+    };
+    let op = match outcome {
         Ok((answer, adapter, source)) => OpBody::TurnFinish(TurnFinish {
             id: c.turn_id,
             answer,

@@ -122,6 +122,7 @@ fn ops(bodies: Vec<OpBody>) -> Vec<Op> {
         .into_iter()
         .zip(1..)
         .map(|(body, seq)| Op {
+            erased: false,
             seq,
             ts_ms: NOW_MS + seq,
             body,
@@ -204,6 +205,7 @@ fn an_op_that_does_not_fit_leaves_the_mirror_as_it_was() {
     let mut mirror = folded(history());
     let digest = mirror.digest();
     let next = |body| Op {
+        erased: false,
         seq: 13,
         ts_ms: NOW_MS + 13,
         body,
@@ -243,6 +245,7 @@ fn an_op_that_does_not_fit_leaves_the_mirror_as_it_was() {
     }
     assert_eq!(
         mirror.apply(Op {
+            erased: false,
             seq: 14,
             ts_ms: NOW_MS,
             body: create_op(50, None),
@@ -281,6 +284,7 @@ fn an_op_that_does_not_fit_leaves_the_mirror_as_it_was() {
 
 fn next_after(mirror: &Mirror, body: OpBody) -> Op {
     Op {
+        erased: false,
         seq: mirror.seq + 1,
         ts_ms: NOW_MS + mirror.seq + 1,
         body,
@@ -548,7 +552,7 @@ proptest! {
                 let keep = tear.map_or(ops.len(), |k| usize::from(k).min(ops.len()));
                 for body in ops.into_iter().take(keep) {
                     let seq = mirror.seq + 1;
-                    let folded = mirror.apply(Op { seq, ts_ms: NOW_MS + seq, body: body.clone() });
+                    let folded = mirror.apply(Op { erased: false, seq, ts_ms: NOW_MS + seq, body: body.clone() });
                     prop_assert!(
                         folded.is_ok(),
                         "{:?} decided {:?}, which the fold refuses: {:?}",
