@@ -80,12 +80,30 @@ pub enum LogError {
         limit: u32,
     },
     /// A record handed to the appender with kind
-    /// [`KIND_SEAL`](crate::KIND_SEAL), which only the log itself writes.
-    /// Nothing was written; not poisoning.
-    #[error("kind {kind} is reserved for the segment seal")]
+    /// [`KIND_SEAL`](crate::KIND_SEAL) or
+    /// [`KIND_COMPACTION`](crate::KIND_COMPACTION), which only the log
+    /// itself writes (or a compaction asked to replace a compaction
+    /// record). Nothing was written; not poisoning.
+    #[error("kind {kind} is reserved for the log's own frames and records")]
     ReservedKind {
         /// The refused kind.
         kind: u16,
+    },
+    /// [`Log::commit_compaction`](crate::Log::commit_compaction) was handed
+    /// a compaction staged before the set of sealed segments changed (a
+    /// roll, or another compaction, came in between). Nothing was changed,
+    /// the staged files were removed; not poisoning. Stage again.
+    #[error("the staged compaction is stale: the sealed segments changed since it was staged (stage again)")]
+    CompactionStale,
+    /// A read-only view ([`LogReader`](crate::LogReader), not live) found
+    /// the journal of a compaction whose commit a crash interrupted
+    /// (`COMPACTION` in the log directory): the segments may be half
+    /// replaced, and only the writer finishes the job. Nothing was read or
+    /// changed; start the engine ([`Log::open`](crate::Log::open)) once.
+    #[error("an interrupted compaction must be finished first ({journal} exists): start the engine (Log::open) once, then read again")]
+    CompactionPending {
+        /// The journal's path.
+        journal: PathBuf,
     },
     /// The write path failed earlier (the message says how) and refuses to
     /// write again. Restart: recovery rebuilds the truth from disk.
@@ -248,6 +266,10 @@ impl LogError {
             },
             LogError::ReservedKind { kind } => LogError::ReservedKind { kind: *kind },
             LogError::Poisoned(message) => LogError::Poisoned(message.clone()),
+            LogError::CompactionStale => LogError::CompactionStale,
+            LogError::CompactionPending { journal } => LogError::CompactionPending {
+                journal: journal.clone(),
+            },
         }
     }
 }

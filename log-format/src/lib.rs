@@ -28,6 +28,8 @@
 //! - `writer`: [`Log`], the single appender (batches, rolls, poisoning), and
 //!   [`GroupCommitAppender`], which lets many threads share it.
 //! - `reader`: [`LogReader`], a read-only mapped view for tools.
+//! - `compaction`: rewriting sealed segments ([`stage_compaction`],
+//!   [`Log::commit_compaction`]), its redo journal, and [`link_head`].
 //! - `error`: [`LogError`] and [`OpenError`].
 //!
 //! Integrity rules in one line: what follows the last valid commit mark of the
@@ -38,6 +40,7 @@
 
 #![warn(missing_docs)]
 
+mod compaction;
 pub mod format;
 pub mod fs;
 pub mod memfs;
@@ -51,6 +54,11 @@ mod segment;
 mod state;
 mod writer;
 
+pub use compaction::{
+    link_head, stage_compaction, CompactionCommit, CompactionDecodeError, CompactionRecord,
+    HeadLink, Rewrite, SegmentRewrite, StagedCompaction, COMPACTION_KIND_VERSION, JOURNAL_NAME,
+    KIND_COMPACTION, STAGED_SUFFIX,
+};
 pub use damage::{
     damage_report, damage_report_live, damage_report_with, last_frame_report, DamageKind,
     DamageReport, SalvagedRecord,

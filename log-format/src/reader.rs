@@ -7,6 +7,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::compaction::{self, COMPACTION_KIND_VERSION, KIND_COMPACTION};
 use crate::error::LogError;
 use crate::format::{RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES};
 use crate::fs::{Fs, OsFs};
@@ -238,8 +239,34 @@ impl LogReader {
         if live {
             LogReader::open_live_visiting(dir, fs, max_record_bytes, 0, visit)
         } else {
+            if compaction::journal_exists(fs.as_ref(), dir)? {
+                return Err(LogError::CompactionPending {
+                    journal: dir.join(compaction::JOURNAL_NAME),
+                });
+            }
             LogReader::open_from(dir, fs, max_record_bytes, false, 0, visit)
         }
+    }
+
+    /// A view (not live, no journal check) from the segment holding
+    /// `from_seq`, calling `visit` with every whole record read: for
+    /// [`Log::open`](crate::Log::open) after recovery, which looks for the
+    /// compaction record of a journal it is finishing.
+    pub(crate) fn open_from_seq(
+        dir: &Path,
+        fs: Arc<dyn Fs>,
+        max_record_bytes: u32,
+        from_seq: Seq,
+        visit: impl FnMut(RecordRef<'_>),
+    ) -> Result<LogReader, LogError> {
+        LogReader::open_from(dir, fs, max_record_bytes, false, from_seq, visit)
+    }
+
+    /// Each segment's info and mapped bytes (the whole file), in seq order.
+    pub(crate) fn mapped(&self) -> impl Iterator<Item = (&SegmentInfo, &[u8])> {
+        self.segments
+            .iter()
+            .map(|segment| (&segment.info, (*segment.bytes).as_ref()))
     }
 
     /// [`open_visiting`](Self::open_visiting) from the segment holding
@@ -390,9 +417,20 @@ impl LogReader {
                 // Cast: `info.bytes` is at most the map's length.
                 bytes = &bytes[..(info.bytes as usize).min(bytes.len())];
             }
+            let mut bad_compaction = None;
             let decoded = decode_segment(&info.name, bytes, expect, opts, |record| {
+                if record.kind == KIND_COMPACTION && record.kind_version == COMPACTION_KIND_VERSION
+                {
+                    if let Err(e) = compaction::decode_in(&info.name, &record) {
+                        bad_compaction = Some(e);
+                        return ControlFlow::Break(());
+                    }
+                }
                 visit(info, record)
             })?;
+            if let Some(e) = bad_compaction {
+                return Err(e);
+            }
             let Decoded::Segment(decoded) = decoded else {
                 // Open kept only segments with a valid header; the bytes are
                 // the same map.

@@ -15,6 +15,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::compaction::CompactionRecord;
 use crate::error::{FaultSeq, LogError, OpenError};
 use crate::format::{chain_hex, segment_file_name, ChainValue, RecordRef, Seq};
 use crate::fs::Fs;
@@ -43,6 +44,17 @@ pub struct RecoveryReport {
     pub truncated: Option<TornTail>,
     /// File name of an interrupted roll's segment that was removed, if any.
     pub removed_segment: Option<String>,
+    /// The compaction whose commit a crash interrupted and this open
+    /// finished (its journal redone and removed; FORMAT.md, "Compaction"),
+    /// if any.
+    pub compaction_finished: Option<CompactionRecord>,
+    /// True when finishing it appended its compaction record (the crash
+    /// came before the record was durable).
+    pub compaction_record_appended: bool,
+    /// Files of compaction removed before recovery: a stale
+    /// `COMPACTION.tmp`, the staged files of an interrupted staging, or
+    /// those of the finished compaction.
+    pub staged_removed: Vec<String>,
 }
 
 /// A point of the log a checkpoint stands at: the record at `seq` ends at

@@ -29,6 +29,10 @@ use crate::format::{
     CommitMark, RecordIn, RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES, FORMAT_VERSION,
     HEADER_LEN, KIND_SEAL, RECORD_MIN_LEN, SEAL_RECORD_BYTES,
 };
+use crate::compaction::{
+    self, CompactionCommit, CompactionRecord, Journal, StagedCompaction, COMPACTION_KIND_VERSION,
+    JOURNAL_NAME, KIND_COMPACTION,
+};
 use crate::fs::Fs;
 use crate::recovery::{recover, LogPoint, RecoveryReport};
 use crate::state::{ActiveSegment, Head, LogConfig};
@@ -72,9 +76,18 @@ pub fn record_fits(payload_bytes: usize, max_record_bytes: u32) -> bool {
     payload_bytes.saturating_add(RECORD_MIN_LEN as usize) <= max_record_bytes as usize
 }
 
-/// Refuses what the log must not write: the seal's kind, a `len` over the
-/// limit.
+/// Refuses what a caller must not write: the seal's kind, the compaction
+/// record's kind, a `len` over the limit.
 fn check_record(record: &RecordIn<'_>, max_record_bytes: u32) -> Result<(), LogError> {
+    if record.kind == KIND_COMPACTION {
+        return Err(LogError::ReservedKind { kind: record.kind });
+    }
+    check_frame(record, max_record_bytes)
+}
+
+/// Refuses what the log must not write at all: the seal's kind, a `len`
+/// over the limit.
+fn check_frame(record: &RecordIn<'_>, max_record_bytes: u32) -> Result<(), LogError> {
     if record.kind == KIND_SEAL {
         return Err(LogError::ReservedKind { kind: record.kind });
     }
@@ -205,8 +218,9 @@ impl Log {
         from: Option<&LogPoint>,
         visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
     ) -> Result<(Log, RecoveryReport), OpenError<E>> {
+        let prelude = compaction::before_recovery(fs.as_ref(), dir)?;
         let recovered = recover(dir, &config, &fs, from, visit)?;
-        let log = Log {
+        let mut log = Log {
             dir: dir.to_owned(),
             config,
             fs,
@@ -215,7 +229,253 @@ impl Log {
             poisoned: None,
             buf: Vec::new(),
         };
-        Ok((log, recovered.report))
+        let mut report = recovered.report;
+        report.staged_removed = prelude.removed;
+        if let Some(journal) = prelude.journal {
+            let (record, appended) = log.finish_compaction(&journal)?;
+            report.staged_removed.extend(
+                journal
+                    .entries
+                    .iter()
+                    .map(|entry| entry.staged_name.clone()),
+            );
+            report.compaction_finished = Some(record);
+            report.compaction_record_appended = appended;
+        }
+        Ok((log, report))
+    }
+
+    /// The end of a compaction whose commit a crash interrupted, after
+    /// recovery (its segments and the active header already redone): appends
+    /// its compaction record unless the log holds it after the journal's
+    /// head seq, then removes the staged files and the journal. Returns the
+    /// record and whether it was appended.
+    fn finish_compaction(&mut self, journal: &Journal) -> Result<(CompactionRecord, bool), LogError> {
+        let record = CompactionRecord::decode(&journal.payload).map_err(|e| LogError::Corrupt {
+            segment: JOURNAL_NAME.to_owned(),
+            offset: 0,
+            seq: FaultSeq::After(journal.head_seq),
+            reason: e.to_string(),
+        })?;
+        let present = self.head.seq > journal.head_seq
+            && compaction::record_present(
+                Arc::clone(&self.fs),
+                &self.dir,
+                self.config.max_record_bytes,
+                journal,
+            )?;
+        if !present {
+            self.append_compaction_record(&journal.payload)?;
+        }
+        compaction::finish_journal(self.fs.as_ref(), &self.dir, journal)?;
+        tracing::info!(
+            segments = record.segments.len(),
+            appended = !present,
+            "finished an interrupted compaction"
+        );
+        Ok((record, !present))
+    }
+
+    /// Appends the compaction record with `payload` as one batch (kind
+    /// [`KIND_COMPACTION`], the clock's `ts_ms`). Returns its seq.
+    fn append_compaction_record(&mut self, payload: &[u8]) -> Result<Seq, LogError> {
+        let record = RecordIn {
+            ts_ms: (self.config.now_ms)(),
+            kind: KIND_COMPACTION,
+            kind_version: COMPACTION_KIND_VERSION,
+            payload,
+        };
+        self.append_frames(&[record])
+    }
+
+    /// Seals the active segment now, if it holds a record, and starts the
+    /// next one (the roll's steps, FORMAT.md "Writing"), so that its
+    /// records can be compacted. Nothing happens when the active segment
+    /// holds no record or there is none (the last segment is sealed).
+    ///
+    /// Errors: `Poisoned`; an I/O error of a roll step poisons as in
+    /// [`append_batch`](Self::append_batch).
+    pub fn seal_active(&mut self) -> Result<(), LogError> {
+        if let Some(poison) = &self.poisoned {
+            return Err(LogError::Poisoned(poison.reason.clone()));
+        }
+        if self.active.as_ref().is_some_and(|a| a.records > 0) {
+            self.roll()?;
+        }
+        Ok(())
+    }
+
+    /// Puts a compaction staged by
+    /// [`stage_compaction`](crate::stage_compaction) in effect (FORMAT.md,
+    /// "Compaction", commit steps); runs on the writer, briefly:
+    ///
+    /// 1. refuses a stale staging (`CompactionStale`: the last staged
+    ///    segment is not the one right before the active segment, or not
+    ///    the last segment when there is none, or its old seal is no longer
+    ///    what follows it), removing the staged files;
+    /// 2. writes the redo journal `COMPACTION` durably (the commit point);
+    /// 3. puts each staged file's bytes in place of its segment (durably);
+    /// 4. patches the active segment's header with the new chain start
+    ///    (fsynced) and recomputes the head chain;
+    /// 5. appends the compaction record ([`KIND_COMPACTION`], payload
+    ///    [`CompactionRecord`] with the staged segments and `subjects`) as
+    ///    one batch;
+    /// 6. removes the staged files and the journal (directory synced).
+    ///
+    /// Errors: `Poisoned` (nothing done); `CompactionStale`;
+    /// `RecordTooLarge` when the compaction record would not fit (nothing
+    /// done, staged files removed). Any I/O error from step 2 on poisons
+    /// the Log (not healable); the next [`Log::open`] finishes the job.
+    pub fn commit_compaction(
+        &mut self,
+        staged: StagedCompaction,
+        subjects: Vec<[u8; 16]>,
+    ) -> Result<CompactionCommit, LogError> {
+        if let Some(poison) = &self.poisoned {
+            return Err(LogError::Poisoned(poison.reason.clone()));
+        }
+        let refuse = |staged: StagedCompaction, fs: &dyn Fs, error: LogError| {
+            if let Err(e) = staged.discard(fs) {
+                tracing::warn!(error = %e, "removing the staged files of a refused compaction failed");
+            }
+            Err(error)
+        };
+        let Some((last_entry, last)) = staged.last() else {
+            return refuse(staged, self.fs.as_ref(), LogError::CompactionStale);
+        };
+        let (last_name, last) = (last_entry.final_name.clone(), *last);
+        let active_header = match &self.active {
+            Some(active) => {
+                let bytes = self.fs.map(&active.path);
+                let bytes = poison(
+                    &mut self.poisoned,
+                    "map",
+                    &active.path,
+                    bytes,
+                    OnNoSpace::Poison,
+                )?;
+                SegmentHeader::decode_versioned((*bytes).as_ref())
+                    .ok()
+                    .map(|(header, version)| (active.name.clone(), header, version))
+            }
+            None => None,
+        };
+        let fresh = staged.dir == self.dir
+            && match (&self.active, &active_header) {
+                (Some(_), Some((_, header, _))) => {
+                    header.first_seq == last.last_seq + 1 && header.chain_start == last.old_seal
+                }
+                (Some(_), None) => false,
+                (None, _) => self.head.segment == last_name && self.head.chain == last.old_seal,
+            };
+        if !fresh {
+            return refuse(staged, self.fs.as_ref(), LogError::CompactionStale);
+        }
+        let record = CompactionRecord {
+            segments: staged.segments.clone(),
+            subjects,
+        };
+        let payload = record.encode();
+        if !record_fits(payload.len(), self.config.max_record_bytes) {
+            let error = LogError::RecordTooLarge {
+                bytes: payload.len().saturating_add(RECORD_MIN_LEN as usize),
+                limit: self.config.max_record_bytes,
+            };
+            return refuse(staged, self.fs.as_ref(), error);
+        }
+        let new_chain = last.new_seal;
+        let journal = Journal {
+            entries: staged.entries.clone(),
+            active: active_header.map(|(name, header, version)| {
+                let patched = SegmentHeader {
+                    chain_start: new_chain,
+                    ..header
+                };
+                (name, patched.encode_version(version))
+            }),
+            head_seq: self.head.seq,
+            payload,
+        };
+        // Step 2: the commit point.
+        let journal_path = self.dir.join(JOURNAL_NAME);
+        let written = self
+            .fs
+            .write_file_durably(&journal_path, &journal.encode());
+        poison(
+            &mut self.poisoned,
+            "write_file_durably",
+            &journal_path,
+            written,
+            OnNoSpace::Poison,
+        )?;
+        // Step 3.
+        let placed = compaction::put_in_place(self.fs.as_ref(), &self.dir, &journal.entries);
+        self.poison_on(placed)?;
+        // Step 4.
+        match (self.active.as_mut(), &journal.active) {
+            (Some(active), Some((_, header))) => {
+                poison(
+                    &mut self.poisoned,
+                    "write",
+                    &active.path,
+                    active.file.write_all_at(0, header),
+                    OnNoSpace::Poison,
+                )?;
+                poison(
+                    &mut self.poisoned,
+                    "sync_all",
+                    &active.path,
+                    active.file.sync_all(),
+                    OnNoSpace::Poison,
+                )?;
+                let bytes = self.fs.map(&active.path);
+                let bytes = poison(
+                    &mut self.poisoned,
+                    "map",
+                    &active.path,
+                    bytes,
+                    OnNoSpace::Poison,
+                )?;
+                let bytes: &[u8] = (*bytes).as_ref();
+                // Cast: `len` is at most the file's length.
+                let body = bytes.get(HEADER_LEN..active.len as usize).unwrap_or(&[]);
+                let mut hasher = chain_hasher(&new_chain);
+                hasher.update(header);
+                hasher.update(body);
+                self.head.chain = if active.records == 0 {
+                    new_chain
+                } else {
+                    hasher.finalize().into()
+                };
+                *active.hasher = hasher;
+            }
+            // No active segment: the next one starts from the head chain,
+            // the last staged segment's new seal.
+            _ => self.head.chain = new_chain,
+        }
+        // Step 5.
+        let record_seq = self.append_compaction_record(&journal.payload)?;
+        // Step 6.
+        let finished = compaction::finish_journal(self.fs.as_ref(), &self.dir, &journal);
+        self.poison_on(finished)?;
+        tracing::info!(
+            segments = record.segments.len(),
+            record_seq,
+            "compaction committed"
+        );
+        Ok(CompactionCommit { record_seq, record })
+    }
+
+    /// Poisons (not healable) when `result` is an error.
+    fn poison_on<T>(&mut self, result: Result<T, LogError>) -> Result<T, LogError> {
+        result.map_err(|error| {
+            tracing::error!(%error, "log write path poisoned; restart to recover");
+            self.poisoned = Some(Poison {
+                reason: error.to_string(),
+                healable: false,
+            });
+            error
+        })
     }
 
     /// Appends every record of `batch` with consecutive seqs, then the
@@ -231,6 +491,16 @@ impl Log {
     /// by [`Log::heal`]. An empty batch returns the current last seq without
     /// I/O.
     pub fn append_batch(&mut self, batch: &[RecordIn<'_>]) -> Result<Seq, LogError> {
+        for record in batch {
+            check_record(record, self.config.max_record_bytes)?;
+        }
+        self.append_frames(batch)
+    }
+
+    /// [`append_batch`](Self::append_batch) for the log's own records too
+    /// (the compaction record): only the seal's kind and the size are
+    /// refused.
+    fn append_frames(&mut self, batch: &[RecordIn<'_>]) -> Result<Seq, LogError> {
         if let Some(poison) = &self.poisoned {
             return Err(LogError::Poisoned(poison.reason.clone()));
         }
@@ -241,7 +511,7 @@ impl Log {
         buf.clear();
         let first = self.head.seq + 1;
         for (seq, record) in (first..).zip(batch) {
-            check_record(record, self.config.max_record_bytes)?;
+            check_frame(record, self.config.max_record_bytes)?;
             encode_record(&mut buf, seq, record)?;
         }
         debug_assert!(frames_match(
@@ -359,6 +629,12 @@ impl Log {
         if !due {
             return Ok(());
         }
+        self.roll()
+    }
+
+    /// Seals the active segment (if any) and starts the next one: the roll
+    /// steps of FORMAT.md, "Writing".
+    fn roll(&mut self) -> Result<(), LogError> {
         if let Some(active) = self.active.as_mut() {
             // Roll step 1: the seal, holding the chain value at its offset
             // (the head chain: the segment holds at least one record). The
