@@ -44,6 +44,7 @@ pub mod history;
 pub mod media;
 pub mod metrics;
 pub mod replica;
+pub mod retention;
 pub mod server;
 pub mod turns;
 

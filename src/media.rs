@@ -404,6 +404,39 @@ impl MediaStore {
         Ok(sweep)
     }
 
+    /// Removes the blobs of erased moments (SPEC section 13): those named
+    /// by `digests()`, which is called under the upload holds' lock (so an
+    /// upload that committed its `media.put` before is in the mirror it
+    /// reads, and none can start on these digests meanwhile), except those
+    /// an upload holds ([`MediaStore::hold`]: the same bytes arriving for
+    /// another moment). Then fsyncs the blob directory. A blob already gone
+    /// is no error. Returns how many were removed.
+    ///
+    /// Errors: the first I/O error of a removal or of the directory sync.
+    pub fn remove_erased(
+        &self,
+        digests: impl FnOnce() -> Vec<Sha256Digest>,
+    ) -> std::io::Result<usize> {
+        let mut removed = 0;
+        {
+            let map = self.holds.map.lock();
+            for digest in digests() {
+                if map.get(&digest).is_some_and(|n| *n > 0) {
+                    continue;
+                }
+                match self.fs.remove_file(&self.blob_path(&digest)) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if removed > 0 {
+            self.fs.sync_dir(&self.blobs)?;
+        }
+        Ok(removed)
+    }
+
     /// Where the blob with this digest lives.
     pub fn blob_path(&self, sha256: &Sha256Digest) -> PathBuf {
         spark_core::blob::blob_path(&self.blobs, sha256)

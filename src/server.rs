@@ -68,6 +68,10 @@ pub struct RunningServer {
     archive: Option<crate::archive::Shipping>,
     /// The follower, on a replica (`spark-engine replica`).
     replica: Option<crate::replica::Following>,
+    /// The compactor that erases deleted moments (SPEC section 13), unless
+    /// it is held ([`crate::retention::Compactor::held`]). Shutdown waits
+    /// for its pass in progress before the engine stops.
+    compactor: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
@@ -106,6 +110,9 @@ impl RunningServer {
         }
         self.runner.abort();
         let _ = (&mut self.runner).await;
+        if let Some(compactor) = self.compactor.take() {
+            let _ = compactor.await;
+        }
         if let Some(replica) = self.replica.take() {
             replica.stop().await;
         }
@@ -173,6 +180,7 @@ pub async fn start_with_brains(
     };
     let taken_over = take_over(&settings, clock.as_ref()).await?;
     let session_clock = Arc::clone(&clock);
+    let retention_clock = Arc::clone(&clock);
     let engine = open_engine(&settings, Arc::clone(&fs), clock).await?;
     let replica = match replica {
         Some(prepared) => Some(prepared.start(&settings, Arc::clone(&engine)).await?),
@@ -186,7 +194,7 @@ pub async fn start_with_brains(
     }
     let archive = start_archive(&settings, &engine, taken_over.as_ref()).await?;
     let (listener, addr) = bind(settings.listen).await?;
-    let media = open_media(&settings, &engine, fs)?;
+    let media = open_media(&settings, &engine, Arc::clone(&fs))?;
     let seat_names: Vec<String> = brains.iter().map(|(name, _)| name.clone()).collect();
     // A replica asks no brain: its turns end on the writer, and the
     // outcome arrives through the archive.
@@ -218,6 +226,7 @@ pub async fn start_with_brains(
     });
     let (stop, stopped) = oneshot::channel::<()>();
     let limits = state.settings.limits.clone();
+    let settings = Arc::clone(&state.settings);
     let service = hyper_util::service::TowerToHyperService::new(warp::service(routes(state)));
     let task = tokio::spawn(serve(listener, service, limits, async move {
         let _ = stopped.await;
@@ -226,6 +235,23 @@ pub async fn start_with_brains(
     if let Err(error) = engine.start_scrub() {
         tracing::error!(%error, "the scrub could not start: the segments startup checked by their links only stay unread until a restart");
     }
+    let compactor = match crate::retention::Compactor::held(&settings) {
+        Some(held) => {
+            tracing::warn!(?held, "deleted moments are not erased on this server: the compactor does not run with an archive or on a replica yet");
+            None
+        }
+        None => {
+            let compactor = crate::retention::Compactor::new(
+                &settings,
+                Arc::clone(&engine),
+                media_store.clone(),
+                fs,
+                retention_clock,
+            );
+            let interval = Duration::from_millis(settings.retention.check_interval_ms);
+            Some(tokio::spawn(compactor.run(interval, closing.subscribe())))
+        }
+    };
     Ok(RunningServer {
         addr,
         engine,
@@ -236,6 +262,7 @@ pub async fn start_with_brains(
         closing,
         archive,
         replica,
+        compactor,
     })
 }
 

@@ -7,7 +7,7 @@
 //! readable forever: `tests/durability/op_vectors.rs` pins the bytes of every kind.
 
 use serde::{Deserialize, Serialize};
-use spark_log_format::RecordRef;
+use spark_log_format::{CompactionRecord, RecordRef};
 
 use crate::codec::{self, CodecError};
 use crate::ids::Id;
@@ -40,11 +40,15 @@ pub enum OpKind {
     RecallStart,
     /// `message.post`: a message in a moment's thread.
     MessagePost,
+    /// `log.compact`: the log's compaction record (FORMAT.md,
+    /// "Compaction"), written by the log itself after it erased the content
+    /// of deleted moments (SPEC section 13); never by the sequencer.
+    LogCompact,
 }
 
 impl OpKind {
     /// Every kind this build reads, in code order.
-    pub const ALL: [OpKind; 12] = [
+    pub const ALL: [OpKind; 13] = [
         OpKind::MomentCreate,
         OpKind::MomentEdit,
         OpKind::MomentDelete,
@@ -57,6 +61,7 @@ impl OpKind {
         OpKind::JobStart,
         OpKind::RecallStart,
         OpKind::MessagePost,
+        OpKind::LogCompact,
     ];
 
     /// The code written in the record header.
@@ -74,6 +79,7 @@ impl OpKind {
             OpKind::MessagePost => 10,
             OpKind::JobStart => 11,
             OpKind::RecallStart => 12,
+            OpKind::LogCompact => spark_log_format::KIND_COMPACTION,
         }
     }
 
@@ -92,6 +98,7 @@ impl OpKind {
             10 => Some(OpKind::MessagePost),
             11 => Some(OpKind::JobStart),
             12 => Some(OpKind::RecallStart),
+            spark_log_format::KIND_COMPACTION => Some(OpKind::LogCompact),
             _ => None,
         }
     }
@@ -99,7 +106,10 @@ impl OpKind {
     /// The newest payload version of this kind; this build writes it and
     /// reads it and every older one.
     pub fn current_version(self) -> u16 {
-        1
+        match self {
+            OpKind::LogCompact => spark_log_format::COMPACTION_KIND_VERSION,
+            _ => 1,
+        }
     }
 
     /// The kind's name as SPEC section 7 spells it (`moment.create`, ...).
@@ -117,7 +127,23 @@ impl OpKind {
             OpKind::JobStart => "job.start",
             OpKind::RecallStart => "recall.start",
             OpKind::MessagePost => "message.post",
+            OpKind::LogCompact => "log.compact",
         }
+    }
+
+    /// True for the kinds whose ops carry content a deleted moment's
+    /// erasure removes (SPEC section 13; see [`OpBody::erased`]): create,
+    /// edit, turn finish and fail, message. Known from a record's header
+    /// alone, so a reader skips the others without decoding them.
+    pub fn has_content(self) -> bool {
+        matches!(
+            self,
+            OpKind::MomentCreate
+                | OpKind::MomentEdit
+                | OpKind::TurnFinish
+                | OpKind::TurnFail
+                | OpKind::MessagePost
+        )
     }
 
     /// The kind named `name` (as in [`OpKind::name`]).
@@ -456,6 +482,30 @@ pub enum OpBody {
     RecallStart(RecallStart),
     /// See [`MessagePost`].
     MessagePost(MessagePost),
+    /// The log's compaction record: the segments it rewrote (old and new
+    /// seal chain values) and the moments it erased (their ids as the
+    /// record's subjects).
+    #[serde(serialize_with = "serialize_compaction")]
+    LogCompact(CompactionRecord),
+}
+
+/// `log.compact`'s payload as JSON (`spark-replay dump`): `segments`, each
+/// `first_seq`, `last_seq`, `old_seal` and `new_seal` (hex), and `erased`,
+/// the moment ids.
+fn serialize_compaction<S: serde::Serializer>(
+    record: &CompactionRecord,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serde_json::json!({
+        "segments": record.segments.iter().map(|s| serde_json::json!({
+            "first_seq": s.first_seq,
+            "last_seq": s.last_seq,
+            "old_seal": hex::encode(s.old_seal),
+            "new_seal": hex::encode(s.new_seal),
+        })).collect::<Vec<_>>(),
+        "erased": record.subjects.iter().map(|s| Id(u128::from_be_bytes(*s)).to_string()).collect::<Vec<_>>(),
+    })
+    .serialize(serializer)
 }
 
 impl OpBody {
@@ -474,6 +524,7 @@ impl OpBody {
             OpBody::JobStart(_) => OpKind::JobStart,
             OpBody::RecallStart(_) => OpKind::RecallStart,
             OpBody::MessagePost(_) => OpKind::MessagePost,
+            OpBody::LogCompact(_) => OpKind::LogCompact,
         }
     }
 
@@ -492,7 +543,8 @@ impl OpBody {
             | OpBody::MarkKeep(_)
             | OpBody::MarkDrop(_)
             | OpBody::RecallStart(_)
-            | OpBody::MessagePost(_) => None,
+            | OpBody::MessagePost(_)
+            | OpBody::LogCompact(_) => None,
         }
     }
 
@@ -523,8 +575,9 @@ impl OpBody {
             OpBody::JobStart(p) => &p.device,
             OpBody::RecallStart(p) => &p.device,
             OpBody::MessagePost(p) => &p.device,
-            // Outcomes come from the engine's own brain runner.
-            OpBody::TurnFinish(_) | OpBody::TurnFail(_) => ENGINE_DEVICE,
+            // Outcomes come from the engine's own brain runner, the
+            // compaction record from its compactor.
+            OpBody::TurnFinish(_) | OpBody::TurnFail(_) | OpBody::LogCompact(_) => ENGINE_DEVICE,
         }
     }
 
@@ -544,6 +597,7 @@ impl OpBody {
             OpBody::JobStart(p) => Entity::Name(p.job_id.clone()),
             OpBody::RecallStart(p) => Entity::Name(p.id.clone()),
             OpBody::MessagePost(p) => Entity::Id(p.id),
+            OpBody::LogCompact(_) => Entity::Name(OpKind::LogCompact.name().to_owned()),
         }
     }
 
@@ -564,6 +618,14 @@ impl OpBody {
             OpBody::JobStart(p) => (vec![p.job_id.clone()], Vec::new()),
             OpBody::RecallStart(p) => (vec![p.id.clone()], Vec::new()),
             OpBody::MessagePost(p) => (ids(&[p.id, p.thread_id]), Vec::new()),
+            // The erased moments changed: their content is gone.
+            OpBody::LogCompact(p) => (
+                p.subjects
+                    .iter()
+                    .map(|s| Id(u128::from_be_bytes(*s)).to_string())
+                    .collect(),
+                Vec::new(),
+            ),
         }
     }
 
@@ -572,14 +634,7 @@ impl OpBody {
     /// source or error, a message's body. The other kinds hold ids, times,
     /// sizes and digests only, and stay as written.
     pub fn has_content(&self) -> bool {
-        matches!(
-            self.kind(),
-            OpKind::MomentCreate
-                | OpKind::MomentEdit
-                | OpKind::TurnFinish
-                | OpKind::TurnFail
-                | OpKind::MessagePost
-        )
+        self.kind().has_content()
     }
 
     /// The op with its content removed, as a compaction writes it (SPEC
@@ -636,6 +691,8 @@ impl OpBody {
             OpBody::JobStart(p) => codec::encode(p)?,
             OpBody::RecallStart(p) => codec::encode(p)?,
             OpBody::MessagePost(p) => codec::encode(p)?,
+            // Its own fixed layout (FORMAT.md, "Compaction"), not the codec's.
+            OpBody::LogCompact(p) => p.encode(),
         };
         Ok((kind.code(), kind.current_version(), payload))
     }
@@ -703,6 +760,15 @@ pub enum OpDecodeError {
         /// The newest version this build reads.
         supported: u16,
     },
+    /// A `log.compact` payload that does not decode (FORMAT.md,
+    /// "Compaction").
+    #[error("seq {seq}: log.compact payload: {reason}")]
+    Compaction {
+        /// The record's seq.
+        seq: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The payload is not a valid encoding of its kind.
     #[error("seq {seq}: {kind} payload: {source}")]
     Payload {
@@ -754,6 +820,12 @@ impl Op {
             OpKind::JobStart => OpBody::JobStart(codec::decode(bytes).map_err(wrap)?),
             OpKind::RecallStart => OpBody::RecallStart(codec::decode(bytes).map_err(wrap)?),
             OpKind::MessagePost => OpBody::MessagePost(codec::decode(bytes).map_err(wrap)?),
+            OpKind::LogCompact => OpBody::LogCompact(CompactionRecord::decode(bytes).map_err(
+                |e| OpDecodeError::Compaction {
+                    seq,
+                    reason: e.to_string(),
+                },
+            )?),
         };
         Ok(Op {
             seq,

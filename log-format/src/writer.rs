@@ -731,6 +731,11 @@ impl Log {
         &self.dir
     }
 
+    /// The file system the log is on.
+    pub fn fs(&self) -> Arc<dyn Fs> {
+        Arc::clone(&self.fs)
+    }
+
     /// The settings the log was opened with.
     pub fn config(&self) -> &LogConfig {
         &self.config

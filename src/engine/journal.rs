@@ -125,12 +125,21 @@ impl Journal {
                 match queue.blocking_recv() {
                     Some(WriterRequest::Command { command, reply }) => batch.push((command, reply)),
                     Some(WriterRequest::Stop) | None => stopping = true,
+                    Some(other) => self.compaction_request(other),
                 }
             }
             while !stopping && batch.len() < self.max_batch_ops {
                 match queue.try_recv() {
                     Ok(WriterRequest::Command { command, reply }) => batch.push((command, reply)),
                     Ok(WriterRequest::Stop) => stopping = true,
+                    // The batch so far goes first: requests are served in
+                    // arrival order.
+                    Ok(other) => {
+                        if !batch.is_empty() {
+                            self.commit_batch(std::mem::take(&mut batch));
+                        }
+                        self.compaction_request(other);
+                    }
                     Err(_) => break,
                 }
             }
@@ -140,14 +149,114 @@ impl Journal {
         }
         // Anything queued after the stop is refused, never dropped silently.
         queue.close();
+        let stopped = || EngineError::Unavailable("the engine is shutting down".into());
         while let Ok(job) = queue.try_recv() {
-            if let WriterRequest::Command { reply, .. } = job {
-                let _ = reply.send(Err(EngineError::Unavailable(
-                    "the engine is shutting down".into(),
-                )));
+            match job {
+                WriterRequest::Command { reply, .. } => {
+                    let _ = reply.send(Err(stopped()));
+                }
+                WriterRequest::SealActive { reply } => {
+                    let _ = reply.send(Err(stopped()));
+                }
+                WriterRequest::CommitCompaction { staged, reply, .. } => {
+                    let _ = staged.discard(self.log_fs().as_ref());
+                    let _ = reply.send(Err(stopped()));
+                }
+                WriterRequest::Stop => {}
             }
         }
         tracing::info!(seq = self.log.last_seq(), "journal stopped");
+    }
+
+    /// The file system the log is on (for discarding staged files).
+    fn log_fs(&self) -> Arc<dyn spark_log_format::Fs> {
+        self.log.fs()
+    }
+
+    /// Serves a compaction's request to the writer (SPEC section 13): seal
+    /// the active segment, or commit a staged compaction. A failure of the
+    /// log's calls poisons the write path like a failed append.
+    fn compaction_request(&mut self, request: WriterRequest) {
+        let poisoned = |journal: &Self| journal.shared.poison.lock().clone();
+        match request {
+            WriterRequest::SealActive { reply } => {
+                if let Some(reason) = poisoned(self) {
+                    let _ = reply.send(Err(EngineError::Unavailable(reason)));
+                    return;
+                }
+                let sealed = self.log.seal_active();
+                *self.shared.head.lock() = self.log.head();
+                let _ = reply.send(match sealed {
+                    Ok(()) => Ok(self.log.head()),
+                    Err(e) => Err(self.poison_compaction("sealing the active segment", &e)),
+                });
+            }
+            WriterRequest::CommitCompaction {
+                staged,
+                subjects,
+                reply,
+            } => {
+                if let Some(reason) = poisoned(self) {
+                    let _ = staged.discard(self.log_fs().as_ref());
+                    let _ = reply.send(Err(EngineError::Unavailable(reason)));
+                    return;
+                }
+                let subject_bytes = subjects.iter().map(|id| id.0.to_be_bytes()).collect();
+                let answer = match self.log.commit_compaction(staged, subject_bytes) {
+                    Ok(commit) => self.fold_compaction(&commit).map(|()| Some(commit)),
+                    Err(LogError::CompactionStale) => Ok(None),
+                    Err(e) => Err(self.poison_compaction("committing a compaction", &e)),
+                };
+                let _ = reply.send(answer);
+            }
+            WriterRequest::Command { .. } | WriterRequest::Stop => {
+                unreachable!("only compaction requests come here")
+            }
+        }
+    }
+
+    /// Stops the write path after a failed compaction step (the log is
+    /// poisoned; a restart's recovery finishes or rolls back the
+    /// compaction) and returns the refusal.
+    fn poison_compaction(&self, step: &str, e: &LogError) -> EngineError {
+        let reason = format!("{step} failed: {e}");
+        tracing::error!(%reason, "the write path is stopped until restart");
+        *self.shared.poison.lock() = Some(reason.clone());
+        EngineError::Unavailable(reason)
+    }
+
+    /// Folds a committed compaction's record into the mirror (it erases its
+    /// moments) and publishes the new head and the change.
+    fn fold_compaction(
+        &mut self,
+        commit: &spark_log_format::CompactionCommit,
+    ) -> Result<(), EngineError> {
+        let op = Op::new(
+            commit.record_seq,
+            self.clock.now_ms(),
+            OpBody::LogCompact(commit.record.clone()),
+        );
+        let notice = super::ChangeNotice::of(&op);
+        {
+            let mut mirror = self.shared.mirror.write();
+            if let Err(e) = mirror.apply(op) {
+                drop(mirror);
+                let reason = format!("the fold refused the compaction record: {e}");
+                tracing::error!(%reason);
+                *self.shared.poison.lock() = Some(reason.clone());
+                return Err(EngineError::Unavailable(reason));
+            }
+            *self.shared.head.lock() = self.log.head();
+        }
+        self.publish(
+            commit.record_seq,
+            Folded {
+                answers: Vec::new(),
+                notices: vec![notice],
+                started_turns: Vec::new(),
+            },
+        );
+        Ok(())
     }
 
     fn commit_batch(&mut self, batch: Vec<(super::Command, Reply)>) {

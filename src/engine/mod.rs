@@ -144,6 +144,21 @@ enum WriterRequest {
         command: Command,
         reply: oneshot::Sender<Result<Outcome, EngineError>>,
     },
+    /// Seal the active segment now, so that a compaction can rewrite its
+    /// records (SPEC section 13: an erasure never waits for a segment to
+    /// fill). Answers the head after the roll.
+    SealActive {
+        reply: oneshot::Sender<Result<Head, EngineError>>,
+    },
+    /// Put a staged compaction into effect ([`Log::commit_compaction`]),
+    /// fold its record (which erases `subjects` from the mirror) and
+    /// publish it. Answers the commit, or `None` when the log rolled since
+    /// staging (stale: nothing changed, stage again).
+    CommitCompaction {
+        staged: spark_log_format::StagedCompaction,
+        subjects: Vec<Id>,
+        reply: oneshot::Sender<Result<Option<spark_log_format::CompactionCommit>, EngineError>>,
+    },
     /// Finish what came before, then stop the writer thread.
     Stop,
 }
@@ -294,6 +309,51 @@ impl Engine {
         });
         self.refuse_if_fenced()?;
         answer
+    }
+
+    /// Seals the active segment now (the compactor's first step when it
+    /// holds content due for erasure, SPEC section 13) and returns the head
+    /// after the roll. Errors: `Unavailable` when the write path is stopped
+    /// or the roll failed (which stops it).
+    pub async fn seal_active(&self) -> Result<Head, EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(WriterRequest::SealActive { reply })
+            .await
+            .map_err(|_| EngineError::Unavailable("the engine is shutting down".into()))?;
+        answer.await.unwrap_or_else(|_| {
+            Err(EngineError::Unavailable(
+                "the writer stopped before answering".into(),
+            ))
+        })
+    }
+
+    /// Puts a staged compaction into effect on the writer thread and folds
+    /// its record, which erases `subjects` (deleted moments) from the
+    /// mirror. `Ok(None)` when the log rolled since staging: nothing
+    /// changed, the staged files are gone, stage again. Errors:
+    /// `Unavailable` when the write path is stopped or a step failed
+    /// (which stops it; recovery at the next start finishes the commit or
+    /// leaves the old segments).
+    pub async fn commit_compaction(
+        &self,
+        staged: spark_log_format::StagedCompaction,
+        subjects: Vec<Id>,
+    ) -> Result<Option<spark_log_format::CompactionCommit>, EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(WriterRequest::CommitCompaction {
+                staged,
+                subjects,
+                reply,
+            })
+            .await
+            .map_err(|_| EngineError::Unavailable("the engine is shutting down".into()))?;
+        answer.await.unwrap_or_else(|_| {
+            Err(EngineError::Unavailable(
+                "the writer stopped before answering".into(),
+            ))
+        })
     }
 
     fn refuse_if_fenced(&self) -> Result<(), EngineError> {

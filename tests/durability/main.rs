@@ -18,6 +18,7 @@ mod audit_live;
 mod checkpoint_start;
 mod crash_kill9;
 mod disk_full;
+mod erasure;
 mod media_kill9;
 mod op_vectors;
 mod replay_refusal;

@@ -173,6 +173,55 @@ impl Mirror {
             OpBody::JobStart(p) => self.fold_job_start(at, p)?,
             OpBody::MessagePost(p) => self.fold_message(at, ts_ms, p)?,
             OpBody::RecallStart(p) => self.fold_recall(at, p)?,
+            OpBody::LogCompact(p) => {
+                for subject in &p.subjects {
+                    self.erase_moment(at, Id(u128::from_be_bytes(*subject)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The fold's part of an erasure (SPEC section 13): the deleted moment
+    /// loses its texts and is marked erased, its turns lose their answers,
+    /// sources and errors, its thread's messages their bodies. Ids, times,
+    /// versions, media records and the request index stay. Erasing an
+    /// erased moment again changes nothing (a replay of a compacted log
+    /// meets erased ops first, then the record).
+    ///
+    /// Errors: `NotLive` for a moment that does not exist, `Refused` for one
+    /// that is not deleted (only tombstones are erased).
+    fn erase_moment(&mut self, at: At, id: Id) -> Result<(), FoldError> {
+        let Some(moment) = self.moments.get_mut(&id) else {
+            return Err(FoldError::NotLive {
+                seq: at.seq,
+                kind: at.kind.name(),
+                id,
+                state: "unknown",
+            });
+        };
+        if !moment.deleted {
+            return Err(refuse(at, Entity::Id(id), "only a deleted moment is erased"));
+        }
+        moment.erase();
+        for turn_id in moment.turns() {
+            if let Some(turn) = self.turns.get_mut(turn_id) {
+                match &mut turn.status {
+                    TurnStatus::Running => {}
+                    TurnStatus::Done { answer, source, .. } => {
+                        *answer = String::new();
+                        *source = String::new();
+                    }
+                    TurnStatus::Failed { error, .. } => *error = String::new(),
+                }
+            }
+        }
+        if let Some(thread) = self.threads.get(&id) {
+            for message_id in thread {
+                if let Some(message) = self.messages.get_mut(message_id) {
+                    message.body = String::new();
+                }
+            }
         }
         Ok(())
     }

@@ -1,0 +1,418 @@
+//! Forgetting (SPEC section 13; DESIGN.md, "Forgetting"): the background
+//! compactor that erases what a person deleted.
+//!
+//! Every `[retention] check_interval_ms` (and once right after start) a pass
+//! looks for deleted moments whose delete was acknowledged at least
+//! `erase_after_ms` ago and whose content is still there. For those it:
+//!
+//! 1. seals the active segment if it holds any of their content (an erasure
+//!    never waits for a segment to fill);
+//! 2. stages the sealed segments rewritten, each op with content about them
+//!    in its erased form ([`spark_core::op::Op::encode_erased`]), off the
+//!    writer thread ([`spark_log_format::stage_compaction`]);
+//! 3. has the writer commit it ([`Engine::commit_compaction`]): the redo
+//!    journal, the renames, the compaction record, whose fold erases the
+//!    moments from the mirror;
+//! 4. removes their blobs (unless a moment that was not erased holds the
+//!    same bytes, or an upload holds the digest), and the checkpoints taken
+//!    at or after the first rewritten segment (they hold the erased content,
+//!    and their chain values are gone with the old segments).
+//!
+//! The pass runs on a blocking thread, one at a time; the writer is busy
+//! only for the commit. With an `[archive]` or on a replica the compactor
+//! does not run: the archive does not follow a compaction yet, and a
+//! rewritten segment would stop its shipping (see [`Held`]).
+
+use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use spark_core::ids::Id;
+use spark_core::op::{Op, OpBody, OpKind};
+use spark_log_format::{Fs, LogConfig, LogReader, Rewrite, ScanOptions};
+
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::engine::Engine;
+use crate::media::MediaStore;
+
+/// Why the compactor does not run on this server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// `[archive]` is set: the archive does not follow compactions yet.
+    Archive,
+    /// A replica follows an archive and never writes its own log.
+    Replica,
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Deleted moments whose content is still there, due or not.
+    pub pending: usize,
+    /// Of those, the ones due and erased by this pass.
+    pub erased: Vec<Id>,
+    /// Segments rewritten (content or chain).
+    pub segments_rewritten: usize,
+    /// Bytes of segment files written.
+    pub bytes_written: u64,
+    /// Blobs removed.
+    pub blobs_removed: usize,
+    /// Checkpoint files removed.
+    pub checkpoints_removed: usize,
+    /// The earliest time (Unix ms) a pending moment becomes due, if one is
+    /// not due yet.
+    pub next_due_ms: Option<u64>,
+}
+
+/// Why a pass failed. The next pass tries again; a failure of the writer's
+/// part stops the write path (a restart's recovery finishes the job).
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    /// Reading or staging the log failed.
+    #[error("compaction: {0}")]
+    Log(#[from] spark_log_format::LogError),
+    /// The writer refused or failed.
+    #[error("compaction: {0}")]
+    Engine(#[from] crate::engine::EngineError),
+    /// Removing a blob or a checkpoint failed.
+    #[error("compaction: {what}: {source}")]
+    Io {
+        /// What was being removed.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The compactor's view of a data directory.
+pub struct Compactor {
+    engine: Arc<Engine>,
+    media: MediaStore,
+    fs: Arc<dyn Fs>,
+    clock: Arc<dyn Clock>,
+    data_dir: PathBuf,
+    log_dir: PathBuf,
+    log_config: LogConfig,
+    erase_after_ms: u64,
+}
+
+/// Where a deleted moment's ops are: its delete's time and the seqs of its
+/// ops with content.
+#[derive(Clone, Debug, Default)]
+struct Found {
+    deleted_at_ms: Option<u64>,
+    last_content_seq: u64,
+}
+
+impl Compactor {
+    /// A compactor for the engine's data directory with the settings'
+    /// `[retention]` and `[log]` values; `media` is the server's store (its
+    /// upload holds are respected), `clock` the engine's.
+    pub fn new(
+        settings: &Settings,
+        engine: Arc<Engine>,
+        media: MediaStore,
+        fs: Arc<dyn Fs>,
+        clock: Arc<dyn Clock>,
+    ) -> Compactor {
+        Compactor {
+            engine,
+            media,
+            fs,
+            clock,
+            data_dir: settings.data_dir.clone(),
+            log_dir: settings.log_dir(),
+            log_config: settings.log_config(),
+            erase_after_ms: settings.retention.erase_after_ms,
+        }
+    }
+
+    /// Why the compactor must not run with these settings, if it must not.
+    pub fn held(settings: &Settings) -> Option<Held> {
+        if settings.replica_from.is_some() {
+            Some(Held::Replica)
+        } else if settings.archive.is_some() {
+            Some(Held::Archive)
+        } else {
+            None
+        }
+    }
+
+    /// Runs passes every `interval` until `stop` turns true. A failed pass
+    /// is logged and retried at the next interval.
+    pub async fn run(self, interval: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let this = Arc::new(self);
+        loop {
+            let pass = Arc::clone(&this);
+            let handle = tokio::runtime::Handle::current();
+            let result = tokio::task::spawn_blocking(move || handle.block_on(pass.pass())).await;
+            match result {
+                Ok(Ok(report)) if !report.erased.is_empty() => tracing::info!(
+                    erased = report.erased.len(),
+                    segments = report.segments_rewritten,
+                    bytes = report.bytes_written,
+                    blobs = report.blobs_removed,
+                    checkpoints = report.checkpoints_removed,
+                    "erased the content of deleted moments"
+                ),
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => tracing::error!(%error, "an erasure pass failed; it is tried again at the next check"),
+                Err(error) => tracing::error!(%error, "an erasure pass stopped"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.wait_for(|stop| *stop) => return,
+            }
+        }
+    }
+
+    /// One pass: erases every deleted moment that is due (module docs).
+    /// Errors: [`PassError`]; nothing is half done (the log's compaction is
+    /// atomic; blobs and checkpoints are retried by the next pass through
+    /// `spark-replay audit erasure`'s findings at the latest).
+    pub async fn pass(&self) -> Result<PassReport, PassError> {
+        let mut report = PassReport::default();
+        // Deleted moments whose content is still there, and the ids of
+        // their turns and messages.
+        let pending: Vec<(Id, u64)> = self.engine.read(|mirror| {
+            mirror
+                .moments
+                .values()
+                .filter(|m| m.deleted && !m.erased())
+                .map(|m| (m.id, m.created_seq()))
+                .collect()
+        });
+        report.pending = pending.len();
+        let Some(from_seq) = pending.iter().map(|(_, seq)| *seq).min() else {
+            return Ok(report);
+        };
+        let owners = self.owners(pending.iter().map(|(id, _)| *id));
+        let found = self.find(from_seq, &owners)?;
+        let now_ms = self.clock.now_ms();
+        let mut due: Vec<Id> = Vec::new();
+        for (id, _) in &pending {
+            match found.get(id).and_then(|f| f.deleted_at_ms) {
+                Some(at) if at.saturating_add(self.erase_after_ms) <= now_ms => due.push(*id),
+                Some(at) => {
+                    let when = at.saturating_add(self.erase_after_ms);
+                    report.next_due_ms = Some(report.next_due_ms.map_or(when, |n| n.min(when)));
+                }
+                // The delete is not in the log this pass read (it cannot be
+                // before the create): try again next pass.
+                None => {}
+            }
+        }
+        if due.is_empty() {
+            return Ok(report);
+        }
+        due.sort_unstable();
+        let due_set: HashSet<Id> = due.iter().copied().collect();
+        let owners = self.owners(due.iter().copied());
+        // 1. The active segment holds content of a due moment: seal it.
+        let last_content_seq = due
+            .iter()
+            .filter_map(|id| found.get(id))
+            .map(|f| f.last_content_seq)
+            .max()
+            .unwrap_or(0);
+        let head = self.engine.head();
+        let active_first_seq = head.segment.trim_end_matches(".seg").parse::<u64>().ok();
+        if active_first_seq.is_some_and(|first| last_content_seq >= first) {
+            self.engine.seal_active().await?;
+        }
+        // 2. Stage, 3. commit; a roll between the two makes the staging
+        // stale: stage again (a few times, then leave it to the next pass).
+        let mut committed = None;
+        for _ in 0..3 {
+            let staged = spark_log_format::stage_compaction(
+                &self.log_dir,
+                Arc::clone(&self.fs),
+                &self.log_config,
+                |record| erase_record(record, &owners),
+            )?;
+            let Some(staged) = staged else {
+                break;
+            };
+            report.segments_rewritten = staged.segments().len();
+            report.bytes_written = staged.bytes_written();
+            if let Some(commit) = self.engine.commit_compaction(staged, due.clone()).await? {
+                committed = Some(commit);
+                break;
+            }
+        }
+        let Some(commit) = committed else {
+            return Ok(report);
+        };
+        report.erased = due;
+        // 4. Blobs and checkpoints.
+        report.blobs_removed = self.remove_blobs(&due_set)?;
+        let first_rewritten = commit
+            .record
+            .segments
+            .first()
+            .map_or(u64::MAX, |s| s.first_seq);
+        report.checkpoints_removed = self.remove_checkpoints(first_rewritten)?;
+        Ok(report)
+    }
+
+    /// The ids whose ops carry content about `moments`: the moments, their
+    /// turns and their messages.
+    fn owners(&self, moments: impl Iterator<Item = Id>) -> Owners {
+        self.engine.read(|mirror| {
+            let mut owners = Owners::default();
+            for id in moments {
+                owners.moments.insert(id);
+                if let Some(moment) = mirror.moment(id) {
+                    owners.turns.extend(moment.turns().iter().map(|t| (*t, id)));
+                }
+            }
+            owners
+        })
+    }
+
+    /// Reads the log from `from_seq` for the delete time and the last
+    /// content op of each moment in `owners`.
+    fn find(&self, from_seq: u64, owners: &Owners) -> Result<HashMap<Id, Found>, PassError> {
+        let reader = LogReader::open_live_from(
+            &self.log_dir,
+            Arc::clone(&self.fs),
+            self.log_config.max_record_bytes,
+            from_seq,
+        )?;
+        let mut found: HashMap<Id, Found> = HashMap::new();
+        let options = ScanOptions {
+            verify_chain: false,
+            max_record_bytes: self.log_config.max_record_bytes,
+        };
+        reader.scan(options, |_, record| {
+            if record.seq < from_seq {
+                return ControlFlow::Continue(());
+            }
+            let Some(kind) = OpKind::from_code(record.kind) else {
+                return ControlFlow::Continue(());
+            };
+            if !matches!(kind, OpKind::MomentDelete) && !kind.has_content() {
+                return ControlFlow::Continue(());
+            }
+            let Ok(op) = Op::decode(&record) else {
+                return ControlFlow::Continue(());
+            };
+            if let OpBody::MomentDelete(p) = &op.body {
+                if owners.moments.contains(&p.id) {
+                    found.entry(p.id).or_default().deleted_at_ms = Some(op.ts_ms);
+                }
+            } else if !op.erased {
+                if let Some(moment) = owners.moment_of(&op.body) {
+                    let entry = found.entry(moment).or_default();
+                    entry.last_content_seq = entry.last_content_seq.max(op.seq);
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
+        Ok(found)
+    }
+
+    /// Removes the blobs of the erased moments' media that no other media
+    /// names, then fsyncs the blob directory. Returns how many.
+    fn remove_blobs(&self, erased: &HashSet<Id>) -> Result<usize, PassError> {
+        let unneeded = || {
+            self.engine.read(|mirror| {
+                let mut gone = HashSet::new();
+                let mut kept = HashSet::new();
+                for media in mirror.media.values() {
+                    if erased.contains(&media.moment_id) {
+                        gone.insert(media.sha256.0);
+                    } else if !mirror.is_erased(media.moment_id) {
+                        kept.insert(media.sha256.0);
+                    }
+                }
+                gone.difference(&kept).copied().collect()
+            })
+        };
+        self.media
+            .remove_erased(unneeded)
+            .map_err(|source| PassError::Io {
+                what: format!("removing the blobs of {} erased moments", erased.len()),
+                source,
+            })
+    }
+
+    /// Removes the checkpoints at or after `first_seq` (they hold erased
+    /// content, and their chain values name segments that were rewritten),
+    /// then fsyncs their directory. Returns how many.
+    fn remove_checkpoints(&self, first_seq: u64) -> Result<usize, PassError> {
+        let mut removed = 0;
+        for (seq, path) in spark_core::checkpoint::list(&self.data_dir) {
+            if seq < first_seq {
+                continue;
+            }
+            self.fs
+                .remove_file(&path)
+                .map_err(|source| PassError::Io {
+                    what: format!("removing checkpoint {}", path.display()),
+                    source,
+                })?;
+            removed += 1;
+        }
+        if removed > 0 {
+            let dir = spark_core::checkpoint::checkpoint_dir(&self.data_dir);
+            self.fs.sync_dir(&dir).map_err(|source| PassError::Io {
+                what: format!("syncing {}", dir.display()),
+                source,
+            })?;
+        }
+        Ok(removed)
+    }
+}
+
+/// The ids that carry content about a set of moments.
+#[derive(Default)]
+struct Owners {
+    /// The moments (their creates, edits and threads).
+    moments: HashSet<Id>,
+    /// Their turns, each with its moment.
+    turns: HashMap<Id, Id>,
+}
+
+impl Owners {
+    /// The moment an op with content is about, when it is one of these.
+    fn moment_of(&self, body: &OpBody) -> Option<Id> {
+        let moment = match body {
+            OpBody::MomentCreate(p) => p.id,
+            OpBody::MomentEdit(p) => p.id,
+            OpBody::MessagePost(p) => p.thread_id,
+            OpBody::TurnFinish(p) => return self.turns.get(&p.id).copied(),
+            OpBody::TurnFail(p) => return self.turns.get(&p.id).copied(),
+            _ => return None,
+        };
+        self.moments.contains(&moment).then_some(moment)
+    }
+}
+
+/// What a compaction writes in place of `record`: its erased form when it
+/// is an op with content about one of `owners`, else the record unchanged.
+fn erase_record(record: spark_log_format::RecordRef<'_>, owners: &Owners) -> Rewrite {
+    let Some(kind) = OpKind::from_code(record.kind) else {
+        return Rewrite::Keep;
+    };
+    if !kind.has_content() {
+        return Rewrite::Keep;
+    }
+    let Ok(op) = Op::decode(&record) else {
+        return Rewrite::Keep;
+    };
+    if op.erased || owners.moment_of(&op.body).is_none() {
+        return Rewrite::Keep;
+    }
+    match op.encode_erased() {
+        Ok((_, kind_version, payload)) => Rewrite::Replace {
+            kind_version,
+            payload,
+        },
+        Err(_) => Rewrite::Keep,
+    }
+}
