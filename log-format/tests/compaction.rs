@@ -552,3 +552,80 @@ fn the_compaction_record_round_trips_and_refuses_truncated_or_trailing_bytes() {
     let empty = CompactionRecord::default();
     assert_eq!(CompactionRecord::decode(&empty.encode()).unwrap(), empty);
 }
+
+#[test]
+fn a_damaged_journal_is_refused_naming_it_and_stale_staging_is_removed() {
+    let (fs, mut log) = mem_log();
+    let mem: Arc<dyn Fs> = Arc::new(fs.clone());
+    let seqs = cut_seqs(&fs);
+    // A staging that never committed: its files go at the next open.
+    let staged = stage_compaction(&mem_dir(), mem.clone(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    let names: Vec<String> = other_files(&fs, &mem_dir());
+    assert_eq!(names.len(), staged.segments().len());
+    drop(log);
+    let (_, report, seen) = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap();
+    assert_eq!(report.staged_removed, names);
+    assert_eq!(seen, expected(RECORDS, &BTreeSet::new()));
+    assert_eq!(other_files(&fs, &mem_dir()), Vec::<String>::new());
+
+    // A journal that does not verify: damage, refused, nothing changed.
+    let journal = mem_dir().join(JOURNAL_NAME);
+    let mut bytes = b"SPARKCMP\x01\x00\x00\x00".to_vec();
+    bytes.extend_from_slice(&[0xAB; 40]);
+    fs.insert_durable(&journal, &bytes);
+    let e = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap_err();
+    let (segment, _, _) = corrupt_fields(&e);
+    assert_eq!(segment, JOURNAL_NAME, "{e}");
+    assert_eq!(fs.read(&journal), Some(bytes));
+    log = open_collect(&mem_dir(), cfg(), mem.clone())
+        .map(|(log, _, _)| log)
+        .unwrap_or_else(|_| {
+            fs.remove_file(&journal).unwrap();
+            open_collect(&mem_dir(), cfg(), mem.clone()).unwrap().0
+        });
+    assert_eq!(log.last_seq(), RECORDS);
+}
+
+#[test]
+fn version_1_segments_stay_version_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = SegmentBytes::v1(1, [0; 32])
+        .record(1)
+        .record(2)
+        .record(3)
+        .seal(3);
+    first.write(&dir);
+    // A seal's chain value: over the bytes before it.
+    let seal_of = |segment: &SegmentBytes| {
+        let before = &segment.bytes[..segment.bytes.len() - 60];
+        spark_log_format::format::chain_value(&segment.chain_start, before)
+    };
+    let second = SegmentBytes::v1(4, seal_of(&first))
+        .record(4)
+        .record(5)
+        .seal(5);
+    let second_seal = seal_of(&second);
+    second.write(&dir);
+    SegmentBytes::v1(6, second_seal).record(6).write(&dir);
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    let seqs: BTreeSet<Seq> = [2].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    assert_eq!(staged.segments().len(), 2);
+    log.commit_compaction(staged, Vec::new()).unwrap();
+    drop(log);
+    for path in segment_paths(&dir).iter().take(2) {
+        let bytes = std::fs::read(path).unwrap();
+        assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 1, "{path:?}");
+    }
+    let (_, _, seen) = open_collect(&dir, cfg(), os()).unwrap();
+    let (rest, compactions) = split_compactions(seen.clone());
+    assert_eq!(rest, expected(6, &seqs));
+    assert_eq!(compactions.len(), 1);
+    assert_eq!(scan_all(&dir, os()), seen);
+}
