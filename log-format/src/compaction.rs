@@ -728,7 +728,11 @@ fn file_matches(fs: &dyn Fs, path: &Path, len: u64, hash: &[u8; 32]) -> Result<b
 /// Errors: `Corrupt` when neither the segment nor the staged file holds
 /// the bytes the journal names (damage: both were made durable before);
 /// `Io`.
-pub(crate) fn put_in_place(fs: &dyn Fs, dir: &Path, entries: &[StagedEntry]) -> Result<(), LogError> {
+pub(crate) fn put_in_place(
+    fs: &dyn Fs,
+    dir: &Path,
+    entries: &[StagedEntry],
+) -> Result<(), LogError> {
     for entry in entries {
         let final_path = dir.join(&entry.final_name);
         if file_matches(fs, &final_path, entry.len, &entry.hash)? {
@@ -1071,13 +1075,11 @@ pub fn link_head(reader: &LogReader, seq: Seq, chain: ChainValue) -> Result<Head
 
 /// The compaction record `record` of segment `name`, or `Corrupt`.
 pub(crate) fn decode_in(name: &str, record: &RecordRef<'_>) -> Result<CompactionRecord, LogError> {
-    CompactionRecord::decode(record.payload).map_err(|e| {
-        LogError::Corrupt {
-            segment: name.to_owned(),
-            offset: record.offset,
-            seq: FaultSeq::Record(record.seq),
-            reason: e.to_string(),
-        }
+    CompactionRecord::decode(record.payload).map_err(|e| LogError::Corrupt {
+        segment: name.to_owned(),
+        offset: record.offset,
+        seq: FaultSeq::Record(record.seq),
+        reason: e.to_string(),
     })
 }
 

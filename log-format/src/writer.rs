@@ -23,15 +23,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
+use crate::compaction::{
+    self, CompactionCommit, CompactionRecord, Journal, StagedCompaction, COMPACTION_KIND_VERSION,
+    JOURNAL_NAME, KIND_COMPACTION,
+};
 use crate::error::{FaultSeq, LogError, OpenError};
 use crate::format::{
     chain_hasher, encode_commit, encode_record, encode_seal, record_size, segment_file_name,
     CommitMark, RecordIn, RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES, FORMAT_VERSION,
     HEADER_LEN, KIND_SEAL, RECORD_MIN_LEN, SEAL_RECORD_BYTES,
-};
-use crate::compaction::{
-    self, CompactionCommit, CompactionRecord, Journal, StagedCompaction, COMPACTION_KIND_VERSION,
-    JOURNAL_NAME, KIND_COMPACTION,
 };
 use crate::fs::Fs;
 use crate::recovery::{recover, LogPoint, RecoveryReport};
@@ -250,7 +250,10 @@ impl Log {
     /// its compaction record unless the log holds it after the journal's
     /// head seq, then removes the staged files and the journal. Returns the
     /// record and whether it was appended.
-    fn finish_compaction(&mut self, journal: &Journal) -> Result<(CompactionRecord, bool), LogError> {
+    fn finish_compaction(
+        &mut self,
+        journal: &Journal,
+    ) -> Result<(CompactionRecord, bool), LogError> {
         let record = CompactionRecord::decode(&journal.payload).map_err(|e| LogError::Corrupt {
             segment: JOURNAL_NAME.to_owned(),
             offset: 0,
@@ -398,9 +401,7 @@ impl Log {
         };
         // Step 2: the commit point.
         let journal_path = self.dir.join(JOURNAL_NAME);
-        let written = self
-            .fs
-            .write_file_durably(&journal_path, &journal.encode());
+        let written = self.fs.write_file_durably(&journal_path, &journal.encode());
         poison(
             &mut self.poisoned,
             "write_file_durably",

@@ -1,0 +1,631 @@
+//! Compaction (FORMAT.md, "Compaction"): staging and committing a rewrite
+//! of sealed segments, staleness, a power cut at every file-system call of
+//! stage + commit, linking old heads, and the compaction record's payload.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::*;
+use spark_log_format::{
+    link_head, stage_compaction, CompactionRecord, CutMode, Fs, Head, HeadLink, Log, LogConfig,
+    LogError, LogReader, MemFs, OsFs, RecordIn, Rewrite, ScanOptions, SegmentRewrite, Seq,
+    JOURNAL_NAME, KIND_COMPACTION,
+};
+
+/// Small segments: a roll every few batches.
+const SEGMENT_BYTES: u64 = 420;
+/// Records in the test log.
+const RECORDS: u64 = 40;
+
+fn cfg() -> LogConfig {
+    config(SEGMENT_BYTES)
+}
+
+/// Appends `RECORDS` sample records in batches of 1, 2, 3, 1, 2, 3, ...;
+/// returns the head after each batch.
+fn fill(log: &mut Log) -> Vec<Head> {
+    let mut heads = Vec::new();
+    let mut seq = log.last_seq() + 1;
+    let mut size = 1;
+    while seq <= RECORDS {
+        let batch: Vec<Owned> = (seq..(seq + size).min(RECORDS + 1)).map(sample).collect();
+        let ins: Vec<RecordIn<'_>> = batch.iter().map(Owned::as_in).collect();
+        let last = log.append_batch(&ins).expect("append");
+        assert_eq!(last, batch.last().unwrap().seq);
+        heads.push(log.head());
+        seq = last + 1;
+        size = size % 3 + 1;
+    }
+    heads
+}
+
+/// The payload an erased record gets.
+fn erased(seq: Seq) -> Vec<u8> {
+    format!("erased {seq}").into_bytes()
+}
+
+/// The rewrite that erases `seqs` (kind_version 9, a short payload).
+fn erase(seqs: &BTreeSet<Seq>) -> impl FnMut(spark_log_format::RecordRef<'_>) -> Rewrite + '_ {
+    move |record| {
+        if seqs.contains(&record.seq) {
+            Rewrite::Replace {
+                kind_version: 9,
+                payload: erased(record.seq),
+            }
+        } else {
+            Rewrite::Keep
+        }
+    }
+}
+
+/// The sample records `1..=last` with `seqs` erased.
+fn expected(last: Seq, seqs: &BTreeSet<Seq>) -> Vec<Owned> {
+    (1..=last)
+        .map(|seq| {
+            let mut record = sample(seq);
+            if seqs.contains(&seq) {
+                record.kind_version = 9;
+                record.payload = erased(seq);
+            }
+            record
+        })
+        .collect()
+}
+
+/// Every record of the log in `dir` through `fs`, read by LogReader with
+/// the full chain check.
+fn scan_all(dir: &Path, fs: Arc<dyn Fs>) -> Vec<Owned> {
+    scan_collect_with(dir, fs).expect("scan").1
+}
+
+/// The seqs of the (non-empty) segments of the log in `dir`:
+/// (first, last, sealed).
+fn segments(dir: &Path, fs: Arc<dyn Fs>) -> Vec<(Seq, Seq, bool)> {
+    LogReader::open_with(dir, fs)
+        .expect("reader")
+        .segments()
+        .iter()
+        .map(|s| (s.first_seq, s.last_seq, s.sealed))
+        .collect()
+}
+
+/// The names of the files in `dir` that are not segments.
+fn other_files(fs: &dyn Fs, dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs
+        .list(dir)
+        .expect("list")
+        .iter()
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+        .filter(|n| !n.ends_with(".seg"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Splits off the compaction records (checking each decodes).
+fn split_compactions(records: Vec<Owned>) -> (Vec<Owned>, Vec<(Seq, CompactionRecord)>) {
+    let (compactions, rest): (Vec<Owned>, Vec<Owned>) =
+        records.into_iter().partition(|r| r.kind == KIND_COMPACTION);
+    let compactions = compactions
+        .into_iter()
+        .map(|r| {
+            assert_eq!(r.kind_version, 1);
+            (
+                r.seq,
+                CompactionRecord::decode(&r.payload).expect("decodes"),
+            )
+        })
+        .collect();
+    (rest, compactions)
+}
+
+#[test]
+fn stage_and_commit_rewrite_a_middle_segment_and_rechain_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    fill(&mut log);
+    let before = segments(&dir, os());
+    assert!(before.len() >= 6, "{before:?}");
+    let sealed = before.iter().filter(|s| s.2).count();
+    let (first, last, _) = before[2];
+    let seqs: BTreeSet<Seq> = [first, first + 1, last].into_iter().collect();
+
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .expect("something to stage");
+    assert_eq!(staged.rewritten_records(), 3);
+    assert_eq!(staged.segments().len(), sealed - 2);
+    assert_eq!(staged.segments()[0].first_seq, first);
+    assert!(staged.bytes_written() > 0);
+    assert!(other_files(&OsFs, &dir)
+        .iter()
+        .all(|n| n.ends_with(".seg.compact")));
+    // Staged files are no segments: the log reads as before.
+    assert_eq!(scan_all(&dir, os()), expected(RECORDS, &BTreeSet::new()));
+
+    let commit = log.commit_compaction(staged, vec![[7; 16]]).unwrap();
+    assert_eq!(commit.record_seq, RECORDS + 1);
+    assert_eq!(commit.record.subjects, vec![[7; 16]]);
+    assert_eq!(commit.record.segments.len(), sealed - 2);
+    for s in &commit.record.segments {
+        assert_ne!(s.old_seal, s.new_seal);
+    }
+    assert_eq!(other_files(&OsFs, &dir), Vec::<String>::new());
+    assert_eq!(log.head().chain, log_head_by_reader(&dir));
+
+    // Appends continue after the commit.
+    let more = sample(RECORDS + 2);
+    log.append_batch(&[more.as_in()]).unwrap();
+    drop(log);
+
+    let (mut log, report, seen) = open_collect(&dir, cfg(), os()).unwrap();
+    assert!(report.compaction_finished.is_none());
+    let (rest, compactions) = split_compactions(seen.clone());
+    let mut want = expected(RECORDS, &seqs);
+    want.push(more.clone());
+    assert_eq!(rest, want);
+    assert_eq!(compactions, vec![(RECORDS + 1, commit.record.clone())]);
+    assert_eq!(seen.last().unwrap().seq, RECORDS + 2);
+    assert_eq!(scan_all(&dir, os()), seen);
+    // The seqs, ts and kinds of every record are unchanged.
+    for (new, old) in rest.iter().zip(expected(RECORDS, &BTreeSet::new())) {
+        assert_eq!(
+            (new.seq, new.ts_ms, new.kind),
+            (old.seq, old.ts_ms, old.kind)
+        );
+    }
+    // Same segment boundaries.
+    let after = segments(&dir, os());
+    assert_eq!(after[..before.len() - 1], before[..before.len() - 1]);
+
+    // And after a reopen.
+    let again = sample(RECORDS + 3);
+    log.append_batch(&[again.as_in()]).unwrap();
+    log.seal_active().unwrap();
+    log.append_batch(&[sample(RECORDS + 4).as_in()]).unwrap();
+    drop(log);
+    let (_, _, seen2) = open_collect(&dir, cfg(), os()).unwrap();
+    assert_eq!(seen2.len(), seen.len() + 2);
+    assert_eq!(scan_all(&dir, os()), seen2);
+}
+
+/// The head chain LogReader computes for `dir`.
+fn log_head_by_reader(dir: &Path) -> [u8; 32] {
+    LogReader::open(dir)
+        .unwrap()
+        .scan(ScanOptions::default(), |_, _| ControlFlow::Continue(()))
+        .unwrap()
+        .head
+        .chain
+}
+
+#[test]
+fn nothing_to_replace_stages_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    fill(&mut log);
+    let mut seen = 0;
+    let staged = stage_compaction(&dir, os(), &cfg(), |_| {
+        seen += 1;
+        Rewrite::Keep
+    })
+    .unwrap();
+    assert!(staged.is_none());
+    let sealed_records: u64 = segments(&dir, os())
+        .iter()
+        .filter(|s| s.2)
+        .map(|s| s.1 + 1 - s.0)
+        .sum();
+    assert_eq!(seen, sealed_records);
+    assert_eq!(other_files(&OsFs, &dir), Vec::<String>::new());
+}
+
+#[test]
+fn callers_may_not_write_the_compaction_kind_nor_oversize_replacements() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    let record = RecordIn {
+        ts_ms: T0,
+        kind: KIND_COMPACTION,
+        kind_version: 1,
+        payload: b"",
+    };
+    assert!(matches!(
+        log.append_batch(&[record]),
+        Err(LogError::ReservedKind {
+            kind: KIND_COMPACTION
+        })
+    ));
+    assert!(!log.is_poisoned());
+    fill(&mut log);
+    let small = LogConfig {
+        max_record_bytes: 64,
+        ..cfg()
+    };
+    let e = stage_compaction(&dir, os(), &small, |_| Rewrite::Replace {
+        kind_version: 2,
+        payload: vec![0; 100],
+    })
+    .unwrap_err();
+    assert!(matches!(e, LogError::RecordTooLarge { .. }), "{e:?}");
+    assert_eq!(other_files(&OsFs, &dir), Vec::<String>::new());
+}
+
+#[test]
+fn a_roll_between_stage_and_commit_makes_the_staging_stale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    fill(&mut log);
+    let seqs: BTreeSet<Seq> = [2].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    log.seal_active().unwrap();
+    let head = log.head();
+    let e = log.commit_compaction(staged, Vec::new()).unwrap_err();
+    assert!(matches!(e, LogError::CompactionStale), "{e:?}");
+    assert!(!log.is_poisoned());
+    assert_eq!(log.head(), head);
+    assert_eq!(other_files(&OsFs, &dir), Vec::<String>::new());
+    assert_eq!(scan_all(&dir, os()), expected(RECORDS, &BTreeSet::new()));
+
+    // Staged again, it commits, and the newly sealed segment is staged too.
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    assert_eq!(staged.segments().last().unwrap().last_seq, RECORDS);
+    log.commit_compaction(staged, Vec::new()).unwrap();
+    drop(log);
+    let (_, _, seen) = open_collect(&dir, cfg(), os()).unwrap();
+    let (rest, compactions) = split_compactions(seen);
+    assert_eq!(rest, expected(RECORDS, &seqs));
+    assert_eq!(compactions.len(), 1);
+}
+
+#[test]
+fn a_log_whose_last_segment_is_sealed_compacts_it_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    fill(&mut log);
+    log.seal_active().unwrap();
+    drop(log);
+    // The roll left an empty active segment; remove it so the last segment
+    // is sealed (as a log whose roll was interrupted before its header).
+    let last = segment_paths(&dir).pop().unwrap();
+    std::fs::remove_file(&last).unwrap();
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    let seqs: BTreeSet<Seq> = [RECORDS].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    assert_eq!(staged.segments().len(), 1);
+    log.commit_compaction(staged, Vec::new()).unwrap();
+    log.append_batch(&[sample(RECORDS + 2).as_in()]).unwrap();
+    drop(log);
+    let (_, _, seen) = open_collect(&dir, cfg(), os()).unwrap();
+    let (rest, compactions) = split_compactions(seen.clone());
+    let mut want = expected(RECORDS, &seqs);
+    want.push(sample(RECORDS + 2));
+    assert_eq!(rest, want);
+    assert_eq!(compactions.len(), 1);
+    assert_eq!(scan_all(&dir, os()), seen);
+}
+
+// ---- Power cuts -------------------------------------------------------------
+
+fn mem_dir() -> PathBuf {
+    PathBuf::from("/data/log")
+}
+
+/// A MemFs holding the filled test log (everything durable), and the open
+/// Log.
+fn mem_log() -> (MemFs, Log) {
+    let fs = MemFs::new();
+    let (mut log, _, _) = open_collect(&mem_dir(), cfg(), Arc::new(fs.clone())).unwrap();
+    fill(&mut log);
+    (fs, log)
+}
+
+/// The erased seqs of the power-cut test: records of the third segment.
+fn cut_seqs(fs: &MemFs) -> BTreeSet<Seq> {
+    let segs = segments(&mem_dir(), Arc::new(fs.clone()));
+    let (first, last, _) = segs[2];
+    [first, last].into_iter().collect()
+}
+
+#[test]
+fn a_power_cut_at_every_call_of_stage_and_commit_leaves_the_old_or_the_new_log() {
+    let seqs = {
+        let (fs, _log) = mem_log();
+        cut_seqs(&fs)
+    };
+    let old = expected(RECORDS, &BTreeSet::new());
+    let new = expected(RECORDS, &seqs);
+    let mut outcomes = (0, 0, 0);
+    let mut n = 0;
+    loop {
+        let mut completed = false;
+        for mode in CutMode::ALL {
+            for seed in 0..4 {
+                let (fs, mut log) = mem_log();
+                let mem: Arc<dyn Fs> = Arc::new(fs.clone());
+                fs.crash_after(n);
+                let result = stage_compaction(&mem_dir(), mem.clone(), &cfg(), erase(&seqs))
+                    .and_then(|staged| {
+                        log.commit_compaction(staged.expect("staged"), vec![[1; 16]])
+                    });
+                let ok = result.is_ok();
+                completed |= ok && !fs.crashed();
+                drop(log);
+                fs.power_cut(mode, seed);
+                let point = format!("crash after {n} calls, {mode:?}, seed {seed}");
+
+                let journal = fs.read(&mem_dir().join(JOURNAL_NAME)).is_some();
+                if journal {
+                    let e = LogReader::open_with(&mem_dir(), mem.clone()).unwrap_err();
+                    assert!(
+                        matches!(e, LogError::CompactionPending { .. }),
+                        "{point}: {e:?}"
+                    );
+                }
+                let (mut log, report, seen) = open_collect(&mem_dir(), cfg(), mem.clone())
+                    .unwrap_or_else(|e| panic!("{point}: recovery failed: {e}"));
+                // Only the copy of a cut tail (the compaction record's
+                // torn write) may stay beside the segments.
+                let left: Vec<String> = other_files(&fs, &mem_dir())
+                    .into_iter()
+                    .filter(|n| !n.contains(".seg.torn-"))
+                    .collect();
+                assert_eq!(left, Vec::<String>::new(), "{point}");
+                // The visitor saw the log as recovery found it; a record
+                // recovery appended to finish a commit comes after.
+                let all = scan_all(&mem_dir(), mem.clone());
+                let appended = usize::from(report.compaction_record_appended);
+                assert_eq!(all[..all.len() - appended], seen[..], "{point}");
+                let (rest, compactions) = split_compactions(all.clone());
+                if rest == old && compactions.is_empty() {
+                    assert!(!ok, "{point}: acknowledged, then lost");
+                    assert!(report.compaction_finished.is_none(), "{point}");
+                    outcomes.0 += 1;
+                } else {
+                    assert_eq!(rest, new, "{point}: neither the old nor the new log");
+                    assert_eq!(compactions.len(), 1, "{point}");
+                    assert_eq!(compactions[0].0, RECORDS + 1, "{point}");
+                    assert_eq!(compactions[0].1.subjects, vec![[1; 16]], "{point}");
+                    if report.compaction_finished.is_some() {
+                        outcomes.1 += 1;
+                    } else {
+                        outcomes.2 += 1;
+                    }
+                }
+                // The log goes on.
+                let next = log.last_seq() + 1;
+                log.append_batch(&[sample(next).as_in()])
+                    .unwrap_or_else(|e| panic!("{point}: append after recovery: {e}"));
+                drop(log);
+                let (_, report, seen2) = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap();
+                assert!(report.compaction_finished.is_none(), "{point}");
+                assert_eq!(seen2.len(), all.len() + 1, "{point}");
+            }
+        }
+        if completed {
+            break;
+        }
+        n += 1;
+        assert!(n < 500, "stage + commit never completed");
+    }
+    // Every outcome happened: the old log, a commit finished by recovery,
+    // and a commit complete before the cut.
+    assert!(
+        outcomes.0 > 0 && outcomes.1 > 0 && outcomes.2 > 0,
+        "{outcomes:?}"
+    );
+}
+
+// ---- Linking old heads --------------------------------------------------------
+
+#[test]
+fn old_heads_link_directly_through_a_compaction_or_not_at_all() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    let heads = fill(&mut log);
+    let segs = segments(&dir, os());
+    let (first, last, _) = segs[2];
+    // Erase the first record of segment 2: every later chain value in it
+    // changes.
+    let seqs: BTreeSet<Seq> = [first].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    let commit = log.commit_compaction(staged, Vec::new()).unwrap();
+    let record_seq = commit.record_seq;
+    let now = log.head();
+    drop(log);
+    let reader = LogReader::open(&dir).unwrap();
+    let link = |head: &Head| link_head(&reader, head.seq, head.chain).unwrap();
+    let head_at = |seq: Seq| heads.iter().find(|h| h.seq == seq).unwrap().clone();
+    let in_segment = |i: usize| -> Vec<Head> {
+        let (f, l, _) = segs[i];
+        heads
+            .iter()
+            .filter(|h| f <= h.seq && h.seq <= l)
+            .cloned()
+            .collect()
+    };
+
+    // Before the rewritten segment: unchanged.
+    for head in in_segment(1) {
+        assert_eq!(link(&head), HeadLink::Direct, "{head:?}");
+    }
+    assert_eq!(link(&now), HeadLink::Direct);
+    // The rewritten segment's end: its old seal.
+    assert_eq!(
+        link(&head_at(last)),
+        HeadLink::ThroughCompaction { record_seq }
+    );
+    // Inside the rewritten segment, after the erased record: gone.
+    let inside: Vec<Head> = in_segment(2)
+        .into_iter()
+        .filter(|h| h.seq != last)
+        .collect();
+    assert!(!inside.is_empty());
+    for head in inside {
+        assert_eq!(
+            link(&head),
+            HeadLink::SegmentRewritten {
+                first_seq: first,
+                record_seq
+            },
+            "{head:?}"
+        );
+    }
+    // A later segment, only re-chained, and the active one (header patched).
+    for i in 3..segs.len() {
+        for head in in_segment(i) {
+            assert_eq!(
+                link(&head),
+                HeadLink::ThroughCompaction { record_seq },
+                "segment {i}, {head:?}"
+            );
+        }
+    }
+    // A chain value that is no chain value of the log.
+    let mut forged = head_at(segs[1].1);
+    forged.chain[0] ^= 1;
+    assert_eq!(link(&forged), HeadLink::NotLinked);
+    assert_eq!(
+        link_head(&reader, 10_000, [0; 32]).unwrap(),
+        HeadLink::NotLinked
+    );
+    assert_eq!(link_head(&reader, 0, [0; 32]).unwrap(), HeadLink::Direct);
+}
+
+// ---- The compaction record ----------------------------------------------------
+
+#[test]
+fn the_compaction_record_round_trips_and_refuses_truncated_or_trailing_bytes() {
+    let record = CompactionRecord {
+        segments: vec![
+            SegmentRewrite {
+                first_seq: 5,
+                last_seq: 9,
+                old_seal: [1; 32],
+                new_seal: [2; 32],
+            },
+            SegmentRewrite {
+                first_seq: 10,
+                last_seq: 20,
+                old_seal: [3; 32],
+                new_seal: [4; 32],
+            },
+        ],
+        subjects: vec![[9; 16], [8; 16], [7; 16]],
+    };
+    let bytes = record.encode();
+    assert_eq!(bytes.len(), 4 + 2 * 80 + 4 + 3 * 16);
+    assert_eq!(&bytes[..4], &2u32.to_le_bytes());
+    assert_eq!(&bytes[4..12], &5u64.to_le_bytes());
+    assert_eq!(CompactionRecord::decode(&bytes).unwrap(), record);
+    for cut in 0..bytes.len() {
+        assert!(
+            CompactionRecord::decode(&bytes[..cut]).is_err(),
+            "truncated at {cut}"
+        );
+    }
+    let mut trailing = bytes.clone();
+    trailing.push(0);
+    assert!(CompactionRecord::decode(&trailing).is_err());
+    // A count over what the bytes can hold is refused without allocating.
+    let mut huge = bytes.clone();
+    huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(CompactionRecord::decode(&huge).is_err());
+    let empty = CompactionRecord::default();
+    assert_eq!(CompactionRecord::decode(&empty.encode()).unwrap(), empty);
+}
+
+#[test]
+fn a_damaged_journal_is_refused_naming_it_and_stale_staging_is_removed() {
+    let (fs, mut log) = mem_log();
+    let mem: Arc<dyn Fs> = Arc::new(fs.clone());
+    let seqs = cut_seqs(&fs);
+    // A staging that never committed: its files go at the next open.
+    let staged = stage_compaction(&mem_dir(), mem.clone(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    let names: Vec<String> = other_files(&fs, &mem_dir());
+    assert_eq!(names.len(), staged.segments().len());
+    drop(log);
+    let (_, report, seen) = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap();
+    assert_eq!(report.staged_removed, names);
+    assert_eq!(seen, expected(RECORDS, &BTreeSet::new()));
+    assert_eq!(other_files(&fs, &mem_dir()), Vec::<String>::new());
+
+    // A journal that does not verify: damage, refused, nothing changed.
+    let journal = mem_dir().join(JOURNAL_NAME);
+    let mut bytes = b"SPARKCMP\x01\x00\x00\x00".to_vec();
+    bytes.extend_from_slice(&[0xAB; 40]);
+    fs.insert_durable(&journal, &bytes);
+    let e = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap_err();
+    let (segment, _, _) = corrupt_fields(&e);
+    assert_eq!(segment, JOURNAL_NAME, "{e}");
+    assert_eq!(fs.read(&journal), Some(bytes));
+    log = open_collect(&mem_dir(), cfg(), mem.clone())
+        .map(|(log, _, _)| log)
+        .unwrap_or_else(|_| {
+            fs.remove_file(&journal).unwrap();
+            open_collect(&mem_dir(), cfg(), mem.clone()).unwrap().0
+        });
+    assert_eq!(log.last_seq(), RECORDS);
+}
+
+#[test]
+fn version_1_segments_stay_version_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = SegmentBytes::v1(1, [0; 32])
+        .record(1)
+        .record(2)
+        .record(3)
+        .seal(3);
+    first.write(&dir);
+    // A seal's chain value: over the bytes before it.
+    let seal_of = |segment: &SegmentBytes| {
+        let before = &segment.bytes[..segment.bytes.len() - 60];
+        spark_log_format::format::chain_value(&segment.chain_start, before)
+    };
+    let second = SegmentBytes::v1(4, seal_of(&first))
+        .record(4)
+        .record(5)
+        .seal(5);
+    let second_seal = seal_of(&second);
+    second.write(&dir);
+    SegmentBytes::v1(6, second_seal).record(6).write(&dir);
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    let seqs: BTreeSet<Seq> = [2].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    assert_eq!(staged.segments().len(), 2);
+    log.commit_compaction(staged, Vec::new()).unwrap();
+    drop(log);
+    for path in segment_paths(&dir).iter().take(2) {
+        let bytes = std::fs::read(path).unwrap();
+        assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 1, "{path:?}");
+    }
+    let (_, _, seen) = open_collect(&dir, cfg(), os()).unwrap();
+    let (rest, compactions) = split_compactions(seen.clone());
+    assert_eq!(rest, expected(6, &seqs));
+    assert_eq!(compactions.len(), 1);
+    assert_eq!(scan_all(&dir, os()), seen);
+}
