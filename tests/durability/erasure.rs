@@ -27,7 +27,7 @@ const ERASURE_TIMEOUT: Duration = Duration::from_secs(60);
 const ENV: &[(&str, &str)] = &[
     ("SPARK_RETENTION_ERASE_AFTER_MS", "3000"),
     ("SPARK_RETENTION_CHECK_INTERVAL_MS", "200"),
-    ("SPARK_LOG_SEGMENT_SIZE_BYTES", "2048"),
+    ("SPARK_LOG_SEGMENT_SIZE_BYTES", "4096"),
     ("SPARK_LOG_CHECKPOINT_INTERVAL_OPS", "4"),
 ];
 
@@ -83,7 +83,8 @@ fn plant(
     marker: &str,
 ) -> (String, String, String, String, String) {
     let id = ulid();
-    let request_id = format!("create-{marker}");
+    // Request ids stay (SPEC section 3): they carry no marker.
+    let request_id = format!("create-{}", ulid());
     let r = client
         .post(format!("{base}/api/moments"))
         .json(&json!({
@@ -99,7 +100,7 @@ fn plant(
     // A turn reads the text now: its answer quotes it.
     let r = client
         .post(format!("{base}/api/moments/{id}/turns"))
-        .json(&json!({"client_request_id": format!("turn-{marker}"), "mode": "practical"}))
+        .json(&json!({"client_request_id": format!("turn-{}", ulid()), "mode": "practical"}))
         .send()
         .unwrap();
     assert!(r.status().is_success(), "turn: {}", r.status());
