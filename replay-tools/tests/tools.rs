@@ -1,28 +1,21 @@
 //! `spark-replay` end to end: every subcommand against a data directory
-//! written by the real engine, beside a live engine, and on damaged copies.
+//! written by the real engine, beside a live engine, and on damaged copies;
+//! its archive readers (`restore`, `verify --from`, `audit archive`)
+//! against a `weed mini`, with archived checkpoints and gaps
+//! (`tools/archive_*.rs`). The server's own archive tests (shipping under
+//! kill -9, `sync` mode, leases, take-overs, replicas, the proxy) are the
+//! root package's `tests/archive/`.
 
 #[path = "tools/archive_checkpoint.rs"]
 mod archive_checkpoint;
 #[path = "tools/archive_gaps.rs"]
 mod archive_gaps;
-#[path = "tools/archive_kill9.rs"]
-mod archive_kill9;
-#[path = "tools/archive_lease.rs"]
-mod archive_lease;
 #[path = "tools/archive_s3.rs"]
 mod archive_s3;
-#[path = "tools/archive_sync.rs"]
-mod archive_sync;
-#[path = "tools/archive_takeover.rs"]
-mod archive_takeover;
 #[path = "tools/checkpoint.rs"]
 mod checkpoint;
 #[path = "tools/damage_header.rs"]
 mod damage_header;
-#[path = "tools/proxy.rs"]
-mod proxy;
-#[path = "tools/replica.rs"]
-mod replica;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,14 +1,16 @@
 //! What the integration tests and benches of `spark-engine` and
 //! `spark-replay-tools` share: the server in this process or as the real
 //! binary over a temporary data directory ([`server`]), a `weed mini` S3
-//! store of a test's own ([`weed`]), and the archive helpers on top of it
-//! ([`s3`]). A dev-dependency only, never one of the server's.
+//! store of a test's own ([`weed`]), the archive helpers on top of it
+//! ([`s3`]), and the read replica's ([`replica`]). A dev-dependency only,
+//! never one of the server's.
 //!
 //! The binaries (`spark-engine`, `spark-replay`) are found beside the
 //! running test or bench executable ([`bin_path`]): cargo's
 //! `CARGO_BIN_EXE_<name>` is set only while it builds a test of the
 //! package that owns the binary, not this crate.
 
+pub mod replica;
 pub mod s3;
 pub mod server;
 pub mod weed;

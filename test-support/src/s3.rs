@@ -1,8 +1,10 @@
-//! What the archive tests of `spark-replay-tools` and its restore and
-//! replica benches share (SPEC section 11): the skip rule, `spark-replay`
-//! runs against a store, an engine in this process shipping to it, and the
-//! real `spark-engine` process serving with an `[archive]`. The store
-//! itself is [`crate::weed`].
+//! What the archive tests (the server's in `spark-engine`'s
+//! `tests/archive/`, `spark-replay`'s in `spark-replay-tools`'
+//! `tests/tools/archive_*.rs`) and the restore and replica benches of
+//! `spark-replay-tools` share (SPEC section 11): the skip rule,
+//! `spark-replay` runs against a store, an engine in this process shipping
+//! to it, and the real `spark-engine` process serving with an `[archive]`.
+//! The store itself is [`crate::weed`].
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -72,10 +74,11 @@ pub async fn weed_up(mut weed: Weed, up: bool) -> Weed {
 }
 
 /// The `weed` and `spark-engine` binaries when a test of the real server
-/// should run. `spark-engine` is the one cargo built beside `spark-replay`
-/// (`cargo test --workspace` builds both; `cargo build --bin spark-engine`
-/// builds it alone); `SPARK_ENGINE_BIN` names another (a release build,
-/// for figures).
+/// should run. `spark-engine` is the one cargo built beside the running
+/// test ([`crate::bin_path`]; `cargo test --workspace` builds it, and so
+/// does a test of `spark-engine`; `cargo build --bin spark-engine` builds
+/// it alone); `SPARK_ENGINE_BIN` names another (a release build, for
+/// figures).
 pub fn engine_or_skip(test: &str) -> Option<(PathBuf, PathBuf)> {
     let weed = run_or_skip(test)?;
     let engine = std::env::var_os("SPARK_ENGINE_BIN")
@@ -102,7 +105,9 @@ pub fn set_credentials() {
 }
 
 /// `spark-replay ARGS` with the test credentials and `endpoint`: (exit
-/// code, stdout, stderr).
+/// code, stdout, stderr). Panics when `spark-replay` is not built: a test
+/// outside `spark-replay-tools` asks [`crate::server::replay_or_skip`]
+/// first.
 pub fn replay(args: &[&str], endpoint: &str) -> (i32, String, String) {
     let out = Command::new(crate::bin_path("spark-replay"))
         .args(args)

@@ -283,6 +283,23 @@ pub fn run_or_skip(test: &str, missing: Option<String>, require_var: &str) -> bo
     false
 }
 
+/// The `spark-replay` binary of the workspace ([`crate::bin_path`]) when
+/// the test (or its part) named `test` that runs it should run, else
+/// `None`. `spark-replay` belongs to `spark-replay-tools`, so cargo builds
+/// it for `cargo test --workspace` but not for a test of `spark-engine`
+/// alone: when it is missing, [`run_or_skip`] with `SPARK_REQUIRE_REPLAY`
+/// decides (`skipped: ...`, or a failure when `SPARK_REQUIRE_REPLAY=1`).
+pub fn replay_or_skip(test: &str) -> Option<PathBuf> {
+    let replay = crate::bin_path("spark-replay");
+    let missing = (!replay.is_file()).then(|| {
+        format!(
+            "{} is not built (`cargo test --workspace` or `cargo build -p spark-replay-tools` builds it)",
+            replay.display()
+        )
+    });
+    run_or_skip(test, missing, "SPARK_REQUIRE_REPLAY").then_some(replay)
+}
+
 /// What `spark-replay audit media` checks, on a stopped server's data
 /// directory: every `media.put` has its blob with the op's size and
 /// SHA-256 (no lost blob), and every blob is named by an op (no orphan).
@@ -329,14 +346,7 @@ pub fn assert_media_whole(data: &Path) -> usize {
         .collect();
     let orphans: Vec<&String> = blobs.difference(&named).collect();
     assert!(orphans.is_empty(), "orphan blobs: {orphans:?}");
-    let replay = crate::bin_path("spark-replay");
-    let missing = (!replay.is_file()).then(|| {
-        format!(
-            "{} is not built (`cargo test --workspace` builds it)",
-            replay.display()
-        )
-    });
-    if run_or_skip("audit media", missing, "SPARK_REQUIRE_REPLAY") {
+    if let Some(replay) = replay_or_skip("audit media") {
         let out = Command::new(&replay)
             .args(["audit", "media", "--json", "--grace-seconds", "0", "--data"])
             .arg(data)

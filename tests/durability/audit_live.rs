@@ -14,7 +14,7 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,19 +39,6 @@ const WRITERS: usize = 8;
 const SEGMENT_SIZE_BYTES: &str = "65536";
 /// The longest a wait of this test may take before it is called a hang.
 const HANG_GUARD: Duration = Duration::from_secs(300);
-
-/// The `spark-replay` binary beside the server's, or `None` (the test
-/// skips, or fails under `SPARK_REQUIRE_REPLAY=1`).
-fn replay_binary(test: &str) -> Option<PathBuf> {
-    let replay = PathBuf::from(env!("CARGO_BIN_EXE_spark-engine")).with_file_name("spark-replay");
-    let missing = (!replay.is_file()).then(|| {
-        format!(
-            "{} is not built (`cargo test --workspace` or `cargo build -p spark-replay-tools` builds it)",
-            replay.display()
-        )
-    });
-    common::run_or_skip(test, missing, "SPARK_REQUIRE_REPLAY").then_some(replay)
-}
 
 /// The segment files of the log under `data`, counted.
 fn segments(data: &Path) -> usize {
@@ -91,7 +78,7 @@ fn writer(base: String, n: usize, stop: Arc<AtomicBool>, acked: Arc<AtomicU64>) 
 
 #[test]
 fn audit_damage_beside_a_server_rolling_segments_reports_no_damage() {
-    let Some(replay) = replay_binary("audit_live") else {
+    let Some(replay) = common::replay_or_skip("audit_live") else {
         return;
     };
     let long: Option<usize> = std::env::var("SPARK_AUDIT_LIVE_RUNS")

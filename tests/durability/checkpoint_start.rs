@@ -361,18 +361,8 @@ fn kill_9_and_restart_from_checkpoints_give_the_digest_of_a_full_replay() {
     let (from_checkpoint, head) = digest(&data, true);
     let (full, full_head) = digest(&data, false);
     assert_eq!((&from_checkpoint, head), (&full, full_head));
-    let replay = PathBuf::from(env!("CARGO_BIN_EXE_spark-engine")).with_file_name("spark-replay");
-    let missing = (!replay.is_file()).then(|| {
-        format!(
-            "{} is not built (`cargo test --workspace` builds it)",
-            replay.display()
-        )
-    });
-    if common::run_or_skip(
-        "checkpoint_start::kill_9 (its spark-replay part)",
-        missing,
-        "SPARK_REQUIRE_REPLAY",
-    ) {
+    if let Some(replay) = common::replay_or_skip("checkpoint_start::kill_9 (its spark-replay part)")
+    {
         let out = std::process::Command::new(&replay)
             .args(["rebuild", "--data"])
             .arg(&data)

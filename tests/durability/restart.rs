@@ -236,19 +236,9 @@ fn a_version_1_log_of_real_ops_replays_verifies_and_serves_as_its_version_2_log(
     std::fs::write(v1.join("log").join("00000000000000000001.seg"), &segment).unwrap();
 
     assert_eq!(replayed_state(&v1), replayed_state(&v2));
-    let replay =
-        std::path::PathBuf::from(env!("CARGO_BIN_EXE_spark-engine")).with_file_name("spark-replay");
-    let missing = (!replay.is_file()).then(|| {
-        format!(
-            "{} is not built (`cargo test --workspace` builds it)",
-            replay.display()
-        )
-    });
-    if common::run_or_skip(
-        "restart::a_version_1_log_of_real_ops (its spark-replay part)",
-        missing,
-        "SPARK_REQUIRE_REPLAY",
-    ) {
+    if let Some(replay) =
+        common::replay_or_skip("restart::a_version_1_log_of_real_ops (its spark-replay part)")
+    {
         for args in [&["verify"][..], &["rebuild"][..]] {
             let outputs: Vec<String> = [&v1, &v2]
                 .iter()

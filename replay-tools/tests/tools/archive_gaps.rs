@@ -36,12 +36,12 @@ use serde_json::json;
 use spark_archive::layout::{epoch_key, manifest_key, Manifest};
 use spark_archive::ArchiveStore;
 
-use crate::replica::{client, get, replica_config, start_replica, wait_ready};
 use crate::s3_common::{
     engine_command, engine_or_skip, replay, set_credentials, unique_prefix, write_archive_config,
     EngineProcess,
 };
 use crate::weed::{raw_store, Weed};
+use spark_test_support::replica::{client, get, replica_config, start_replica, wait_ready};
 
 /// One fault the randomized test puts into a live history.
 #[derive(Clone, Copy, Debug)]

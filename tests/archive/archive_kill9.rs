@@ -27,9 +27,10 @@
 //!   holds every acknowledged write.
 //!
 //! No figure is asserted: timings are printed, never compared with a bound.
-//! Without `weed` (or without the `spark-engine` binary beside
-//! `spark-replay`) the tests print `skipped: ...`; `SPARK_REQUIRE_S3=1`
-//! makes them fail instead.
+//! Without `weed` (or the `spark-engine` binary) the tests print
+//! `skipped: ...`; `SPARK_REQUIRE_S3=1` makes them fail instead. Without
+//! the `spark-replay` binary (another package's: `cargo test --workspace`
+//! builds it) they skip too, unless `SPARK_REQUIRE_REPLAY=1`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,9 +45,10 @@ use spark_engine::config::Settings;
 use spark_engine::{Engine, Id};
 use spark_log_format::OsFs;
 
-use crate::json;
+use crate::common::replay_or_skip;
 use crate::s3_common::{
-    digest_of, engine_or_skip, replay, restore, unique_prefix, write_archive_config, EngineProcess,
+    digest_of, engine_or_skip, json, replay, restore, unique_prefix, write_archive_config,
+    EngineProcess,
 };
 use crate::weed::Weed;
 
@@ -361,6 +363,9 @@ struct KillCycle {
 /// `"sync"` case asserts that no acknowledged write is missing).
 fn kill_9_under_load_then_restore(mode: &str) {
     let test = format!("kill_9_under_load_then_restore({mode})");
+    if replay_or_skip(&test).is_none() {
+        return;
+    }
     let Some((weed_binary, engine_binary)) = engine_or_skip(&test) else {
         return;
     };
@@ -557,6 +562,9 @@ fn look(base: &str) -> Look {
 #[test]
 fn the_store_down_30_s_under_load_loses_nothing_and_shipping_catches_up() {
     let test = "the_store_down_30_s_under_load_loses_nothing_and_shipping_catches_up";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some((weed_binary, engine_binary)) = engine_or_skip(test) else {
         return;
     };

@@ -87,7 +87,7 @@ fn free_port() -> u16 {
 /// Starts nginx on `deploy/nginx.conf` with each `(from, to)` address
 /// replaced, in a prefix directory under `work`; waits until it answers.
 fn start_nginx(binary: &Path, work: &Path, replace: &[(&str, String)], listen: &str) -> Nginx {
-    let conf_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nginx.conf");
+    let conf_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/nginx.conf");
     let mut conf = std::fs::read_to_string(&conf_path).unwrap();
     for (from, to) in replace {
         assert!(conf.contains(from), "deploy/nginx.conf names {from}");

@@ -5,6 +5,9 @@
 //! when it expires, and takes the prefix over by itself once the writer
 //! stopped and the lease expired; the old directory is then refused; and
 //! `verify --from` and `restore` accept the archive with its renewals.
+//! Skipped (`skipped: ...`) without `weed`, the `spark-engine` binary or
+//! the `spark-replay` binary, unless `SPARK_REQUIRE_S3=1` (the first two)
+//! or `SPARK_REQUIRE_REPLAY=1` (the last).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -19,6 +22,7 @@ use spark_engine::config::{ArchiveMode, ArchiveSettings, Settings};
 use spark_engine::Engine;
 use spark_log_format::OsFs;
 
+use crate::common::replay_or_skip;
 use crate::s3_common::*;
 use crate::weed::Weed;
 
@@ -68,6 +72,9 @@ fn same_entries(a: &Manifest, b: &Manifest) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archive_lease_a_standby_takes_over_by_itself_once_the_lease_expired() {
     let test = "archive_lease_a_standby_takes_over_by_itself_once_the_lease_expired";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some((weed_binary, engine_binary)) = engine_or_skip(test) else {
         return;
     };

@@ -2,7 +2,9 @@
 //! section 11, `archive/ARCHIVE.md` "Sync mode"): a write is
 //! acknowledged only once a manifest naming its op is stored. Uses the
 //! `weed mini` helpers of `spark-test-support` (`test-support/src/s3.rs`;
-//! skipped without a `weed` binary unless `SPARK_REQUIRE_S3=1`).
+//! skipped without a `weed` binary unless `SPARK_REQUIRE_S3=1`; the tests
+//! that restore or verify with `spark-replay` are skipped without it unless
+//! `SPARK_REQUIRE_REPLAY=1`).
 //!
 //! No timing asserts: waits are hang guards of minutes.
 
@@ -18,6 +20,7 @@ use spark_engine::config::{ArchiveMode, ArchiveSettings, Settings};
 use spark_engine::{Engine, Id};
 use spark_log_format::OsFs;
 
+use crate::common::replay_or_skip;
 use crate::s3_common::{
     create, digest_of, json, open_archived_in, restore, set_credentials, unique_prefix,
     wait_shipped, weed_or_skip as weed_for, weed_up,
@@ -99,6 +102,9 @@ async fn sync_kill9_child() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_kill9_loses_no_acknowledged_write() {
     let test = "sync_kill9_loses_no_acknowledged_write";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some(weed) = weed_for(test).await else {
         return;
     };
@@ -194,6 +200,9 @@ fn super_random() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_a_write_waits_for_the_store_and_completes_after_it_is_back() {
     let test = "sync_a_write_waits_for_the_store_and_completes_after_it_is_back";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some(weed) = weed_for(test).await else {
         return;
     };
@@ -307,6 +316,9 @@ fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_http_write_answers_503_timeout_while_the_store_is_down() {
     let test = "sync_http_write_answers_503_timeout_while_the_store_is_down";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some(weed) = weed_for(test).await else {
         return;
     };
@@ -395,6 +407,9 @@ async fn sync_http_write_answers_503_timeout_while_the_store_is_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_shutdown_answers_a_write_waiting_for_the_archive() {
     let test = "sync_shutdown_answers_a_write_waiting_for_the_archive";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some(weed) = weed_for(test).await else {
         return;
     };
@@ -523,6 +538,9 @@ impl Load {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_take_overs_under_load_start_over_merged_chunks() {
     let test = "sync_take_overs_under_load_start_over_merged_chunks";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some(weed) = weed_for(test).await else {
         return;
     };
@@ -707,6 +725,9 @@ async fn sync_take_overs_under_load_start_over_merged_chunks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls() {
     let test = "a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some(weed) = weed_for(test).await else {
         return;
     };

@@ -9,6 +9,9 @@
 //! epochs' ops interleaved), every chunk's `chain_before` is the chain
 //! before it, every write a surviving writer acknowledged is in a restore,
 //! and no fenced engine acknowledged a write it was given after its fence.
+//! Skipped (`skipped: ...`) without `weed` unless `SPARK_REQUIRE_S3=1`, and
+//! without the `spark-replay` binary (the restore) unless
+//! `SPARK_REQUIRE_REPLAY=1`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,6 +28,7 @@ use spark_engine::engine::{EngineError, Outcome};
 use spark_engine::{Engine, Id};
 use spark_log_format::OsFs;
 
+use crate::common::replay_or_skip;
 use crate::s3_common::{create, json, restore, unique_prefix, weed_or_skip};
 
 const ROUNDS: usize = 200;
@@ -302,6 +306,9 @@ async fn open_engine(settings: &Settings) -> Engine {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_take_overs_with_two_writers_racing() {
     let test = "two_hundred_take_overs_with_two_writers_racing";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some(weed) = weed_or_skip(test).await else {
         return;
     };

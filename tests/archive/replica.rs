@@ -29,7 +29,10 @@
 //!   a `sync`-mode writer, which merges runs of chunks.
 //!
 //! Without `weed` (or the `spark-engine` binary) the tests print
-//! `skipped: ...`; `SPARK_REQUIRE_S3=1` makes them fail instead.
+//! `skipped: ...`; `SPARK_REQUIRE_S3=1` makes them fail instead. The two
+//! that run `spark-replay` (a restore for the take-over, `verify` by
+//! `AWS_ENDPOINT_URL`) skip without it too, unless
+//! `SPARK_REQUIRE_REPLAY=1`.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -37,18 +40,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::common::replay_or_skip;
 use crate::s3_common::{engine_or_skip, set_credentials, unique_prefix, EngineProcess};
 use crate::weed::{raw_store, Weed};
-
-/// The writer's address as the replica's `421` names it.
-const WRITER_URL: &str = "http://writer.example:8080";
-
-pub(crate) fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
-}
+use spark_test_support::replica::{
+    client, get, replica_config, start_replica, wait_ready, WRITER_URL,
+};
 
 /// A writer's settings: small segments (so they seal and fold under the
 /// workload), an `[archive]` shipping every 100 ms.
@@ -56,36 +53,6 @@ fn writer_config(dir: &Path, url: &str, endpoint: &str) -> std::path::PathBuf {
     let path = dir.join("writer.toml");
     crate::s3_common::write_archive_config(&path, 8192, url, endpoint, 100, "async");
     path
-}
-
-/// A replica's settings: polls every 100 ms, `min_seq` waits 700 ms,
-/// `/readyz` says not ready past 3 s of lag.
-pub(crate) fn replica_config(dir: &Path) -> std::path::PathBuf {
-    let path = dir.join("replica.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[replica]\npoll_interval_ms = 100\nwriter_url = \"{WRITER_URL}\"\n\
-             min_seq_wait_ms = 700\nready_lag_max_ms = 3000\n"
-        ),
-    )
-    .unwrap();
-    path
-}
-
-pub(crate) fn start_replica(
-    engine: &Path,
-    data: &Path,
-    config: &Path,
-    url: &str,
-    endpoint: &str,
-) -> EngineProcess {
-    EngineProcess::start_args(
-        engine,
-        &["replica", "--from", url, "--endpoint", endpoint],
-        data,
-        config,
-    )
 }
 
 /// A ULID for now (the clock window of SPEC section 5), `salt` making it
@@ -96,16 +63,6 @@ fn ulid_now(salt: u128) -> String {
         .unwrap()
         .as_millis() as u64;
     spark_engine::Id::from_parts(ms, salt * 7919 + 13).to_string()
-}
-
-pub(crate) fn get(http: &reqwest::blocking::Client, url: &str) -> (u16, Option<String>, Vec<u8>) {
-    let r = http.get(url).send().unwrap();
-    let status = r.status().as_u16();
-    let etag = r
-        .headers()
-        .get("etag")
-        .map(|v| v.to_str().unwrap().to_owned());
-    (status, etag, r.bytes().unwrap().to_vec())
 }
 
 fn get_json(http: &reqwest::blocking::Client, url: &str) -> Value {
@@ -584,32 +541,12 @@ fn replica_answers_every_read_as_the_writer_does() {
 /// a busy machine delays.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 
-/// Waits until `check` holds for the JSON `/readyz` of `base` answers
-/// (status, body), panicking with the last answer after `within`.
-pub(crate) fn wait_ready(
-    http: &reqwest::blocking::Client,
-    base: &str,
-    within: Duration,
-    check: impl Fn(u16, &Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let (status, _, body) = get(http, &format!("{base}/readyz"));
-        let body: Value = serde_json::from_slice(&body).unwrap();
-        if check(status, &body) {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz of {base} after {within:?}: {status} {body}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn replica_faults_unreachable_store_takeover_and_corrupt_objects() {
     let test = "replica_faults_unreachable_store_takeover_and_corrupt_objects";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
     let Some((weed_bin, engine)) = engine_or_skip(test) else {
         return;
     };
@@ -962,6 +899,9 @@ fn replica_follows_a_sync_mode_writer_through_chunk_merges() {
 #[test]
 fn the_endpoint_comes_from_aws_endpoint_url_unless_one_is_given() {
     let test = "the_endpoint_comes_from_aws_endpoint_url_unless_one_is_given";
+    let Some(replay) = replay_or_skip(test) else {
+        return;
+    };
     let Some((weed_bin, engine)) = engine_or_skip(test) else {
         return;
     };
@@ -1007,7 +947,7 @@ fn the_endpoint_comes_from_aws_endpoint_url_unless_one_is_given() {
         wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(60));
     }
     let verify = |args: &[&str], aws_endpoint: &str| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spark-replay"))
+        let out = std::process::Command::new(&replay)
             .args(args)
             .env_remove("SPARK_ARCHIVE_ENDPOINT")
             .env("AWS_ENDPOINT_URL", aws_endpoint)
