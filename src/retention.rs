@@ -160,7 +160,9 @@ impl Compactor {
                     "erased the content of deleted moments"
                 ),
                 Ok(Ok(_)) => {}
-                Ok(Err(error)) => tracing::error!(%error, "an erasure pass failed; it is tried again at the next check"),
+                Ok(Err(error)) => {
+                    tracing::error!(%error, "an erasure pass failed; it is tried again at the next check")
+                }
                 Err(error) => tracing::error!(%error, "an erasure pass stopped"),
             }
             tokio::select! {
@@ -350,12 +352,10 @@ impl Compactor {
             if seq < first_seq {
                 continue;
             }
-            self.fs
-                .remove_file(&path)
-                .map_err(|source| PassError::Io {
-                    what: format!("removing checkpoint {}", path.display()),
-                    source,
-                })?;
+            self.fs.remove_file(&path).map_err(|source| PassError::Io {
+                what: format!("removing checkpoint {}", path.display()),
+                source,
+            })?;
             removed += 1;
         }
         if removed > 0 {

@@ -820,12 +820,14 @@ impl Op {
             OpKind::JobStart => OpBody::JobStart(codec::decode(bytes).map_err(wrap)?),
             OpKind::RecallStart => OpBody::RecallStart(codec::decode(bytes).map_err(wrap)?),
             OpKind::MessagePost => OpBody::MessagePost(codec::decode(bytes).map_err(wrap)?),
-            OpKind::LogCompact => OpBody::LogCompact(CompactionRecord::decode(bytes).map_err(
-                |e| OpDecodeError::Compaction {
-                    seq,
-                    reason: e.to_string(),
-                },
-            )?),
+            OpKind::LogCompact => {
+                OpBody::LogCompact(CompactionRecord::decode(bytes).map_err(|e| {
+                    OpDecodeError::Compaction {
+                        seq,
+                        reason: e.to_string(),
+                    }
+                })?)
+            }
         };
         Ok(Op {
             seq,

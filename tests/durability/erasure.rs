@@ -241,7 +241,10 @@ fn a_deleted_moment_is_erased_from_every_byte_of_the_data_directory() {
     let (status, turn) = get(&client, &format!("{base}/api/turns/{}", gone.3));
     assert_eq!(status, 200);
     let turn = json_of(&turn);
-    assert_eq!((turn["status"].as_str(), &turn["answer"]), (Some("done"), &Value::Null));
+    assert_eq!(
+        (turn["status"].as_str(), &turn["answer"]),
+        (Some("done"), &Value::Null)
+    );
     let (status, thread) = get(&client, &format!("{base}/api/messages?thread={}", gone.0));
     assert_eq!(status, 200);
     let thread = json_of(&thread);
@@ -261,7 +264,9 @@ fn a_deleted_moment_is_erased_from_every_byte_of_the_data_directory() {
     // After a restart (a replay of the compacted log): the same.
     let after_erasure = answers(&client, &base, &kept);
     assert!(server.terminate().success());
-    if let Some(replay) = replay_binary() {
+    if let Some(replay) =
+        common::replay_or_skip("erasure: spark-replay verify of the compacted log")
+    {
         let out = std::process::Command::new(replay)
             .arg("verify")
             .arg("--data")
@@ -283,17 +288,4 @@ fn a_deleted_moment_is_erased_from_every_byte_of_the_data_directory() {
     assert_eq!(json_of(&body)["moment"], tombstone);
     assert_eq!(occurrences(&data, &gone_marker), Vec::<String>::new());
     server.kill();
-}
-
-/// `spark-replay`, when it is built beside the server (it belongs to the
-/// replay-tools package); `SPARK_REQUIRE_REPLAY=1` makes it mandatory.
-fn replay_binary() -> Option<std::path::PathBuf> {
-    let path = spark_test_support::bin_path("spark-replay");
-    let missing = (!path.exists()).then(|| format!("{} is not built", path.display()));
-    common::run_or_skip(
-        "erasure: spark-replay verify of the compacted log",
-        missing,
-        "SPARK_REQUIRE_REPLAY",
-    )
-    .then_some(path)
 }

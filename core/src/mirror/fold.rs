@@ -201,7 +201,11 @@ impl Mirror {
             });
         };
         if !moment.deleted {
-            return Err(refuse(at, Entity::Id(id), "only a deleted moment is erased"));
+            return Err(refuse(
+                at,
+                Entity::Id(id),
+                "only a deleted moment is erased",
+            ));
         }
         moment.erase();
         for turn_id in moment.turns() {
