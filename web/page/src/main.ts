@@ -252,7 +252,8 @@ async function renderThread(): Promise<void> {
   }
   const local = (await client.outbox.messages()).filter((r) => r.thread_id === id);
   const byId = new Map<string, { body: string; ts: string; state: string; record?: MessageRecord }>();
-  for (const m of served) byId.set(m.id, { body: m.body, ts: m.ts, state: "sent" });
+  // An erased thread's bodies are null (SPEC section 13): shown as erased.
+  for (const m of served) byId.set(m.id, { body: m.body ?? "(erased)", ts: m.ts, state: "sent" });
   for (const r of local) if (r.state !== "sent" || !byId.has(r.id)) byId.set(r.id, { body: r.body, ts: r.ts, state: r.state, record: r });
   if (openMoment !== id) return;
   // Outgoing messages keep their place: sent ones by id, then the outbox's in its order.

@@ -491,6 +491,8 @@ export interface components {
             /** @description Number of ops applied to the moment; what `ETag` and `If-Match` carry. */
             version: number;
             deleted: boolean;
+            /** @description Present and true once the tombstone's content was erased (SPEC section 13): text, caption and lang are then null. Absent on every moment that was not erased. */
+            erased?: boolean;
             /** @description The moment's media, in upload order. */
             media: components["schemas"]["Media"][];
             /** @description Ids of the moment's turns. */
@@ -540,7 +542,8 @@ export interface components {
         Message: {
             id: components["schemas"]["Ulid"];
             thread_id: components["schemas"]["Ulid"];
-            body: string;
+            /** @description The text; null once the thread's moment was erased (SPEC section 13). */
+            body: string | null;
             /** @description Server time of the post. */
             ts: components["schemas"]["Time"];
             /** @description The same time in Unix milliseconds. */
@@ -705,7 +708,7 @@ export interface components {
         };
         /** @enum {string} */
         ProblemCode: "invalid_id" | "request_id_too_long" | "invalid_request" | "not_found" | "deleted" | "conflict" | "digest_mismatch" | "too_large" | "unsupported_media_type" | "clock_skew" | "precondition_failed" | "unauthorized" | "forbidden" | "unavailable" | "insufficient_storage" | "fenced" | "cursor_ahead" | "cursor_unknown" | "read_only" | "request_timeout" | "timeout" | "host_not_allowed";
-        /** @description RFC 9457 problem details with a stable `code`. Some codes add members: `clock_skew` adds `server_time_ms`, `id_time_ms` and `skew_ms`; `request_id_too_long` adds `limit_bytes`; `precondition_failed` adds the current `version`; `digest_mismatch` adds `declared_sha256` and `actual_sha256`. `conflict` adds `conflict`, the kind of conflict, and the members that name what conflicted (see `conflict`). */
+        /** @description RFC 9457 problem details with a stable `code`. Some codes add members: `clock_skew` adds `server_time_ms`, `id_time_ms` and `skew_ms`; `request_id_too_long` adds `limit_bytes`; `precondition_failed` adds the current `version`; `digest_mismatch` adds `declared_sha256` and `actual_sha256`. `deleted` on a moment adds `moment`, its tombstone (no text, caption or lang; `erased: true` once erased); `conflict` adds `conflict`, the kind of conflict, and the members that name what conflicted (see `conflict`). */
         Problem: {
             /** @description `urn:spark:problem:<code>`. */
             type: string;
@@ -760,6 +763,8 @@ export interface components {
             role?: "copy" | "original";
             /** @description `conflict` `job_moment`: the job id. */
             job_id?: string;
+            /** @description With `deleted` from `GET /api/moments/{id}`: the tombstone. */
+            moment?: components["schemas"]["Moment"];
         } & (unknown & unknown & unknown & unknown & unknown);
         /** @description A browser session (SPEC section 12). */
         SessionAnswer: {
