@@ -189,6 +189,15 @@ impl Compactor {
                 .collect()
         });
         report.pending = pending.len();
+        // What an earlier pass may have left behind when it failed after
+        // its commit (the moments are erased in the mirror then): their
+        // blobs, and checkpoints whose chain value no segment holds any
+        // more (taken before a compaction: they may hold erased content).
+        {
+            let _held = self.engine.hold_checkpoints();
+            report.checkpoints_removed += self.remove_stale_checkpoints()?;
+        }
+        report.blobs_removed += self.remove_blobs(&HashSet::new())?;
         let Some(from_seq) = pending.iter().map(|(_, seq)| *seq).min() else {
             return Ok(report);
         };
@@ -228,7 +237,6 @@ impl Compactor {
         }
         // 2. Stage, 3. commit; a roll between the two makes the staging
         // stale: stage again (a few times, then leave it to the next pass).
-        let mut committed = None;
         for _ in 0..3 {
             let staged = spark_log_format::stage_compaction(
                 &self.log_dir,
@@ -241,23 +249,25 @@ impl Compactor {
             };
             report.segments_rewritten = staged.segments().len();
             report.bytes_written = staged.bytes_written();
-            if let Some(commit) = self.engine.commit_compaction(staged, due.clone()).await? {
-                committed = Some(commit);
-                break;
-            }
-        }
-        let Some(commit) = committed else {
+            // From the commit until the stale checkpoints are gone no
+            // checkpoint is built: one built from the old segments would
+            // keep the erased content.
+            let _held = self.engine.hold_checkpoints();
+            let Some(commit) = self.engine.commit_compaction(staged, due.clone()).await? else {
+                continue;
+            };
+            let first_rewritten = commit
+                .record
+                .segments
+                .first()
+                .map_or(u64::MAX, |s| s.first_seq);
+            report.checkpoints_removed += self.remove_checkpoints(first_rewritten)?;
+            report.blobs_removed += self.remove_blobs(&due_set)?;
+            report.erased = due;
             return Ok(report);
-        };
-        report.erased = due;
-        // 4. Blobs and checkpoints.
-        report.blobs_removed = self.remove_blobs(&due_set)?;
-        let first_rewritten = commit
-            .record
-            .segments
-            .first()
-            .map_or(u64::MAX, |s| s.first_seq);
-        report.checkpoints_removed = self.remove_checkpoints(first_rewritten)?;
+        }
+        // Nothing staged, or the log rolled under every staging: the next
+        // pass tries again.
         Ok(report)
     }
 
@@ -318,15 +328,16 @@ impl Compactor {
         Ok(found)
     }
 
-    /// Removes the blobs of the erased moments' media that no other media
-    /// names, then fsyncs the blob directory. Returns how many.
+    /// Removes the blobs of the media of `erased` and of every moment the
+    /// mirror holds as erased, unless a moment that is not erased names the
+    /// same bytes, then fsyncs the blob directory. Returns how many.
     fn remove_blobs(&self, erased: &HashSet<Id>) -> Result<usize, PassError> {
         let unneeded = || {
             self.engine.read(|mirror| {
                 let mut gone = HashSet::new();
                 let mut kept = HashSet::new();
                 for media in mirror.media.values() {
-                    if erased.contains(&media.moment_id) {
+                    if erased.contains(&media.moment_id) || mirror.is_erased(media.moment_id) {
                         gone.insert(media.sha256.0);
                     } else if !mirror.is_erased(media.moment_id) {
                         kept.insert(media.sha256.0);
@@ -343,13 +354,34 @@ impl Compactor {
             })
     }
 
+    /// Removes the checkpoints whose chain value is not the log's at their
+    /// seq any more (the log was compacted after them), then fsyncs their
+    /// directory. Returns how many.
+    fn remove_stale_checkpoints(&self) -> Result<usize, PassError> {
+        self.remove_checkpoints_where(|_, path| {
+            matches!(
+                spark_core::checkpoint::peek(path, &self.log_dir),
+                Err(spark_core::checkpoint::CheckpointError::ChainMismatch { .. })
+            )
+        })
+    }
+
     /// Removes the checkpoints at or after `first_seq` (they hold erased
     /// content, and their chain values name segments that were rewritten),
     /// then fsyncs their directory. Returns how many.
     fn remove_checkpoints(&self, first_seq: u64) -> Result<usize, PassError> {
+        self.remove_checkpoints_where(|seq, _| seq >= first_seq)
+    }
+
+    /// Removes the checkpoints `remove` picks (by seq and path), then
+    /// fsyncs their directory. Returns how many.
+    fn remove_checkpoints_where(
+        &self,
+        remove: impl Fn(u64, &std::path::Path) -> bool,
+    ) -> Result<usize, PassError> {
         let mut removed = 0;
         for (seq, path) in spark_core::checkpoint::list(&self.data_dir) {
-            if seq < first_seq {
+            if !remove(seq, &path) {
                 continue;
             }
             self.fs.remove_file(&path).map_err(|source| PassError::Io {

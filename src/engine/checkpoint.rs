@@ -105,6 +105,9 @@ fn run(
             continue;
         }
         let started = std::time::Instant::now();
+        // Not while a compaction replaces segments and removes the
+        // checkpoints holding what it erased.
+        let _held = shared.checkpoints_held.lock();
         match spark_core::checkpoint::build(
             config.fs.as_ref(),
             &config.data_dir,

@@ -92,6 +92,12 @@ pub enum EngineOpenError {
 
 /// State shared between the writer thread and the readers.
 struct Shared {
+    /// Held while the checkpoint worker builds a checkpoint, and while a
+    /// compaction is committed and removes the checkpoints it made stale
+    /// ([`Engine::hold_checkpoints`]): a checkpoint built from the segments
+    /// before a compaction never lands after its removal (it would keep
+    /// erased content, SPEC section 13).
+    checkpoints_held: Mutex<()>,
     /// The published mirror: only durable ops are ever applied to it.
     mirror: RwLock<Mirror>,
     /// The log's head after the last committed batch.
@@ -206,6 +212,7 @@ impl Engine {
         let (committed, _) = tokio::sync::watch::channel(mirror.seq);
         let (changes, _) = tokio::sync::broadcast::channel(settings.log.change_buffer_batches);
         let shared = Arc::new(Shared {
+            checkpoints_held: Mutex::new(()),
             mirror: RwLock::new(mirror),
             head: Mutex::new(log.head()),
             poison: Mutex::new(None),
@@ -354,6 +361,14 @@ impl Engine {
                 "the writer stopped before answering".into(),
             ))
         })
+    }
+
+    /// Keeps the checkpoint worker from building a checkpoint while the
+    /// guard lives (it waits, then builds from what is on disk after). The
+    /// compactor holds it from its commit until it removed the checkpoints
+    /// that hold erased content.
+    pub fn hold_checkpoints(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.shared.checkpoints_held.lock()
     }
 
     fn refuse_if_fenced(&self) -> Result<(), EngineError> {
