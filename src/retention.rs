@@ -13,10 +13,15 @@
 //! 3. has the writer commit it ([`Engine::commit_compaction`]): the redo
 //!    journal, the renames, the compaction record, whose fold erases the
 //!    moments from the mirror;
-//! 4. removes their blobs (unless a moment that was not erased holds the
-//!    same bytes, or an upload holds the digest), and the checkpoints taken
-//!    at or after the first rewritten segment (they hold the erased content,
-//!    and their chain values are gone with the old segments).
+//! 4. removes the checkpoints taken at or after the first rewritten segment
+//!    (they hold the erased content, and their chain values are gone with
+//!    the old segments; no checkpoint is built meanwhile), their blobs
+//!    (unless a moment that was not erased holds the same bytes, or an
+//!    upload holds the digest), and the copies of cut tails that name them.
+//!
+//! A turn of a deleted moment never records the brain's reading (the rule
+//! is in `spark_core::rules::turns`), so nothing about a due moment can be
+//! written between the staging and the commit.
 //!
 //! The pass runs on a blocking thread, one at a time; the writer is busy
 //! only for the commit. With an `[archive]` or on a replica the compactor
@@ -62,6 +67,8 @@ pub struct PassReport {
     pub blobs_removed: usize,
     /// Checkpoint files removed.
     pub checkpoints_removed: usize,
+    /// Copies of cut tails (`<segment>.torn-*`, kept by recovery) removed.
+    pub cut_tails_removed: usize,
     /// The earliest time (Unix ms) a pending moment becomes due, if one is
     /// not due yet.
     pub next_due_ms: Option<u64>,
@@ -263,6 +270,7 @@ impl Compactor {
                 .map_or(u64::MAX, |s| s.first_seq);
             report.checkpoints_removed += self.remove_checkpoints(first_rewritten)?;
             report.blobs_removed += self.remove_blobs(&due_set)?;
+            report.cut_tails_removed += self.remove_cut_tails(&owners)?;
             report.erased = due;
             return Ok(report);
         }
@@ -352,6 +360,53 @@ impl Compactor {
                 what: format!("removing the blobs of {} erased moments", erased.len()),
                 source,
             })
+    }
+
+    /// Removes the copies recovery kept of cut tails (`<segment>.torn-*`
+    /// in the log directory: bytes that were never acknowledged, but may
+    /// hold a retried op of an erased moment) that hold an id of `owners`
+    /// (a moment or one of its turns, as the codec writes a ULID: the tag
+    /// byte of a 16-byte varint and its little-endian bytes, found even in
+    /// a torn frame), then fsyncs the directory. Returns how many.
+    fn remove_cut_tails(&self, owners: &Owners) -> Result<usize, PassError> {
+        let io = |what: String| move |source| PassError::Io { what, source };
+        let mut needles: Vec<[u8; 16]> =
+            owners.moments.iter().map(|id| id.0.to_le_bytes()).collect();
+        needles.extend(owners.turns.keys().map(|id| id.0.to_le_bytes()));
+        let mut removed = 0;
+        let files = self
+            .fs
+            .list(&self.log_dir)
+            .map_err(io(format!("listing {}", self.log_dir.display())))?;
+        for path in files {
+            let is_cut_tail = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.contains(".torn-"));
+            if !is_cut_tail {
+                continue;
+            }
+            let bytes = self
+                .fs
+                .map(&path)
+                .map_err(io(format!("reading {}", path.display())))?;
+            let bytes: &[u8] = (*bytes).as_ref();
+            let holds = needles
+                .iter()
+                .any(|needle| bytes.windows(needle.len()).any(|w| w == needle));
+            if holds {
+                self.fs
+                    .remove_file(&path)
+                    .map_err(io(format!("removing {}", path.display())))?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            self.fs
+                .sync_dir(&self.log_dir)
+                .map_err(io(format!("syncing {}", self.log_dir.display())))?;
+        }
+        Ok(removed)
     }
 
     /// Removes the checkpoints whose chain value is not the log's at their
