@@ -565,3 +565,118 @@ proptest! {
         prop_assert_eq!(folded(log).digest(), mirror.digest());
     }
 }
+
+/// The history, then moment 1 deleted (seq 13).
+fn history_with_a_delete() -> Vec<Op> {
+    let mut bodies = history();
+    bodies.push(delete_op(1));
+    ops(bodies)
+}
+
+#[test]
+fn the_compaction_record_erases_what_a_replay_of_the_erased_ops_erases() {
+    // Live: the history folded, then the record naming moment 1.
+    let history = history_with_a_delete();
+    let mut live = Mirror::new();
+    for op in history.clone() {
+        live.apply(op).unwrap();
+    }
+    let record = spark_log_format::CompactionRecord {
+        segments: Vec::new(),
+        subjects: vec![id(1).0.to_be_bytes()],
+    };
+    let compact = Op::new(14, NOW_MS + 14, OpBody::LogCompact(record));
+    live.apply(compact.clone()).unwrap();
+
+    // Replay: every op with content about moment 1 read back erased (as a
+    // compaction writes it), then the record.
+    let about_one = |body: &OpBody| match body {
+        OpBody::MomentCreate(p) => p.id == id(1),
+        OpBody::MomentEdit(p) => p.id == id(1),
+        OpBody::TurnFinish(p) => p.id == id(20),
+        OpBody::MessagePost(p) => p.thread_id == id(1),
+        _ => false,
+    };
+    let mut replayed = Mirror::new();
+    for op in history {
+        let op = if op.body.has_content() && about_one(&op.body) {
+            Op {
+                erased: true,
+                body: op.body.erased(),
+                ..op
+            }
+        } else {
+            op
+        };
+        replayed.apply(op).unwrap();
+    }
+    replayed.apply(compact).unwrap();
+    assert_eq!(live.digest(), replayed.digest());
+    assert_eq!(live, replayed);
+
+    let moment = live.moment(id(1)).unwrap();
+    assert!(moment.deleted && moment.erased());
+    assert_eq!(
+        (moment.text(), moment.caption(), moment.lang()),
+        (None, None, None)
+    );
+    assert_eq!(moment.version, 5, "versions stay");
+    let turn = live.turn_view(&live.turns[&id(20)]);
+    assert_eq!(
+        (turn.status, turn.answer, turn.source),
+        ("done", None, None)
+    );
+    assert_eq!(turn.adapter.as_deref(), Some("a"));
+    let message = live.message_view(&live.messages[&id(30)]);
+    assert_eq!(message.body, None);
+    assert!(live.requests.get("c1").is_some(), "request ids stay");
+    // The other moment is untouched.
+    assert!(!live.moment(id(2)).unwrap().erased());
+}
+
+#[test]
+fn only_a_deleted_moment_is_erased() {
+    let mut mirror = folded(history());
+    let record = spark_log_format::CompactionRecord {
+        segments: Vec::new(),
+        subjects: vec![id(1).0.to_be_bytes()],
+    };
+    let before = mirror.clone();
+    let refused = mirror.apply(Op::new(13, NOW_MS + 13, OpBody::LogCompact(record)));
+    assert!(
+        matches!(refused, Err(FoldError::Refused { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(mirror, before);
+}
+
+#[test]
+fn an_erased_op_round_trips_through_its_record() {
+    let op = Op::new(
+        7,
+        NOW_MS,
+        OpBody::MessagePost(MessagePost {
+            id: id(30),
+            thread_id: id(1),
+            body: "secret".into(),
+            device: DEVICE.into(),
+        }),
+    );
+    let (kind, kind_version, payload) = op.encode_erased().unwrap();
+    assert_eq!(kind_version, 1 | crate::op::ERASED_BIT);
+    assert!(!payload.windows(6).any(|w| w == b"secret"));
+    let record = spark_log_format::RecordRef {
+        seq: 7,
+        offset: 64,
+        ts_ms: NOW_MS,
+        kind,
+        kind_version,
+        payload: &payload,
+    };
+    let read = Op::decode(&record).unwrap();
+    assert!(read.erased);
+    assert_eq!(read.body, op.body.clone().erased());
+    let json = read.to_json();
+    assert_eq!(json["erased"], true);
+    assert!(json["payload"].get("body").is_none(), "{json}");
+}
