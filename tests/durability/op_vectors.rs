@@ -161,7 +161,83 @@ fn vectors() -> Vec<(OpKind, u16, OpBody, &'static str)> {
             }),
             "fee26af1d8303e61cd86c375e37fc9a001fedf6af1d8303e61cd86c375e37fc9a0010f57617320686569c39f74206461733f0570686f6e65",
         ),
+        (
+            // The log's compaction record (FORMAT.md, "Compaction"): its
+            // own fixed layout, not the codec's.
+            OpKind::LogCompact,
+            1,
+            OpBody::LogCompact(spark_log_format::CompactionRecord {
+                segments: vec![spark_log_format::SegmentRewrite {
+                    first_seq: 1,
+                    last_seq: 42,
+                    old_seal: [0xaa; 32],
+                    new_seal: [0xbb; 32],
+                }],
+                subjects: vec![id().0.to_be_bytes()],
+            }),
+            "0100000001000000000000002a00000000000000aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaabbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb0100000001a0c97fe375c386cd613e30d8f16adf",
+        ),
     ]
+}
+
+/// (kind, erased op as read): the vectors' ops with content, erased as a
+/// compaction writes them (SPEC section 13), `kind_version` 1 with
+/// `ERASED_BIT`.
+fn erased_vectors() -> Vec<(OpKind, OpBody)> {
+    vectors()
+        .into_iter()
+        .filter(|(kind, ..)| kind.has_content())
+        .map(|(kind, _, body, _)| (kind, body.erased()))
+        .collect()
+}
+
+#[test]
+fn erased_ops_keep_their_ids_and_lose_their_content() {
+    let pinned = [
+        (
+            OpKind::MomentCreate,
+            "fedf6af1d8303e61cd86c375e37fc9a00101086f7574626f782d310570686f6e6500000001fd40bf2abf40030000",
+        ),
+        (
+            OpKind::MomentEdit,
+            "fedf6af1d8303e61cd86c375e37fc9a001000570686f6e65000000",
+        ),
+        (
+            OpKind::MessagePost,
+            "fee26af1d8303e61cd86c375e37fc9a001fedf6af1d8303e61cd86c375e37fc9a001000570686f6e65",
+        ),
+    ];
+    for (kind, body) in erased_vectors() {
+        let op = Op::new(7, 1_788_310_020_000, body.clone());
+        let (code, version, payload) = op.encode_erased().unwrap();
+        assert_eq!(
+            (code, version),
+            (kind.code(), 1 | spark_core::op::ERASED_BIT),
+            "{}",
+            kind.name()
+        );
+        if let Some((_, hex_payload)) = pinned.iter().find(|(k, _)| *k == kind) {
+            assert_eq!(
+                hex::encode(&payload),
+                *hex_payload,
+                "{} bytes changed",
+                kind.name()
+            );
+        }
+        let record = RecordRef {
+            seq: 7,
+            ts_ms: 1_788_310_020_000,
+            kind: code,
+            kind_version: version,
+            payload: &payload,
+            offset: 64,
+        };
+        let read = Op::decode(&record).unwrap();
+        assert!(read.erased, "{}", kind.name());
+        assert_eq!(read.body, body, "{}", kind.name());
+        assert_eq!(read.body.entity(), body.entity());
+        assert_eq!(read.body.device(), body.device());
+    }
 }
 
 #[test]
