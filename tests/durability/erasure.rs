@@ -143,27 +143,32 @@ fn plant(
     (id, request_id, media_id, turn_id, message_id)
 }
 
-/// Every answer about a kept moment, as bytes: the moment, the live page,
-/// its thread, its media's record and bytes, its turn.
+/// Every answer about the kept moments, as bytes: the live page, the kept
+/// phrases, and each moment, its thread, its media's bytes and its turn.
 fn answers(
     client: &reqwest::blocking::Client,
     base: &str,
-    kept: &(String, String, String, String, String),
+    kept: &[(String, String, String, String, String)],
 ) -> Vec<(String, u16, Vec<u8>)> {
-    let (id, _, media_id, turn_id, _) = kept;
-    [
-        format!("/api/moments/{id}"),
+    let mut paths = vec![
         "/api/moments?limit=50".to_owned(),
-        format!("/api/messages?thread={id}"),
-        format!("/api/media/{media_id}"),
-        format!("/api/turns/{turn_id}"),
-    ]
-    .into_iter()
-    .map(|path| {
-        let (status, body) = get(client, &format!("{base}{path}"));
-        (path, status, body)
-    })
-    .collect()
+        "/api/phrases".to_owned(),
+    ];
+    for (id, _, media_id, turn_id, _) in kept {
+        paths.extend([
+            format!("/api/moments/{id}"),
+            format!("/api/messages?thread={id}"),
+            format!("/api/media/{media_id}"),
+            format!("/api/turns/{turn_id}"),
+        ]);
+    }
+    paths
+        .into_iter()
+        .map(|path| {
+            let (status, body) = get(client, &format!("{base}{path}"));
+            (path, status, body)
+        })
+        .collect()
 }
 
 #[test]
@@ -179,8 +184,19 @@ fn a_deleted_moment_is_erased_from_every_byte_of_the_data_directory() {
 
     let kept_marker = format!("KEEPME{}", ulid());
     let gone_marker = format!("FORGETME{}", ulid());
-    let kept = plant(&client, &base, &kept_marker);
+    let mut kept: Vec<_> = (0..2)
+        .map(|n| plant(&client, &base, &format!("{kept_marker}{n}")))
+        .collect();
     let gone = plant(&client, &base, &gone_marker);
+    kept.push(plant(&client, &base, &format!("{kept_marker}2")));
+    // A phrase kept from the moment is the person's vocabulary, not the
+    // moment's content: it stays (SPEC section 13).
+    let r = client
+        .post(format!("{base}/api/phrases"))
+        .json(&json!({"phrase": "Ausfahrt freihalten", "moment_id": gone.0}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201);
     for suffix in ["TEXT", "CAPTION", "EDIT", "MESSAGE", "PHOTO"] {
         let marker = format!("{gone_marker}-{suffix}");
         assert!(
@@ -231,7 +247,12 @@ fn a_deleted_moment_is_erased_from_every_byte_of_the_data_directory() {
     assert_eq!(occurrences(&data, &gone_marker), Vec::<String>::new());
     // The other moment's content is all still there, and every answer
     // about it is byte for byte what it was.
-    assert!(!occurrences(&data, &format!("{kept_marker}-PHOTO")).is_empty());
+    for n in 0..3 {
+        for suffix in ["TEXT", "CAPTION", "EDIT", "MESSAGE", "PHOTO"] {
+            let marker = format!("{kept_marker}{n}-{suffix}");
+            assert!(!occurrences(&data, &marker).is_empty(), "{marker} is kept");
+        }
+    }
     assert_eq!(answers(&client, &base, &kept), before);
 
     // The erased moment's other answers: media 410, turn and message
