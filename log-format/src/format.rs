@@ -507,6 +507,15 @@ pub fn record_len(payload_len: usize) -> Option<u32> {
     u32::try_from(payload_len).ok()?.checked_add(RECORD_MIN_LEN)
 }
 
+/// True if a record with `payload_bytes` of payload fits `max_record_bytes`
+/// (the frame's `len` covers the payload and 20 bytes of header); what
+/// [`Log::append_batch`](crate::Log::append_batch) refuses with
+/// `RecordTooLarge` otherwise.
+pub fn record_fits(payload_bytes: usize, max_record_bytes: u32) -> bool {
+    // Cast: u32 to usize is lossless on the 32- and 64-bit targets we build for.
+    payload_bytes.saturating_add(RECORD_MIN_LEN as usize) <= max_record_bytes as usize
+}
+
 /// On-disk bytes of a record with a payload of `payload_len` bytes.
 pub fn record_size(payload_len: usize) -> usize {
     RECORD_HEADER_LEN.saturating_add(payload_len)

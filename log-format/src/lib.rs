@@ -28,8 +28,14 @@
 //! - `writer`: [`Log`], the single appender (batches, rolls, poisoning), and
 //!   [`GroupCommitAppender`], which lets many threads share it.
 //! - `reader`: [`LogReader`], a read-only mapped view for tools.
-//! - `compaction`: rewriting sealed segments ([`stage_compaction`],
-//!   [`Log::commit_compaction`]), its redo journal, and [`link_head`].
+//! - `compaction_record`: the compaction record's payload ([`CompactionRecord`],
+//!   kind [`KIND_COMPACTION`]), which the reader, recovery and the writer share.
+//! - `compaction_journal`: the redo journal of a compaction's commit
+//!   ([`JOURNAL_NAME`]), putting staged segments in place, and what
+//!   [`Log::open`] does about an interrupted compaction before recovery.
+//! - `compaction`: staging a compaction of the sealed segments
+//!   ([`stage_compaction`], committed by [`Log::commit_compaction`]) and
+//!   [`link_head`].
 //! - `error`: [`LogError`] and [`OpenError`].
 //!
 //! Integrity rules in one line: what follows the last valid commit mark of the
@@ -41,6 +47,8 @@
 #![warn(missing_docs)]
 
 mod compaction;
+mod compaction_journal;
+mod compaction_record;
 pub mod format;
 pub mod fs;
 pub mod memfs;
@@ -55,9 +63,12 @@ mod state;
 mod writer;
 
 pub use compaction::{
-    link_head, stage_compaction, CompactionCommit, CompactionDecodeError, CompactionRecord,
-    HeadLink, Rewrite, SegmentRewrite, StagedCompaction, COMPACTION_KIND_VERSION, JOURNAL_NAME,
-    KIND_COMPACTION, STAGED_SUFFIX,
+    link_head, stage_compaction, CompactionCommit, HeadLink, Rewrite, StagedCompaction,
+};
+pub use compaction_journal::{JOURNAL_NAME, STAGED_SUFFIX};
+pub use compaction_record::{
+    CompactionDecodeError, CompactionRecord, SegmentRewrite, COMPACTION_KIND_VERSION,
+    KIND_COMPACTION,
 };
 pub use damage::{
     damage_report, damage_report_live, damage_report_with, last_frame_report, DamageKind,
@@ -65,8 +76,9 @@ pub use damage::{
 };
 pub use error::{is_no_space_error, FaultSeq, LogError, OpenError};
 pub use format::{
-    ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SEGMENT_SIZE_BYTES,
-    FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN, SEGMENT_SUFFIX,
+    record_fits, ChainValue, RecordIn, RecordRef, Seq, DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_SEGMENT_SIZE_BYTES, FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_HEADER_LEN,
+    SEGMENT_SUFFIX,
 };
 pub use frames::{Frame, FrameKind, Frames, FramesEnd};
 pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
@@ -74,4 +86,4 @@ pub use memfs::{CutMode, MemFs, PAGE_BYTES};
 pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo, LIVE_OPEN_ATTEMPTS};
 pub use recovery::{scrub_segment, DeferredSegment, LogPoint, RecoveryReport, TornTail};
 pub use state::{system_now_ms, Head, LogConfig};
-pub use writer::{record_fits, GroupCommitAppender, Log};
+pub use writer::{GroupCommitAppender, Log};

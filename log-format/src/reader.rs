@@ -7,7 +7,8 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::compaction::{self, COMPACTION_KIND_VERSION, KIND_COMPACTION};
+use crate::compaction_journal::{self, JOURNAL_NAME};
+use crate::compaction_record::{self, COMPACTION_KIND_VERSION, KIND_COMPACTION};
 use crate::error::LogError;
 use crate::format::{RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES};
 use crate::fs::{Fs, OsFs};
@@ -239,9 +240,9 @@ impl LogReader {
         if live {
             LogReader::open_live_visiting(dir, fs, max_record_bytes, 0, visit)
         } else {
-            if compaction::journal_exists(fs.as_ref(), dir)? {
+            if compaction_journal::journal_exists(fs.as_ref(), dir)? {
                 return Err(LogError::CompactionPending {
-                    journal: dir.join(compaction::JOURNAL_NAME),
+                    journal: dir.join(JOURNAL_NAME),
                 });
             }
             LogReader::open_from(dir, fs, max_record_bytes, false, 0, visit)
@@ -421,7 +422,7 @@ impl LogReader {
             let decoded = decode_segment(&info.name, bytes, expect, opts, |record| {
                 if record.kind == KIND_COMPACTION && record.kind_version == COMPACTION_KIND_VERSION
                 {
-                    if let Err(e) = compaction::decode_in(&info.name, &record) {
+                    if let Err(e) = compaction_record::decode_in(&info.name, &record) {
                         bad_compaction = Some(e);
                         return ControlFlow::Break(());
                     }

@@ -15,7 +15,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::compaction::CompactionRecord;
+use crate::compaction_record::CompactionRecord;
 use crate::error::{FaultSeq, LogError, OpenError};
 use crate::format::{chain_hex, segment_file_name, ChainValue, RecordRef, Seq};
 use crate::fs::Fs;

@@ -23,17 +23,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use crate::compaction::{
-    self, CompactionCommit, CompactionRecord, Journal, StagedCompaction, COMPACTION_KIND_VERSION,
-    JOURNAL_NAME, KIND_COMPACTION,
-};
+use crate::compaction::{CompactionCommit, StagedCompaction};
+use crate::compaction_journal::{self, Journal, JOURNAL_NAME};
+use crate::compaction_record::{CompactionRecord, COMPACTION_KIND_VERSION, KIND_COMPACTION};
 use crate::error::{FaultSeq, LogError, OpenError};
 use crate::format::{
-    chain_hasher, encode_commit, encode_record, encode_seal, record_size, segment_file_name,
-    CommitMark, RecordIn, RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES, FORMAT_VERSION,
-    HEADER_LEN, KIND_SEAL, RECORD_MIN_LEN, SEAL_RECORD_BYTES,
+    chain_hasher, encode_commit, encode_record, encode_seal, record_fits, record_size,
+    segment_file_name, CommitMark, RecordIn, RecordRef, SegmentHeader, Seq,
+    DEFAULT_MAX_RECORD_BYTES, FORMAT_VERSION, HEADER_LEN, KIND_SEAL, RECORD_MIN_LEN,
+    SEAL_RECORD_BYTES,
 };
 use crate::fs::Fs;
+use crate::reader::LogReader;
 use crate::recovery::{recover, LogPoint, RecoveryReport};
 use crate::state::{ActiveSegment, Head, LogConfig};
 
@@ -68,12 +69,25 @@ impl std::fmt::Debug for Log {
     }
 }
 
-/// True if a record with `payload_bytes` of payload fits `max_record_bytes`
-/// (the frame's `len` covers the payload and 20 bytes of header); what
-/// [`Log::append_batch`] refuses with `RecordTooLarge` otherwise.
-pub fn record_fits(payload_bytes: usize, max_record_bytes: u32) -> bool {
-    // Cast: u32 to usize is lossless on the 32- and 64-bit targets we build for.
-    payload_bytes.saturating_add(RECORD_MIN_LEN as usize) <= max_record_bytes as usize
+/// True when the log in `dir` holds, after seq `journal.head_seq`, a record
+/// of kind [`KIND_COMPACTION`] with exactly the journal's payload (read
+/// after recovery, so the log is whole).
+fn record_present(
+    fs: Arc<dyn Fs>,
+    dir: &Path,
+    max_record_bytes: u32,
+    journal: &Journal,
+) -> Result<bool, LogError> {
+    let mut found = false;
+    LogReader::open_from_seq(dir, fs, max_record_bytes, journal.head_seq + 1, |record| {
+        if record.seq > journal.head_seq
+            && record.kind == KIND_COMPACTION
+            && record.payload == journal.payload.as_slice()
+        {
+            found = true;
+        }
+    })?;
+    Ok(found)
 }
 
 /// Refuses what a caller must not write: the seal's kind, the compaction
@@ -218,7 +232,7 @@ impl Log {
         from: Option<&LogPoint>,
         visit: impl FnMut(RecordRef<'_>) -> Result<(), E>,
     ) -> Result<(Log, RecoveryReport), OpenError<E>> {
-        let prelude = compaction::before_recovery(fs.as_ref(), dir)?;
+        let prelude = compaction_journal::before_recovery(fs.as_ref(), dir)?;
         let recovered = recover(dir, &config, &fs, from, visit)?;
         let mut log = Log {
             dir: dir.to_owned(),
@@ -261,7 +275,7 @@ impl Log {
             reason: e.to_string(),
         })?;
         let present = self.head.seq > journal.head_seq
-            && compaction::record_present(
+            && record_present(
                 Arc::clone(&self.fs),
                 &self.dir,
                 self.config.max_record_bytes,
@@ -270,7 +284,7 @@ impl Log {
         if !present {
             self.append_compaction_record(&journal.payload)?;
         }
-        compaction::finish_journal(self.fs.as_ref(), &self.dir, journal)?;
+        compaction_journal::finish_journal(self.fs.as_ref(), &self.dir, journal)?;
         tracing::info!(
             segments = record.segments.len(),
             appended = !present,
@@ -410,7 +424,8 @@ impl Log {
             OnNoSpace::Poison,
         )?;
         // Step 3.
-        let placed = compaction::put_in_place(self.fs.as_ref(), &self.dir, &journal.entries);
+        let placed =
+            compaction_journal::put_in_place(self.fs.as_ref(), &self.dir, &journal.entries);
         self.poison_on(placed)?;
         // Step 4.
         match (self.active.as_mut(), &journal.active) {
@@ -457,7 +472,7 @@ impl Log {
         // Step 5.
         let record_seq = self.append_compaction_record(&journal.payload)?;
         // Step 6.
-        let finished = compaction::finish_journal(self.fs.as_ref(), &self.dir, &journal);
+        let finished = compaction_journal::finish_journal(self.fs.as_ref(), &self.dir, &journal);
         self.poison_on(finished)?;
         tracing::info!(
             segments = record.segments.len(),
