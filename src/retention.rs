@@ -201,7 +201,7 @@ impl Compactor {
         // blobs, and checkpoints whose chain value no segment holds any
         // more (taken before a compaction: they may hold erased content).
         {
-            let _held = self.engine.hold_checkpoints();
+            let _held = self.engine.hold_checkpoints().await;
             report.checkpoints_removed += self.remove_stale_checkpoints()?;
         }
         report.blobs_removed += self.remove_blobs(&HashSet::new())?;
@@ -259,7 +259,7 @@ impl Compactor {
             // From the commit until the stale checkpoints are gone no
             // checkpoint is built: one built from the old segments would
             // keep the erased content.
-            let _held = self.engine.hold_checkpoints();
+            let _held = self.engine.hold_checkpoints().await;
             let Some(commit) = self.engine.commit_compaction(staged, due.clone()).await? else {
                 continue;
             };

@@ -107,7 +107,7 @@ fn run(
         let started = std::time::Instant::now();
         // Not while a compaction replaces segments and removes the
         // checkpoints holding what it erased.
-        let _held = shared.checkpoints_held.lock();
+        let _held = shared.checkpoints_held.blocking_lock();
         match spark_core::checkpoint::build(
             config.fs.as_ref(),
             &config.data_dir,

@@ -97,7 +97,7 @@ struct Shared {
     /// ([`Engine::hold_checkpoints`]): a checkpoint built from the segments
     /// before a compaction never lands after its removal (it would keep
     /// erased content, SPEC section 13).
-    checkpoints_held: Mutex<()>,
+    checkpoints_held: tokio::sync::Mutex<()>,
     /// The published mirror: only durable ops are ever applied to it.
     mirror: RwLock<Mirror>,
     /// The log's head after the last committed batch.
@@ -212,7 +212,7 @@ impl Engine {
         let (committed, _) = tokio::sync::watch::channel(mirror.seq);
         let (changes, _) = tokio::sync::broadcast::channel(settings.log.change_buffer_batches);
         let shared = Arc::new(Shared {
-            checkpoints_held: Mutex::new(()),
+            checkpoints_held: tokio::sync::Mutex::new(()),
             mirror: RwLock::new(mirror),
             head: Mutex::new(log.head()),
             poison: Mutex::new(None),
@@ -367,8 +367,8 @@ impl Engine {
     /// guard lives (it waits, then builds from what is on disk after). The
     /// compactor holds it from its commit until it removed the checkpoints
     /// that hold erased content.
-    pub fn hold_checkpoints(&self) -> parking_lot::MutexGuard<'_, ()> {
-        self.shared.checkpoints_held.lock()
+    pub async fn hold_checkpoints(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.shared.checkpoints_held.lock().await
     }
 
     fn refuse_if_fenced(&self) -> Result<(), EngineError> {
