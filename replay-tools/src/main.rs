@@ -172,7 +172,7 @@ enum Cmd {
         common: Common,
     },
     /// Audits: one entity's history, one request's outcome, the chain head,
-    /// duplicate content.
+    /// duplicate content, damage, media, erasure, an archive.
     #[command(subcommand, after_help = EXIT_CODES)]
     Audit(audit::AuditCmd),
     /// Write a synthetic log of moment creates (about 200 bytes each) into a
