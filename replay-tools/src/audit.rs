@@ -1,6 +1,7 @@
 //! `spark-replay audit`: one entity's history, what one request produced,
 //! the chain head to record elsewhere, and live moments with the same
-//! content under different ids (the residual case ADR-036 admits).
+//! content under different ids (the residual case ADR-036 admits); the
+//! damage, media, erasure (`crate::erasure`) and archive audits.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -78,6 +79,24 @@ pub enum AuditCmd {
         #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
         grace_seconds: u64,
     },
+    /// Forgetting (SPEC section 13): the moments deleted (id, delete seq
+    /// and time), which are due for erasure (deleted at least
+    /// `--erase-after-ms` ago), which are erased, and for every due moment
+    /// each place where bytes of it remain: its ops with content in the log
+    /// that are not erased, checkpoints that hold it not erased, blobs of
+    /// its media, copies of cut tails with its content. Exit 1 when a due
+    /// moment has bytes left anywhere (overdue), 0 otherwise.
+    Erasure {
+        #[command(flatten)]
+        common: Common,
+        /// How long after its delete a moment's content is due for
+        /// erasure, in milliseconds. Give the server's `[retention]
+        /// erase_after_ms` (`SPARK_RETENTION_ERASE_AFTER_MS`); the default
+        /// is the engine's, a day. The engine erases within one `[retention]
+        /// check_interval_ms` after a moment is due.
+        #[arg(long, value_name = "MS", default_value_t = crate::erasure::DEFAULT_ERASE_AFTER_MS)]
+        erase_after_ms: u64,
+    },
     /// Whether the local log and an archive agree up to the archive's
     /// shipped seq (every archived segment's and chunk's bytes equal the
     /// local segment's bytes there, and the chain at that seq), and how
@@ -107,6 +126,10 @@ pub fn run(cmd: AuditCmd) -> ToolExit {
             remove_orphans,
             grace_seconds,
         } => crate::media::audit(&common, remove_orphans, grace_seconds),
+        AuditCmd::Erasure {
+            common,
+            erase_after_ms,
+        } => crate::erasure::audit(&common, erase_after_ms),
         AuditCmd::Archive { common, from } => crate::archive_audit::audit(&common, &from),
     }
 }

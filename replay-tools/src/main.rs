@@ -10,6 +10,7 @@
 mod archive;
 mod archive_audit;
 mod audit;
+mod erasure;
 mod generate;
 mod media;
 mod progress;
@@ -95,6 +96,15 @@ enum Cmd {
         /// The archive store's region (with `--from`).
         #[arg(long, default_value = "us-east-1", env = "SPARK_ARCHIVE_REGION")]
         region: String,
+        /// Then tell whether a head recorded earlier (`audit chain`, `GET
+        /// /api/log/head`: its seq, a colon, its chain value in 64 hex
+        /// digits) is linked to the log: directly, or through the
+        /// compaction record that replaced its chain value; not linked when
+        /// a compaction rewrote the segment holding it (its content was
+        /// erased) or nothing matches. Exit 1 unless linked; `--json`: the
+        /// member `head`. Not with `--from`.
+        #[arg(long, value_name = "SEQ:CHAIN", value_parser = scan::parse_head, conflicts_with = "from")]
+        head: Option<scan::ExportedHead>,
     },
     /// Build a new data directory (`--data`, which must be empty or absent)
     /// from an archive: every record's checksum and the chain from the
@@ -162,7 +172,7 @@ enum Cmd {
         common: Common,
     },
     /// Audits: one entity's history, one request's outcome, the chain head,
-    /// duplicate content.
+    /// duplicate content, damage, media, erasure, an archive.
     #[command(subcommand, after_help = EXIT_CODES)]
     Audit(audit::AuditCmd),
     /// Write a synthetic log of moment creates (about 200 bytes each) into a
@@ -196,13 +206,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Verify {
-            common, from: None, ..
-        } => scan::verify(&common),
+            common,
+            from: None,
+            head,
+            ..
+        } => scan::verify(&common, head.as_ref()),
         Cmd::Verify {
             common,
             from: Some(url),
             endpoint,
             region,
+            ..
         } => archive::verify(
             &common,
             &archive::From {

@@ -209,8 +209,78 @@ pub fn unacknowledged_text(tail: &TornTail) -> String {
     )
 }
 
-/// `verify`: the whole log, checksums and chain, every op decoded and folded.
-pub fn verify(common: &Common) -> ToolExit {
+/// A head recorded earlier, as `verify --head SEQ:CHAIN` takes it (the
+/// `seq` and `chain` that `audit chain` or `GET /api/log/head` printed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExportedHead {
+    /// The head's seq.
+    pub seq: u64,
+    /// The chain value there.
+    pub chain: spark_log_format::ChainValue,
+}
+
+/// Parses `SEQ:CHAIN`: a whole number, a colon, and 64 hex digits (either
+/// case). For clap, whose error is a usage error (exit 2).
+pub fn parse_head(text: &str) -> Result<ExportedHead, String> {
+    let malformed = || format!("{text:?} is not SEQ:CHAIN (a seq, a colon, 64 hex digits)");
+    let (seq, chain) = text.split_once(':').ok_or_else(malformed)?;
+    let seq = seq.parse::<u64>().map_err(|_| malformed())?;
+    let mut value = [0u8; 32];
+    if chain.len() != 64 || hex::decode_to_slice(chain, &mut value).is_err() {
+        return Err(malformed());
+    }
+    Ok(ExportedHead { seq, chain: value })
+}
+
+/// How an exported head links to the log ([`spark_log_format::link_head`]):
+/// whether it is linked, its JSON member and its line.
+fn head_link(
+    reader: &LogReader,
+    head: &ExportedHead,
+) -> Result<(bool, serde_json::Value, String), Failure> {
+    use spark_log_format::HeadLink;
+    let link = spark_log_format::link_head(reader, head.seq, head.chain).map_err(log_failure)?;
+    let (linked, name, record_seq, first_seq, text) = match link {
+        HeadLink::Direct => (true, "direct", None, None, "linked".to_owned()),
+        HeadLink::ThroughCompaction { record_seq } => (
+            true,
+            "through_compaction",
+            Some(record_seq),
+            None,
+            format!("linked through the compaction record at seq {record_seq}"),
+        ),
+        HeadLink::SegmentRewritten {
+            first_seq,
+            record_seq,
+        } => (
+            false,
+            "segment_rewritten",
+            Some(record_seq),
+            Some(first_seq),
+            format!(
+                "not linked: the segment holding seq {} (from seq {first_seq}) was rewritten by \
+                 the compaction at seq {record_seq} (its content was erased)",
+                head.seq
+            ),
+        ),
+        HeadLink::NotLinked => (false, "not_linked", None, None, "not linked".to_owned()),
+    };
+    let chain = hex::encode(head.chain);
+    let doc = json!({
+        "seq": head.seq,
+        "chain": chain,
+        "linked": linked,
+        "link": name,
+        "compaction_seq": record_seq,
+        "segment_first_seq": first_seq,
+    });
+    Ok((linked, doc, format!("head {}:{chain}: {text}", head.seq)))
+}
+
+/// `verify`: the whole log, checksums and chain, every op decoded and
+/// folded; with `head`, then whether that exported head links to the log
+/// (exit 1 when it does not).
+pub fn verify(common: &Common, head: Option<&ExportedHead>) -> ToolExit {
     let reader = open(common)?;
     let mut mirror = Mirror::new();
     let checkpoints = check_checkpoints(common);
@@ -251,6 +321,7 @@ pub fn verify(common: &Common) -> ToolExit {
     // record that was damaged, not only a torn write: a fault, not a note.
     let damaged_tail = report.torn_tail.as_ref().filter(|t| t.whole_frame);
     let unacknowledged = unacknowledged_tail(report.torn_tail.as_ref());
+    let link = head.map(|head| head_link(&reader, head)).transpose()?;
     // A valid checkpoint whose mirror is not the log's fold at its seq
     // would give a wrong start: a fault. An ignored one is only a note
     // (startup ignores it too).
@@ -275,7 +346,7 @@ pub fn verify(common: &Common) -> ToolExit {
         })
         .collect();
     if common.json {
-        print_json(&json!({
+        let mut doc = json!({
             "ok": damaged_tail.is_none(),
             "segments": report.segments,
             "records": report.records,
@@ -285,7 +356,11 @@ pub fn verify(common: &Common) -> ToolExit {
             "torn_tail": torn_json(&report),
             "unacknowledged_tail": unacknowledged.map(unacknowledged_json),
             "checkpoints": checkpoint_json,
-        }));
+        });
+        if let Some((_, member, _)) = &link {
+            doc["head"] = member.clone();
+        }
+        print_json(&doc);
     } else if damaged_tail.is_none() {
         // A damaged last record is a fault: only the fault is reported
         // (below, on stderr), never an `ok:` line before it.
@@ -303,11 +378,15 @@ pub fn verify(common: &Common) -> ToolExit {
                 ),
             }
         }
+        if let Some((_, _, line)) = &link {
+            println!("{line}");
+        }
     }
     if let Some(fault) = checkpoint_fault {
         return Err(Failure::damage(fault));
     }
     match damaged_tail {
+        None if link.as_ref().is_some_and(|(linked, _, _)| !linked) => Ok(exit::DAMAGE),
         None => Ok(exit::OK),
         // The same words as `audit damage`, which reports the same frame.
         Some(t) => Err(damaged_tail_failure(common, &report, t)),
@@ -546,6 +625,12 @@ fn replay_from(
 pub fn replay_all(common: &Common) -> Result<(Mirror, ScanReport), Failure> {
     let reader = open(common)?;
     replay(&reader, None, false)
+}
+
+/// Replays the whole log `reader` views; for an audit that reads the same
+/// view again after the fold.
+pub fn replay_reader(reader: &LogReader) -> Result<(Mirror, ScanReport), Failure> {
+    replay(reader, None, false)
 }
 
 /// Replays a data directory and checks every sealed segment's chain

@@ -16,6 +16,8 @@ mod archive_s3;
 mod checkpoint;
 #[path = "tools/damage_header.rs"]
 mod damage_header;
+#[path = "tools/erasure.rs"]
+mod erasure;
 
 use std::path::Path;
 use std::process::Command;
