@@ -13,11 +13,15 @@
 //! 3. has the writer commit it ([`Engine::commit_compaction`]): the redo
 //!    journal, the renames, the compaction record, whose fold erases the
 //!    moments from the mirror;
-//! 4. removes the checkpoints taken at or after the first rewritten segment
-//!    (they hold the erased content, and their chain values are gone with
-//!    the old segments; no checkpoint is built meanwhile), their blobs
-//!    (unless a moment that was not erased holds the same bytes, or an
-//!    upload holds the digest), and the copies of cut tails that name them.
+//! 4. removes their blobs (unless a moment that was not erased holds the
+//!    same bytes, or an upload holds the digest), and the copies of cut
+//!    tails that name them.
+//!
+//! The checkpoints taken at or after the first segment to rewrite (they
+//! hold the content to erase, and their chain values go with the old
+//! segments) are removed between 2 and 3, before the commit point, so that
+//! no crash leaves one beside the rewritten log; no checkpoint is built
+//! from then until the commit is done.
 //!
 //! A turn of a deleted moment never records the brain's reading (the rule
 //! is in `spark_core::rules::turns`), so nothing about a due moment can be
@@ -256,19 +260,22 @@ impl Compactor {
             };
             report.segments_rewritten = staged.segments().len();
             report.bytes_written = staged.bytes_written();
-            // From the commit until the stale checkpoints are gone no
-            // checkpoint is built: one built from the old segments would
-            // keep the erased content.
+            // From here until the commit is done no checkpoint is built:
+            // one built from the old segments would keep the erased content.
             let _held = self.engine.hold_checkpoints().await;
-            let Some(commit) = self.engine.commit_compaction(staged, due.clone()).await? else {
+            // The checkpoints at or after the first segment to rewrite go
+            // before the commit point: they hold the content to erase, and
+            // once the segments are rewritten their chain values match no
+            // log. A crash after the commit point must not leave them: the
+            // next start would pick one (checked against the old segments
+            // before recovery finishes the commit) and then refuse the
+            // rewritten log as corrupt, or take one whose point lies past the
+            // end of its shorter rewritten segment for proof of lost records.
+            let first_rewritten = staged.segments().first().map_or(u64::MAX, |s| s.first_seq);
+            report.checkpoints_removed += self.remove_checkpoints(first_rewritten)?;
+            let Some(_commit) = self.engine.commit_compaction(staged, due.clone()).await? else {
                 continue;
             };
-            let first_rewritten = commit
-                .record
-                .segments
-                .first()
-                .map_or(u64::MAX, |s| s.first_seq);
-            report.checkpoints_removed += self.remove_checkpoints(first_rewritten)?;
             report.blobs_removed += self.remove_blobs(&due_set)?;
             report.cut_tails_removed += self.remove_cut_tails(&owners)?;
             report.erased = due;
@@ -421,9 +428,10 @@ impl Compactor {
         })
     }
 
-    /// Removes the checkpoints at or after `first_seq` (they hold erased
-    /// content, and their chain values name segments that were rewritten),
-    /// then fsyncs their directory. Returns how many.
+    /// Removes the checkpoints at or after `first_seq`, the first seq of
+    /// the first segment a compaction rewrites (they hold the content it
+    /// erases, and their chain values name the old segments), then fsyncs
+    /// their directory. Returns how many.
     fn remove_checkpoints(&self, first_seq: u64) -> Result<usize, PassError> {
         self.remove_checkpoints_where(|seq, _| seq >= first_seq)
     }

@@ -93,10 +93,10 @@ pub enum EngineOpenError {
 /// State shared between the writer thread and the readers.
 struct Shared {
     /// Held while the checkpoint worker builds a checkpoint, and while a
-    /// compaction is committed and removes the checkpoints it made stale
-    /// ([`Engine::hold_checkpoints`]): a checkpoint built from the segments
-    /// before a compaction never lands after its removal (it would keep
-    /// erased content, SPEC section 13).
+    /// compactor removes the checkpoints its compaction makes stale and
+    /// commits it ([`Engine::hold_checkpoints`]): a checkpoint built from
+    /// the segments before a compaction never lands after that removal (it
+    /// would keep erased content, SPEC section 13).
     checkpoints_held: tokio::sync::Mutex<()>,
     /// The published mirror: only durable ops are ever applied to it.
     mirror: RwLock<Mirror>,
@@ -365,8 +365,8 @@ impl Engine {
 
     /// Keeps the checkpoint worker from building a checkpoint while the
     /// guard lives (it waits, then builds from what is on disk after). The
-    /// compactor holds it from its commit until it removed the checkpoints
-    /// that hold erased content.
+    /// compactor holds it from before it removes the checkpoints that hold
+    /// the content to erase until its commit is done.
     pub async fn hold_checkpoints(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.shared.checkpoints_held.lock().await
     }
@@ -878,7 +878,7 @@ fn replay_log_from(
     let opened = Log::open_from(
         &settings.log_dir(),
         log_config,
-        fs,
+        Arc::clone(&fs),
         point.as_ref(),
         |record| {
             at = (record.seq, record.offset);
@@ -935,7 +935,63 @@ fn replay_log_from(
         }
     };
     let (log, recovery) = opened.map_err(|e| open_error(settings, e, at))?;
+    let mut mirror = mirror;
+    if recovery.compaction_record_appended {
+        fold_appended_compaction(settings, fs, &log, &mut mirror)?;
+    }
     Ok(Ok((log, recovery, mirror)))
+}
+
+/// Folds the compaction record that recovery appended after the visitor's
+/// pass, when it finished a compaction whose commit a crash interrupted
+/// (FORMAT.md, "Recovery's redo": the visitor sees the log as recovery
+/// found it, the appended record is the last one). Unfolded, the mirror
+/// would lag the log by that record (the fold of the next op, whose seq
+/// would not follow, is refused and stops the write path) and keep the
+/// content of the moments it erased.
+///
+/// Errors: `Log` when the record cannot be read back, `Replay` when it
+/// does not decode or the fold refuses it.
+fn fold_appended_compaction(
+    settings: &Settings,
+    fs: Arc<dyn Fs>,
+    log: &Log,
+    mirror: &mut Mirror,
+) -> Result<(), EngineOpenError> {
+    let seq = log.head().seq;
+    let max_record_bytes = settings.log.max_record_bytes;
+    let reader =
+        spark_log_format::LogReader::open_live_from(&settings.log_dir(), fs, max_record_bytes, seq)
+            .map_err(EngineOpenError::Log)?;
+    let mut folded = None;
+    let options = spark_log_format::ScanOptions {
+        verify_chain: false,
+        max_record_bytes,
+    };
+    reader
+        .scan(options, |_, record| {
+            if record.seq != seq || record.kind != spark_log_format::KIND_COMPACTION {
+                return std::ops::ControlFlow::Continue(());
+            }
+            folded =
+                Some(
+                    replay_record(mirror, &record).map_err(|source| EngineOpenError::Replay {
+                        segment: segment_of(&settings.log_dir(), seq),
+                        offset: record.offset,
+                        source,
+                    }),
+                );
+            std::ops::ControlFlow::Break(())
+        })
+        .map_err(EngineOpenError::Log)?;
+    folded.unwrap_or_else(|| {
+        Err(EngineOpenError::Log(LogError::Corrupt {
+            segment: segment_of(&settings.log_dir(), seq),
+            offset: 0,
+            seq: spark_log_format::FaultSeq::Record(seq),
+            reason: "the compaction record recovery appended is not the log's last record".into(),
+        }))
+    })
 }
 
 /// The name of the segment file that holds `seq`: the one with the largest

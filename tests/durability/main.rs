@@ -19,6 +19,7 @@ mod checkpoint_start;
 mod crash_kill9;
 mod disk_full;
 mod erasure;
+mod erasure_kill9;
 mod media_kill9;
 mod op_vectors;
 mod replay_refusal;
