@@ -1137,6 +1137,7 @@ impl Shipper {
             chunks: state.chunks.clone(),
             lease_ms: self.lease.map_or(0, |l| l.as_millis() as u64),
             checkpoints: state.checkpoints.clone(),
+            compactions: Vec::new(),
         }
     }
 

@@ -1544,6 +1544,7 @@ fn a_lease_is_read_from_the_holders_last_manifest_or_its_epoch() {
         chunks: Vec::new(),
         lease_ms,
         checkpoints: Vec::new(),
+        compactions: Vec::new(),
     };
     // Before its first manifest: the epoch object's.
     let before = LeaseView::of(&doc, Some(&manifest(1, 50_000, 3000)));
@@ -1940,6 +1941,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
                     chunks: Vec::new(),
                     lease_ms: 0,
                     checkpoints: Vec::new(),
+                    compactions: Vec::new(),
                 }
             }
         };
