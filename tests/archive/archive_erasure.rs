@@ -6,7 +6,8 @@
 //! Then `spark-replay verify --from` passes on the whole history, a
 //! restore serves the kept moments byte for byte as the original and the
 //! erased one as erased, with no marker anywhere in the restored
-//! directory, and the latest manifest's objects hold no marker; the
+//! directory, `audit archive` finds the local log equal to the archive,
+//! and the latest manifest's objects hold no marker; the
 //! superseded objects (named by older manifests only) still do: deleting
 //! them after `[archive] retention_ms` is a later step, and this test says
 //! so by asserting it.
@@ -315,4 +316,17 @@ async fn the_archive_follows_an_erasure_and_a_restore_serves_it() {
     assert_eq!(status, 410);
     copy.kill();
     assert!(server.terminate().success());
+    // The compacted local log holds exactly the archived bytes.
+    let (code, out, err) = replay(
+        &[
+            "audit",
+            "archive",
+            "--data",
+            data.to_str().unwrap(),
+            "--from",
+            &url,
+        ],
+        &endpoint,
+    );
+    assert_eq!(code, 0, "audit archive: {out}{err}");
 }
