@@ -19,8 +19,8 @@
 //!    answering erased, over a few deletes.
 //!
 //! The archive's figures (its size before and after, delete to gone in
-//! the archive) wait for the archive to follow compactions (it does not
-//! yet; the compactor does not run with `[archive]`).
+//! the archive) wait for the deletion of superseded archive objects (the
+//! archive follows a compaction, but keeps the objects it held before).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -237,7 +237,7 @@ pub async fn start_with_brains(
     }
     let compactor = match crate::retention::Compactor::held(&settings) {
         Some(held) => {
-            tracing::warn!(?held, "deleted moments are not erased on this server: the compactor does not run with an archive or on a replica yet");
+            tracing::warn!(?held, "deleted moments are not erased on this server: the compactor does not run on a replica");
             None
         }
         None => {

@@ -1,7 +1,7 @@
 //! The archive's objects (`archive/ARCHIVE.md`, SPEC section 11): object
 //! keys under a prefix, the tail chunk frame, the manifest and epoch frames,
 //! the walk that finds a segment's acknowledged bytes, and the rule that a
-//! manifest extends the one before it ([`extends`]). Shared by the
+//! manifest extends the one before it ([`extends`], compactions included). Shared by the
 //! engine's shipper and `spark-replay restore` / `verify`; no I/O here.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -95,6 +95,32 @@ pub fn segment_key(prefix: &str, first_seq: Seq, epoch: u64) -> String {
         join(
             prefix,
             format!("segment/{}-{}.seg", digits(first_seq), digits(epoch)),
+        )
+    }
+}
+
+/// Key of a sealed segment shipped again because compaction `record_seq`
+/// rewrote it (its `log.compact` record's seq; ARCHIVE.md "Compaction"):
+/// `<prefix>/segment/<first_seq>-c<record_seq>.seg` for epoch 1,
+/// `<prefix>/segment/<first_seq>-<epoch>-c<record_seq>.seg` after a
+/// take-over (each number 20 digits). The compaction's seq keeps the new
+/// bytes off every key an earlier put of the segment (the old bytes, or
+/// another compaction's) may hold: every object is create-only.
+pub fn compacted_segment_key(prefix: &str, first_seq: Seq, epoch: u64, record_seq: Seq) -> String {
+    if epoch <= 1 {
+        join(
+            prefix,
+            format!("segment/{}-c{}.seg", digits(first_seq), digits(record_seq)),
+        )
+    } else {
+        join(
+            prefix,
+            format!(
+                "segment/{}-{}-c{}.seg",
+                digits(first_seq),
+                digits(epoch),
+                digits(record_seq)
+            ),
         )
     }
 }
@@ -452,6 +478,53 @@ pub struct CheckpointEntry {
     pub chain: ChainValue,
 }
 
+/// A segment a compaction rewrote, as a manifest lists it (ARCHIVE.md
+/// "Compaction"): the `log.compact` record's entry (FORMAT.md
+/// "Compaction"), seal chain values before and after.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewrittenSegment {
+    /// The segment's first seq (its file name).
+    pub first_seq: Seq,
+    /// Its last seq (its seal's).
+    pub last_seq: Seq,
+    /// Its seal's chain value before the compaction (64 hex in the JSON).
+    #[serde(with = "hex32")]
+    pub old_chain_end: ChainValue,
+    /// Its seal's chain value after (64 hex in the JSON).
+    #[serde(with = "hex32")]
+    pub new_chain_end: ChainValue,
+}
+
+/// A compaction a manifest applies relative to the one before it
+/// (ARCHIVE.md "Compaction", "Manifest history"): the `log.compact`
+/// record at `record_seq` and the segments it lists.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionEntry {
+    /// Seq of the `log.compact` record.
+    pub record_seq: Seq,
+    /// The segments it rewrote, in seq order.
+    pub segments: Vec<RewrittenSegment>,
+}
+
+impl CompactionEntry {
+    /// The entry of the `log.compact` record at `record_seq`.
+    pub fn of_record(record_seq: Seq, record: &spark_log_format::CompactionRecord) -> Self {
+        CompactionEntry {
+            record_seq,
+            segments: record
+                .segments
+                .iter()
+                .map(|s| RewrittenSegment {
+                    first_seq: s.first_seq,
+                    last_seq: s.last_seq,
+                    old_chain_end: s.old_seal,
+                    new_chain_end: s.new_seal,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A manifest: what the archive holds as of manifest `number` (ARCHIVE.md
 /// "Manifest"). Every manifest lists everything (no deltas).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -485,6 +558,13 @@ pub struct Manifest {
     /// history rule ([`extends`]): derived state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checkpoints: Vec<CheckpointEntry>,
+    /// The compactions this manifest applies relative to the one before
+    /// it, in log order (ARCHIVE.md "Compaction"): its segments from the
+    /// first one they list on are the rewritten ones, its chunks start
+    /// over. Left out of the JSON when none, as before compactions were
+    /// shipped; a renewal or a take-over manifest lists none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compactions: Vec<CompactionEntry>,
 }
 
 /// How many shipped checkpoints a manifest lists at most (the newest);
@@ -509,6 +589,7 @@ impl Manifest {
             chunks: Vec::new(),
             lease_ms: 0,
             checkpoints: Vec::new(),
+            compactions: Vec::new(),
         }
     }
 
@@ -743,6 +824,63 @@ pub enum Fork {
         /// The last seq of its last entry (0 when it lists none).
         entries_end: Seq,
     },
+    /// A compaction the manifest applies is not one `prev` can be moved by:
+    /// its record is not after `prev.shipped_seq`, not after the one
+    /// before it, or past the manifest's `shipped_seq`.
+    #[error(
+        "its compaction record at seq {record_seq} is not after the previous manifest's shipped_seq \
+         {prev_shipped_seq} and the compaction before it, or not within its own shipped_seq {shipped_seq}"
+    )]
+    CompactionOutOfPlace {
+        /// The compaction record's seq.
+        record_seq: Seq,
+        /// The earlier manifest's `shipped_seq`.
+        prev_shipped_seq: Seq,
+        /// The later manifest's `shipped_seq`.
+        shipped_seq: Seq,
+    },
+    /// A compaction lists a segment the earlier manifest holds with other
+    /// bounds, or with another chain than its `old_chain_end` (after the
+    /// compactions before it): it rewrote another history.
+    #[error(
+        "its compaction at seq {record_seq} lists segment {first_seq}..={last_seq} with old chain {}, \
+         which is not the archived segment there ({found})",
+        chain_hex(.old_chain_end)
+    )]
+    CompactionOfAnotherHistory {
+        /// The compaction record's seq.
+        record_seq: Seq,
+        /// The listed segment's first seq.
+        first_seq: Seq,
+        /// Its last seq.
+        last_seq: Seq,
+        /// The chain value the compaction says it had.
+        old_chain_end: ChainValue,
+        /// What the archive holds there, in words.
+        found: String,
+    },
+    /// A sealed segment of the earlier manifest at or after the first one a
+    /// compaction rewrote, that no compaction lists (a compaction rewrites
+    /// every sealed segment from its first one on), or that is not
+    /// replaced by an entry with the same seqs, a new key and the chain
+    /// value the compaction lists.
+    #[error(
+        "the previous manifest's segment {key} (entry {index}) comes after a rewritten segment and is \
+         not replaced by the rewrite its compaction lists"
+    )]
+    RewriteMissing {
+        /// Position in the earlier manifest's `segments`.
+        index: usize,
+        /// Its key in the earlier manifest.
+        key: String,
+    },
+    /// A segment new in the manifest that a compaction lists does not end
+    /// with the compaction's `new_chain_end`.
+    #[error("new segment {key} does not end with the chain its compaction lists")]
+    RewrittenChainMismatch {
+        /// The new entry's key.
+        key: String,
+    },
     /// `shipped_chain` is not the chain value its last entry ends with.
     #[error(
         "its shipped_chain {} is not the chain its entries end with ({})",
@@ -773,7 +911,11 @@ pub enum Fork {
 /// 5. `next.shipped_seq` is the last seq of its last entry, and
 ///    `next.shipped_chain` the chain value it ends with (its `chain_after`,
 ///    or a segment's `chain_end`; 64 zeros when it lists none), so the
-///    chain goes on from `prev`'s, whose entries it keeps.
+///    chain goes on from `prev`'s, whose entries it keeps;
+/// 6. with `next.compactions` non-empty, 2 and 3 give way to the
+///    compaction rule (`extends_compacted`): the segments from the first
+///    one a compaction lists are replaced by the rewritten ones, and the
+///    chunks start over.
 ///
 /// A takeover manifest lists exactly its predecessor's entries under a newer
 /// epoch, which extends it. Only the manifests are compared: the objects'
@@ -791,6 +933,9 @@ pub fn extends(prev: &Manifest, next: &Manifest) -> Result<(), Fork> {
             prev: prev.shipped_seq,
             next: next.shipped_seq,
         });
+    }
+    if !next.compactions.is_empty() {
+        return extends_compacted(prev, next);
     }
     if let Some(index) =
         (0..prev.segments.len()).find(|&i| next.segments.get(i) != Some(&prev.segments[i]))
@@ -831,6 +976,19 @@ pub fn extends(prev: &Manifest, next: &Manifest) -> Result<(), Fork> {
         end = folded.last_seq;
         new_segments = &added_segments[1..];
     }
+    entries_go_on(next, end, new_segments, new_chunks)
+}
+
+/// Rules 4 and 5 of [`extends`]: the entries `next` adds
+/// (`new_segments`, then `new_chunks`) start at the seq after `end` and
+/// each at the seq after the one before, every chunk of `next.epoch`; its
+/// `shipped_seq` and `shipped_chain` are where its entries end.
+fn entries_go_on(
+    next: &Manifest,
+    mut end: Seq,
+    new_segments: &[SegmentEntry],
+    new_chunks: &[ChunkEntry],
+) -> Result<(), Fork> {
     let added = new_segments
         .iter()
         .map(|s| (&s.key, s.first_seq, s.last_seq, None))
@@ -874,6 +1032,120 @@ pub fn extends(prev: &Manifest, next: &Manifest) -> Result<(), Fork> {
         });
     }
     Ok(())
+}
+
+/// [`extends`] for a `next` that applies compactions (ARCHIVE.md
+/// "Manifest history", rule 6): `prev`'s segments are kept up to the
+/// first one a compaction lists; from there each is replaced by an entry
+/// of `next` with the same seqs, another key and the chain value the
+/// compactions (applied in order, each listed `old_chain_end` the chain
+/// the segment has by then) end it with; `prev.chunks` are dropped (the
+/// active segment's header changed), and the entries after the sealed
+/// segments start over from the seq after the last one `prev` holds
+/// sealed. A segment added that a compaction lists ends with its listed
+/// chain. Every compaction record is after `prev.shipped_seq` and the one
+/// before it, and at most `next.shipped_seq`.
+fn extends_compacted(prev: &Manifest, next: &Manifest) -> Result<(), Fork> {
+    use std::collections::BTreeMap;
+    let mut after = prev.shipped_seq;
+    for c in &next.compactions {
+        if c.record_seq <= after || c.record_seq > next.shipped_seq {
+            return Err(Fork::CompactionOutOfPlace {
+                record_seq: c.record_seq,
+                prev_shipped_seq: prev.shipped_seq,
+                shipped_seq: next.shipped_seq,
+            });
+        }
+        after = c.record_seq;
+    }
+    // first seq -> (last seq, chain value, index in prev.segments)
+    let mut chains: BTreeMap<Seq, (Seq, ChainValue, Option<usize>)> = prev
+        .segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.first_seq, (s.last_seq, s.chain_end, Some(i))))
+        .collect();
+    let prev_end = prev.segments.last().map_or(0, |s| s.last_seq);
+    let mut rewritten = std::collections::BTreeSet::new();
+    for c in &next.compactions {
+        for s in &c.segments {
+            let of_another = |found: String| Fork::CompactionOfAnotherHistory {
+                record_seq: c.record_seq,
+                first_seq: s.first_seq,
+                last_seq: s.last_seq,
+                old_chain_end: s.old_chain_end,
+                found,
+            };
+            match chains.get_mut(&s.first_seq) {
+                Some((last_seq, chain, _)) => {
+                    if *last_seq != s.last_seq || *chain != s.old_chain_end {
+                        return Err(of_another(format!(
+                            "segment {}..={last_seq} ending with chain {}",
+                            s.first_seq,
+                            chain_hex(chain)
+                        )));
+                    }
+                    *chain = s.new_chain_end;
+                }
+                None if s.first_seq <= prev_end || s.last_seq < s.first_seq => {
+                    return Err(of_another("no segment starts there".into()));
+                }
+                None => {
+                    chains.insert(s.first_seq, (s.last_seq, s.new_chain_end, None));
+                }
+            }
+            rewritten.insert(s.first_seq);
+        }
+    }
+    let first_rewritten = prev
+        .segments
+        .iter()
+        .position(|s| rewritten.contains(&s.first_seq))
+        .unwrap_or(prev.segments.len());
+    if let Some(index) =
+        (0..first_rewritten).find(|&i| next.segments.get(i) != Some(&prev.segments[i]))
+    {
+        return Err(Fork::SegmentChanged {
+            index,
+            key: prev.segments[index].key.clone(),
+        });
+    }
+    for (index, old) in prev.segments.iter().enumerate().skip(first_rewritten) {
+        let replaced = next.segments.get(index).is_some_and(|new| {
+            rewritten.contains(&old.first_seq)
+                && new.first_seq == old.first_seq
+                && new.last_seq == old.last_seq
+                && new.key != old.key
+                && new.chain_end == chains[&old.first_seq].1
+        });
+        if !replaced {
+            return Err(Fork::RewriteMissing {
+                index,
+                key: old.key.clone(),
+            });
+        }
+    }
+    let new_segments = next.segments.get(prev.segments.len()..).unwrap_or(&[]);
+    for s in new_segments {
+        if let Some((_, chain, None)) = chains.get(&s.first_seq) {
+            if s.chain_end != *chain {
+                return Err(Fork::RewrittenChainMismatch { key: s.key.clone() });
+            }
+        }
+    }
+    // The chunks start over: one of `prev` listed again names bytes of the
+    // active segment before its header changed.
+    if let Some(index) = prev
+        .chunks
+        .iter()
+        .position(|c| next.chunks.iter().any(|n| n.key == c.key))
+    {
+        return Err(Fork::ChunkChanged {
+            index,
+            key: prev.chunks[index].key.clone(),
+        });
+    }
+    entries_go_on(next, prev_end, new_segments, &next.chunks)
 }
 
 /// Where `next` lists a **merge** of `prev`'s last chunks (`sync` mode
@@ -960,6 +1232,7 @@ mod tests {
             chunks,
             lease_ms: 0,
             checkpoints: Vec::new(),
+            compactions: Vec::new(),
         }
     }
 
@@ -1290,6 +1563,238 @@ mod tests {
         assert!(matches!(
             extends(&empty, &m2),
             Err(Fork::ShippedChainMismatch { .. })
+        ));
+    }
+
+    fn rewrite(first_seq: Seq, last_seq: Seq, old: u8, new: u8) -> RewrittenSegment {
+        RewrittenSegment {
+            first_seq,
+            last_seq,
+            old_chain_end: [old; 32],
+            new_chain_end: [new; 32],
+        }
+    }
+
+    /// Segment `first..=last` ending with chain `[chain; 32]`, under the
+    /// key of compaction `record_seq` (0: a plain key).
+    fn sealed(first_seq: Seq, last_seq: Seq, chain: u8, record_seq: Seq) -> SegmentEntry {
+        SegmentEntry {
+            key: if record_seq == 0 {
+                segment_key("p", first_seq, 1)
+            } else {
+                compacted_segment_key("p", first_seq, 1, record_seq)
+            },
+            chain_end: [chain; 32],
+            ..segment(first_seq, last_seq)
+        }
+    }
+
+    /// Before: segments 1..=10, 11..=20, 21..=30 sealed (chains 1, 2, 3),
+    /// chunks of segment 31 up to 35. A compaction at seq 45 rewrote 11..=20
+    /// and 21..=30 and 31..=40 (sealed since), the active segment 41 got a
+    /// new header.
+    fn before_and_after() -> (Manifest, Manifest) {
+        let prev = manifest(
+            4,
+            1,
+            vec![
+                sealed(1, 10, 1, 0),
+                sealed(11, 20, 2, 0),
+                sealed(21, 30, 3, 0),
+            ],
+            vec![chunk(31, 31, 33, 1), chunk(31, 34, 35, 1)],
+        );
+        let mut next = manifest(
+            5,
+            1,
+            vec![
+                sealed(1, 10, 1, 0),
+                sealed(11, 20, 0x12, 45),
+                sealed(21, 30, 0x13, 45),
+                sealed(31, 40, 0x14, 45),
+            ],
+            vec![chunk(41, 41, 46, 1)],
+        );
+        next.compactions = vec![CompactionEntry {
+            record_seq: 45,
+            segments: vec![
+                rewrite(11, 20, 2, 0x12),
+                rewrite(21, 30, 3, 0x13),
+                rewrite(31, 40, 4, 0x14),
+            ],
+        }];
+        (prev, next)
+    }
+
+    #[test]
+    fn a_compacted_segment_key_carries_the_compaction_and_the_epoch() {
+        assert_eq!(
+            compacted_segment_key("p", 11, 1, 45),
+            "p/segment/00000000000000000011-c00000000000000000045.seg"
+        );
+        assert_eq!(
+            compacted_segment_key("", 11, 3, 45),
+            "segment/00000000000000000011-00000000000000000003-c00000000000000000045.seg"
+        );
+    }
+
+    #[test]
+    fn compactions_are_listed_only_when_applied_and_read_back() {
+        let (prev, next) = before_and_after();
+        assert!(!String::from_utf8_lossy(&prev.encode()).contains("compactions"));
+        let body = String::from_utf8(next.encode()[DOC_HEADER_LEN..].to_vec()).unwrap();
+        let expected = format!(
+            r#""compactions":[{{"record_seq":45,"segments":[{{"first_seq":11,"last_seq":20,"old_chain_end":"{}","new_chain_end":"{}"}},"#,
+            "02".repeat(32),
+            "12".repeat(32)
+        );
+        assert!(body.contains(&expected), "{body}");
+        assert_eq!(Manifest::decode(&next.encode(), 5).unwrap(), next);
+    }
+
+    #[test]
+    fn a_manifest_that_applies_a_compaction_extends_the_one_before() {
+        let (prev, next) = before_and_after();
+        assert_eq!(extends(&prev, &next), Ok(()));
+        // Then the history goes on as usual from it.
+        let later = manifest(
+            6,
+            1,
+            next.segments.clone(),
+            vec![chunk(41, 41, 46, 1), chunk(41, 47, 50, 1)],
+        );
+        assert_eq!(extends(&next, &later), Ok(()));
+        // The active segment only got a new header: nothing sealed was
+        // rewritten past what the archive holds, a new first chunk.
+        let prev = manifest(1, 1, vec![sealed(1, 10, 1, 0)], vec![chunk(11, 11, 15, 1)]);
+        let mut next = manifest(
+            2,
+            1,
+            vec![sealed(1, 10, 0x11, 16)],
+            vec![chunk(11, 11, 16, 1)],
+        );
+        next.compactions = vec![CompactionEntry {
+            record_seq: 16,
+            segments: vec![rewrite(1, 10, 1, 0x11)],
+        }];
+        assert_eq!(extends(&prev, &next), Ok(()));
+        // Two compactions in one manifest compose in order: the second
+        // lists as old chain the first one's new one.
+        let (prev, mut next) = before_and_after();
+        next.compactions.push(CompactionEntry {
+            record_seq: 46,
+            segments: vec![rewrite(21, 30, 0x13, 0x23), rewrite(31, 40, 0x14, 0x24)],
+        });
+        next.segments[2] = sealed(21, 30, 0x23, 46);
+        next.segments[3] = sealed(31, 40, 0x24, 46);
+        assert_eq!(extends(&prev, &next), Ok(()));
+        // ... and not in the other order.
+        next.compactions.swap(0, 1);
+        next.compactions[0].record_seq = 45;
+        next.compactions[1].record_seq = 46;
+        assert!(matches!(
+            extends(&prev, &next),
+            Err(Fork::CompactionOfAnotherHistory { first_seq: 21, .. })
+        ));
+    }
+
+    #[test]
+    fn a_compaction_that_does_not_fit_the_archive_is_a_fork() {
+        let (prev, next) = before_and_after();
+        // A replaced entry whose listed old chain is not the archived one.
+        let mut wrong_old = next.clone();
+        wrong_old.compactions[0].segments[1].old_chain_end = [0x77; 32];
+        assert!(matches!(
+            extends(&prev, &wrong_old),
+            Err(Fork::CompactionOfAnotherHistory { first_seq: 21, .. })
+        ));
+        // A replaced entry that no listed compaction names.
+        let mut unlisted = next.clone();
+        unlisted.compactions[0].segments.remove(1);
+        assert!(matches!(
+            extends(&prev, &unlisted),
+            Err(Fork::RewriteMissing { index: 2, .. })
+        ));
+        // The segments before the first listed one changed.
+        let mut changed = next.clone();
+        changed.segments[0].blake3 = [0x01; 32];
+        assert!(matches!(
+            extends(&prev, &changed),
+            Err(Fork::SegmentChanged { index: 0, .. })
+        ));
+        // The replacing entry does not end with the listed new chain, or
+        // keeps the old key (an object that exists with the old bytes).
+        let mut other_chain = next.clone();
+        other_chain.segments[1].chain_end = [0x55; 32];
+        assert!(matches!(
+            extends(&prev, &other_chain),
+            Err(Fork::RewriteMissing { index: 1, .. })
+        ));
+        let mut old_key = next.clone();
+        old_key.segments[1].key = prev.segments[1].key.clone();
+        assert!(matches!(
+            extends(&prev, &old_key),
+            Err(Fork::RewriteMissing { index: 1, .. })
+        ));
+        // A listed segment the archive holds with other bounds.
+        let mut bounds = next.clone();
+        bounds.compactions[0].segments[0].last_seq = 19;
+        assert!(matches!(
+            extends(&prev, &bounds),
+            Err(Fork::CompactionOfAnotherHistory { first_seq: 11, .. })
+        ));
+        // A segment added that a compaction lists, with another chain.
+        let mut added = next.clone();
+        added.segments[3].chain_end = [0x66; 32];
+        assert!(matches!(
+            extends(&prev, &added),
+            Err(Fork::RewrittenChainMismatch { .. })
+        ));
+        // The compaction record already shipped, or not shipped by it.
+        let mut early = next.clone();
+        early.compactions[0].record_seq = 35;
+        assert!(matches!(
+            extends(&prev, &early),
+            Err(Fork::CompactionOutOfPlace { record_seq: 35, .. })
+        ));
+        let mut late = next.clone();
+        late.compactions[0].record_seq = 47;
+        assert!(matches!(
+            extends(&prev, &late),
+            Err(Fork::CompactionOutOfPlace { record_seq: 47, .. })
+        ));
+        // The old chunks kept across the compaction: their bytes have the
+        // old header.
+        let mut kept = next.clone();
+        kept.segments.truncate(3);
+        kept.chunks = vec![
+            chunk(31, 31, 33, 1),
+            chunk(31, 34, 35, 1),
+            chunk(31, 36, 46, 1),
+        ];
+        kept.shipped_seq = 46;
+        assert!(matches!(
+            extends(&prev, &kept),
+            Err(Fork::ChunkChanged { index: 0, .. })
+        ));
+        // Without the compaction listed, the rewrite is a fork as before.
+        let mut silent = next.clone();
+        silent.compactions.clear();
+        assert!(matches!(
+            extends(&prev, &silent),
+            Err(Fork::SegmentChanged { index: 1, .. })
+        ));
+        // Entries after the sealed ones start at the seq after them.
+        let mut gap = next.clone();
+        gap.segments.truncate(3);
+        gap.chunks = vec![chunk(31, 36, 46, 1)];
+        assert!(matches!(
+            extends(&prev, &gap),
+            Err(Fork::Gap {
+                first_seq: 36,
+                expected: 31,
+                ..
+            })
         ));
     }
 }

@@ -476,7 +476,8 @@ fn check_log(
     Ok((mirror, report, folded))
 }
 
-/// Fetches every blob the mirror's media name into `data`'s blob store
+/// Fetches every blob the mirror's media name (but an erased moment's)
+/// into `data`'s blob store
 /// (several at once), each checked against its media.put op, and syncs the
 /// directories. A blob the writer recorded lost (ARCHIVE.md "Missing
 /// blob": no blob object, a `missing/` marker) is left out and listed.
@@ -488,9 +489,13 @@ async fn restore_blobs(
 ) -> Result<(usize, u64, Vec<serde_json::Value>), Failure> {
     let blobs_dir = spark_core::blob::blobs_dir(data);
     std::fs::create_dir_all(&blobs_dir).map_err(|e| unwritable(&blobs_dir, e))?;
+    // An erased moment's blobs are gone on purpose (SPEC section 13): the
+    // engine answers its media 410 without them. The archive may still
+    // hold them (superseded objects), they are not restored.
     let mut media: Vec<_> = mirror
         .media
         .values()
+        .filter(|m| !mirror.is_erased(m.moment_id))
         .map(|m| (m.sha256.0, m.size_bytes))
         .collect();
     media.sort_unstable();

@@ -18,16 +18,16 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use spark_archive::layout::{
-    acknowledged_end, blob_key, checkpoint_key, chunk_key, epoch_key, extends, manifest_key,
-    missing_key, segment_key, CheckpointEntry, ChunkEntry, ChunkHeader, Manifest, MissingBlobDoc,
-    SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
+    acknowledged_end, blob_key, checkpoint_key, chunk_key, compacted_segment_key, epoch_key,
+    extends, manifest_key, missing_key, segment_key, CheckpointEntry, ChunkEntry, ChunkHeader,
+    CompactionEntry, Manifest, MissingBlobDoc, SegmentEntry, CHECKPOINTS_LISTED, CHUNK_HEADER_LEN,
 };
 use spark_archive::{ArchiveStore, Put, StoreError};
 use spark_log_format::format::{
     chain_hasher, chain_hex, chain_value, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
     SEAL_PAYLOAD_LEN, SEAL_RECORD_BYTES,
 };
-use spark_log_format::{FrameKind, Frames, Head, HEADER_LEN};
+use spark_log_format::{CompactionRecord, FrameKind, Frames, Head, HEADER_LEN, KIND_COMPACTION};
 
 use super::status::{ArchiveStatus, NextOp, MISSING_BLOBS_LISTED};
 use super::{
@@ -198,6 +198,9 @@ pub(super) struct ShipState {
     pub(super) tail: Tail,
     /// The checkpoints the manifest lists (ARCHIVE.md "Checkpoint").
     pub(super) checkpoints: Vec<CheckpointEntry>,
+    /// The compactions the manifest naming this state applies relative to
+    /// the stored one (ARCHIVE.md "Compaction"); empty once it is stored.
+    pub(super) compactions: Vec<CompactionEntry>,
 }
 
 /// A checkpoint put in flight, off the ship's path: a large object must
@@ -254,11 +257,18 @@ pub(super) fn instant_of(written_ms: u64) -> Instant {
 }
 
 /// The shipping state right after `manifest` (a manifest of this writer's
-/// epoch), checked against the local log.
+/// epoch), checked against the local log. When the local log no longer
+/// holds the bytes the manifest's last entry names because a compaction
+/// after its `shipped_seq` rewrote them (a `log.compact` record between it
+/// and the head), the state starts the walk at the segment after its last
+/// sealed one: the first ship moves the archive to the compacted log,
+/// checking the rewritten segments' old chains against it (ARCHIVE.md
+/// "Compaction").
 pub(super) fn state_after(
     log_dir: &Path,
     head: &Head,
     manifest: Manifest,
+    max_record_bytes: u32,
 ) -> Result<ShipState, ArchiveStartError> {
     let diverged = |m: String| ArchiveStartError::Diverged(m);
     if manifest.shipped_seq > head.seq {
@@ -268,7 +278,28 @@ pub(super) fn state_after(
         )));
     }
     let shipped_chain = manifest.shipped_chain;
-    let tail = resume_tail(log_dir, &manifest, shipped_chain)?;
+    let tail = match resume_tail(log_dir, &manifest, shipped_chain) {
+        Ok(tail) => tail,
+        Err(e) => {
+            let (from, chain) = manifest
+                .segments
+                .last()
+                .map_or((1, [0; 32]), |s| (s.last_seq + 1, s.chain_end));
+            let compacted = walk_log(
+                log_dir,
+                from,
+                0,
+                manifest.shipped_seq,
+                head.seq,
+                max_record_bytes,
+            )
+            .is_ok_and(|walk| !walk.compactions.is_empty());
+            if !compacted {
+                return Err(e);
+            }
+            Tail::fresh(from, chain)
+        }
+    };
     Ok(ShipState {
         number: manifest.number,
         segments: manifest.segments,
@@ -278,7 +309,101 @@ pub(super) fn state_after(
         shipped_chain,
         tail,
         checkpoints: manifest.checkpoints,
+        compactions: Vec::new(),
     })
+}
+
+/// What the local log holds after the shipped seq up to the head that a
+/// ship acts on besides its bytes: the `media.put` ops whose blobs it
+/// ships (not an erased one's: its blob is gone on purpose), and the
+/// compactions (`log.compact` records) it applies first.
+#[derive(Default)]
+pub(super) struct Walk {
+    media: Vec<MediaOp>,
+    compactions: Vec<(u64, CompactionRecord)>,
+}
+
+/// Whether `bytes`, read from the shipped offset of a segment, start with
+/// the frame that comes after the shipped seq there: the op after it, or
+/// the seal. Not so when a compaction rewrote the bytes before the offset.
+fn at_shipped_offset(bytes: &[u8], shipped_seq: u64, max_record_bytes: u32) -> bool {
+    match Frames::new(bytes, 0, max_record_bytes).next() {
+        Some(frame) => match frame.kind {
+            FrameKind::Op => frame.seq() == shipped_seq + 1,
+            FrameKind::Seal => frame.seq() == shipped_seq,
+            FrameKind::CommitMark | FrameKind::UnknownMarker(_) => false,
+        },
+        None => false,
+    }
+}
+
+/// Walks the local log from `offset` of the segment `segment_first_seq`
+/// (0: its header; else the end of the shipped seq's commit mark) up to
+/// `head_seq`, collecting what [`Walk`] holds for the ops after
+/// `shipped_seq`. When a compaction rewrote the bytes before the offset,
+/// the frame there is not the one after the shipped seq: the segment is
+/// walked from its header instead.
+fn walk_log(
+    log_dir: &Path,
+    segment_first_seq: u64,
+    offset: u64,
+    shipped_seq: u64,
+    head_seq: u64,
+    max_record_bytes: u32,
+) -> Result<Walk, ShipError> {
+    let mut out = Walk::default();
+    let mut first_seq = segment_first_seq;
+    let mut offset = offset.max(HEADER_LEN as u64);
+    let mut last_seq = shipped_seq;
+    let media_put = spark_core::op::OpKind::MediaPut.code();
+    while last_seq < head_seq {
+        let path = log_dir.join(segment_file_name(first_seq));
+        let where_ = path.display().to_string();
+        let bytes = read_range(&path, offset, None).map_err(|e| local(&where_, e))?;
+        if offset > HEADER_LEN as u64 && !at_shipped_offset(&bytes, shipped_seq, max_record_bytes) {
+            offset = HEADER_LEN as u64;
+            continue;
+        }
+        let mut sealed = false;
+        for frame in Frames::new(&bytes, 0, max_record_bytes) {
+            let record = frame.record;
+            if frame.kind != FrameKind::Op {
+                sealed = frame.kind == FrameKind::Seal;
+                if sealed {
+                    break;
+                }
+                continue;
+            }
+            if record.seq > head_seq {
+                return Ok(out);
+            }
+            last_seq = record.seq;
+            if record.seq <= shipped_seq {
+                continue;
+            }
+            if record.kind == media_put {
+                let op = spark_core::op::Op::decode(&record).map_err(|e| local(&where_, e))?;
+                if let (spark_core::op::OpBody::MediaPut(put), false) = (op.body, op.erased) {
+                    out.media.push(MediaOp {
+                        seq: op.seq,
+                        media_id: put.id.to_string(),
+                        sha256: put.sha256.0,
+                        size_bytes: put.size_bytes,
+                    });
+                }
+            } else if record.kind == KIND_COMPACTION {
+                let compaction = CompactionRecord::decode(record.payload)
+                    .map_err(|e| local(&where_, format!("seq {}: {e}", record.seq)))?;
+                out.compactions.push((record.seq, compaction));
+            }
+        }
+        if !sealed {
+            break;
+        }
+        first_seq = last_seq + 1;
+        offset = HEADER_LEN as u64;
+    }
+    Ok(out)
 }
 
 /// Where shipping goes on after `manifest`: after its last chunk (whose
@@ -582,9 +707,12 @@ impl Shipper {
         // that names them (the commit point): a reader never sees a log
         // object no manifest names. One after the other, a ship's blob puts
         // added their whole time to the async window.
+        let walk = self.walk(head)?;
+        let media = self.blobs_to_ship(walk.media);
+        let compactions = walk.compactions;
         let ((blobs, blobs_done), (log, log_done)) = tokio::join!(
-            async { (self.ship_blobs(head).await, Instant::now()) },
-            async { (self.ship_log(head).await, Instant::now()) },
+            async { (self.ship_blobs(media).await, Instant::now()) },
+            async { (self.ship_log(head, &compactions).await, Instant::now()) },
         );
         blobs?;
         let next = log?;
@@ -630,13 +758,12 @@ impl Shipper {
         Ok(())
     }
 
-    /// Ships the blobs named by the media ops after the shipped seq, up to
-    /// `head`, each once, [`BLOB_PUTS_AT_ONCE`] at a time (beside the log's
-    /// puts, all before the manifest): each checked
+    /// Ships the blobs of `ops` (the media ops after the shipped seq, up to
+    /// the head: [`Shipper::blobs_to_ship`]), [`BLOB_PUTS_AT_ONCE`] at a
+    /// time (beside the log's puts, all before the manifest): each checked
     /// first; one lost locally is recorded missing instead (ARCHIVE.md
     /// "Missing blob").
-    async fn ship_blobs(&self, head: &Head) -> Result<(), ShipError> {
-        let ops = self.blobs_to_ship(head)?;
+    async fn ship_blobs(&self, ops: Vec<MediaOp>) -> Result<(), ShipError> {
         futures_util::stream::iter(ops)
             .map(|op| async move { self.ship_blob(op).await.map(|_| ()) })
             .buffer_unordered(BLOB_PUTS_AT_ONCE)
@@ -644,17 +771,15 @@ impl Shipper {
             .await
     }
 
-    /// The `media.put` ops after the shipped seq up to `head` whose blob is
-    /// not put yet (by [`Shipper::put_blobs_ahead`]), one
-    /// per blob (the first op naming it).
-    fn blobs_to_ship(&self, head: &Head) -> Result<Vec<MediaOp>, ShipError> {
-        let mut ops = self.media_ops(head)?;
+    /// Of the `media.put` ops `ops`, the ones whose blob is not put yet (by
+    /// [`Shipper::put_blobs_ahead`]), one per blob (the first op naming it).
+    fn blobs_to_ship(&self, mut ops: Vec<MediaOp>) -> Vec<MediaOp> {
         let ahead = self.blobs_ahead.lock();
         ops.retain(|op| !ahead.contains_key(&op.sha256));
         drop(ahead);
         ops.sort_unstable_by_key(|op| (op.sha256, op.seq));
         ops.dedup_by_key(|op| op.sha256);
-        Ok(ops)
+        ops
     }
 
     /// `async` mode, between ships (never returns: the wait for the next
@@ -674,9 +799,10 @@ impl Shipper {
             tokio::time::sleep_until((round + BLOBS_AHEAD_EVERY).into()).await;
             round = Instant::now();
             let head = self.engine.head();
-            let Ok(ops) = self.blobs_to_ship(&head) else {
+            let Ok(walk) = self.walk(&head) else {
                 continue;
             };
+            let ops = self.blobs_to_ship(walk.media);
             if ops.is_empty() || self.check_not_taken_over().await.is_err() {
                 continue;
             }
@@ -693,51 +819,19 @@ impl Shipper {
         }
     }
 
-    /// The `media.put` ops after the shipped seq up to `head`, read from
-    /// the local log where shipping stands (not the whole mirror).
-    fn media_ops(&self, head: &Head) -> Result<Vec<MediaOp>, ShipError> {
-        let mut out = Vec::new();
-        let mut first_seq = self.state.tail.segment_first_seq;
-        let mut offset = self.state.tail.offset.max(HEADER_LEN as u64);
-        let mut last_seq = self.state.shipped_seq;
-        let media_put = spark_core::op::OpKind::MediaPut.code();
-        while last_seq < head.seq {
-            let path = self.log_dir.join(segment_file_name(first_seq));
-            let where_ = path.display().to_string();
-            let bytes = read_range(&path, offset, None).map_err(|e| local(&where_, e))?;
-            let mut sealed = false;
-            for frame in Frames::new(&bytes, 0, self.max_record_bytes) {
-                let record = frame.record;
-                if frame.kind != FrameKind::Op {
-                    sealed = frame.kind == FrameKind::Seal;
-                    if sealed {
-                        break;
-                    }
-                    continue;
-                }
-                if record.seq > head.seq {
-                    return Ok(out);
-                }
-                last_seq = record.seq;
-                if record.kind == media_put {
-                    let op = spark_core::op::Op::decode(&record).map_err(|e| local(&where_, e))?;
-                    if let spark_core::op::OpBody::MediaPut(put) = op.body {
-                        out.push(MediaOp {
-                            seq: op.seq,
-                            media_id: put.id.to_string(),
-                            sha256: put.sha256.0,
-                            size_bytes: put.size_bytes,
-                        });
-                    }
-                }
-            }
-            if !sealed {
-                break;
-            }
-            first_seq = last_seq + 1;
-            offset = HEADER_LEN as u64;
-        }
-        Ok(out)
+    /// The media ops and compactions after the shipped seq up to `head`
+    /// ([`walk_log`]), read from the local log where shipping stands (not
+    /// the whole mirror).
+    fn walk(&self, head: &Head) -> Result<Walk, ShipError> {
+        let tail = &self.state.tail;
+        walk_log(
+            &self.log_dir,
+            tail.segment_first_seq,
+            tail.offset,
+            self.state.shipped_seq,
+            head.seq,
+            self.max_record_bytes,
+        )
     }
 
     /// Puts one blob once its local copy is checked against its op; a lost
@@ -787,11 +881,23 @@ impl Shipper {
         }
     }
 
-    /// Ships the log from the shipped state up to `head`: the sealed
-    /// segments in between, then at most one chunk. Returns the state these
-    /// puts make, not yet named by a manifest.
-    async fn ship_log(&self, head: &Head) -> Result<ShipState, ShipError> {
+    /// Ships the log from the shipped state up to `head`: first, when
+    /// `compactions` (the `log.compact` records after the shipped seq) is
+    /// not empty, the archive's segments they rewrote ([`Shipper::rebase`]);
+    /// then the sealed segments in between, then at most one chunk.
+    /// Returns the state these puts make, not yet named by a manifest.
+    async fn ship_log(
+        &self,
+        head: &Head,
+        compactions: &[(u64, CompactionRecord)],
+    ) -> Result<ShipState, ShipError> {
         let mut next = self.state.clone();
+        // First seq of a segment -> the latest compaction of this ship that
+        // lists it: its key carries that compaction's seq.
+        let mut rewritten = std::collections::HashMap::new();
+        if !compactions.is_empty() {
+            self.rebase(&mut next, compactions, &mut rewritten).await?;
+        }
         loop {
             let tail = &mut next.tail;
             let name = segment_file_name(tail.segment_first_seq);
@@ -821,7 +927,8 @@ impl Shipper {
             );
             let body = &bytes[..end.offset];
             if end.sealed {
-                self.ship_segment(&mut next, &path, &where_, body, end.last_seq)
+                let compaction = rewritten.get(&next.tail.segment_first_seq).copied();
+                self.ship_segment(&mut next, &path, &where_, body, end.last_seq, compaction)
                     .await?;
                 if next.shipped_seq >= head.seq {
                     break;
@@ -848,9 +955,149 @@ impl Shipper {
         Ok(next)
     }
 
+    /// Moves `next` (the archive's state) to the local log as the
+    /// compactions `compactions` (record seq and payload, in log order)
+    /// left it (ARCHIVE.md "Compaction"): each listed segment the archive
+    /// holds sealed must end with the listed old seal (after the
+    /// compactions before it; else the archive holds another history and
+    /// nothing is guessed); it is put again from the local file (its
+    /// acknowledged bytes, checked against the new seal) under the key of
+    /// the last compaction listing it, and its entry replaced; the
+    /// checkpoints listed at or after the first rewritten segment are
+    /// dropped (their chain value is gone), the chunks too, and the tail
+    /// starts over at the segment after the last sealed one, from offset 0.
+    /// `rewritten` gets, for every listed segment, the last compaction
+    /// listing it (the ship's later segments are keyed by it). The
+    /// compactions go to `next.compactions`, for the manifest.
+    async fn rebase(
+        &self,
+        next: &mut ShipState,
+        compactions: &[(u64, CompactionRecord)],
+        rewritten: &mut std::collections::HashMap<u64, u64>,
+    ) -> Result<(), ShipError> {
+        let archived_end = next.segments.last().map_or(0, |s| s.last_seq);
+        let mut stale_from = u64::MAX;
+        for (record_seq, record) in compactions {
+            for listed in &record.segments {
+                stale_from = stale_from.min(listed.first_seq);
+                rewritten.insert(listed.first_seq, *record_seq);
+                let entry = next
+                    .segments
+                    .iter_mut()
+                    .find(|e| e.first_seq == listed.first_seq);
+                let found = match entry {
+                    Some(entry)
+                        if entry.last_seq == listed.last_seq
+                            && entry.chain_end == listed.old_seal =>
+                    {
+                        entry.chain_end = listed.new_seal;
+                        continue;
+                    }
+                    None if listed.first_seq > archived_end => continue,
+                    Some(entry) => format!(
+                        "the archive's {} holds seqs {}..={} ending with chain {}",
+                        entry.key,
+                        entry.first_seq,
+                        entry.last_seq,
+                        chain_hex(&entry.chain_end)
+                    ),
+                    None => format!(
+                        "the archive holds no segment starting there (its sealed segments end at seq {archived_end})"
+                    ),
+                };
+                return Err(ShipError::Local(format!(
+                    "the compaction at seq {record_seq} rewrote segment {}..={} whose seal was {}, \
+                     but {found}: the archive is not this log's history; nothing more is shipped \
+                     until that is settled",
+                    listed.first_seq,
+                    listed.last_seq,
+                    chain_hex(&listed.old_seal)
+                )));
+            }
+            next.compactions
+                .push(CompactionEntry::of_record(*record_seq, record));
+        }
+        for i in 0..next.segments.len() {
+            let entry = &next.segments[i];
+            let Some(&record_seq) = rewritten.get(&entry.first_seq) else {
+                continue;
+            };
+            let chain_start = match i {
+                0 => [0; 32],
+                _ => next.segments[i - 1].chain_end,
+            };
+            let path = self.log_dir.join(segment_file_name(entry.first_seq));
+            let where_ = path.display().to_string();
+            let bytes = read_range(&path, 0, None).map_err(|e| local(&where_, e))?;
+            if bytes.get(HEADER_CHAIN_START_OFFSET..HEADER_LEN) != Some(&chain_start[..]) {
+                return Err(local(
+                    &where_,
+                    "its chain_start is not the compacted chain before it",
+                ));
+            }
+            let end = acknowledged_end(
+                &bytes,
+                HEADER_LEN,
+                entry.first_seq - 1,
+                u64::MAX,
+                self.max_record_bytes,
+            );
+            if !end.sealed || end.last_seq != entry.last_seq {
+                return Err(local(
+                    &where_,
+                    format!(
+                        "it does not end with the seal of seq {} its compaction lists",
+                        entry.last_seq
+                    ),
+                ));
+            }
+            let mut whole = bytes;
+            whole.truncate(end.offset);
+            let seal_at = whole.len() - SEAL_RECORD_BYTES;
+            let sealed: ChainValue = whole[whole.len() - SEAL_PAYLOAD_LEN..]
+                .try_into()
+                .expect("32 bytes");
+            if sealed != entry.chain_end || chain_value(&chain_start, &whole[..seal_at]) != sealed {
+                return Err(local(
+                    &where_,
+                    "its seal is not the new seal its compaction lists, or not its chain",
+                ));
+            }
+            let key = compacted_segment_key(
+                self.store.prefix(),
+                entry.first_seq,
+                self.status.epoch,
+                record_seq,
+            );
+            let replaced = SegmentEntry {
+                key: key.clone(),
+                first_seq: entry.first_seq,
+                last_seq: entry.last_seq,
+                bytes: whole.len() as u64,
+                blake3: *blake3::hash(&whole).as_bytes(),
+                chain_end: sealed,
+            };
+            self.put("segment", &key, whole).await?;
+            next.segments[i] = replaced;
+        }
+        next.checkpoints.retain(|c| c.seq < stale_from);
+        next.chunks.clear();
+        next.chunk_levels.clear();
+        let (seq, chain) = next
+            .segments
+            .last()
+            .map_or((0, [0; 32]), |s| (s.last_seq, s.chain_end));
+        next.shipped_seq = seq;
+        next.shipped_chain = chain;
+        next.tail = Tail::fresh(seq + 1, chain);
+        Ok(())
+    }
+
     /// Ships the tail's segment whole once it is sealed: the bytes already
     /// shipped as chunks and `body` (the rest, up to its seal, ending at
-    /// `last_seq`), checked against its chain. Moves `next` past it.
+    /// `last_seq`), checked against its chain, under the key of
+    /// `compaction` (the seq of the latest compaction of this ship that
+    /// rewrote it, if one did). Moves `next` past it.
     async fn ship_segment(
         &self,
         next: &mut ShipState,
@@ -858,6 +1105,7 @@ impl Shipper {
         where_: &str,
         body: &[u8],
         last_seq: u64,
+        compaction: Option<u64>,
     ) -> Result<(), ShipError> {
         let tail = &next.tail;
         let mut whole = if tail.offset == 0 {
@@ -873,11 +1121,13 @@ impl Shipper {
         if chain_value(&tail.chain_start, &whole[..seal_at]) != chain_end {
             return Err(local(where_, "its seal does not match its chain"));
         }
-        let key = segment_key(
-            self.store.prefix(),
-            tail.segment_first_seq,
-            self.status.epoch,
-        );
+        let (prefix, epoch) = (self.store.prefix(), self.status.epoch);
+        let key = match compaction {
+            Some(record_seq) => {
+                compacted_segment_key(prefix, tail.segment_first_seq, epoch, record_seq)
+            }
+            None => segment_key(prefix, tail.segment_first_seq, epoch),
+        };
         let entry = SegmentEntry {
             key: key.clone(),
             first_seq: tail.segment_first_seq,
@@ -1052,6 +1302,26 @@ impl Shipper {
     /// restarts from just before its put.
     async fn ship_manifest_as(&mut self, kind: &str, mut next: ShipState) -> Result<(), ShipError> {
         next.number += 1;
+        let stale_from = next
+            .compactions
+            .iter()
+            .flat_map(|c| &c.segments)
+            .map(|s| s.first_seq)
+            .min();
+        if let Some(from) = stale_from {
+            // A checkpoint at or after a rewritten segment holds the old
+            // chain (and maybe erased content): never listed.
+            if self
+                .checkpoint_stored
+                .as_ref()
+                .is_some_and(|c| c.seq >= from)
+            {
+                self.checkpoint_stored = None;
+            }
+            if let Some(put) = self.checkpoint_put.take() {
+                put.abort();
+            }
+        }
         if let Some(stored) = self
             .checkpoint_stored
             .clone()
@@ -1108,8 +1378,9 @@ impl Shipper {
                     let head_now = self.engine.head();
                     self.renewed_at = instant_of(stored.written_ms);
                     self.advertised_lease_ms = stored.lease_ms;
-                    self.state = state_after(&self.log_dir, &head_now, stored)
-                        .map_err(|e| foreign(e.to_string()))?;
+                    self.state =
+                        state_after(&self.log_dir, &head_now, stored, self.max_record_bytes)
+                            .map_err(|e| foreign(e.to_string()))?;
                     self.checkpoint_listed();
                     return Ok(());
                 }
@@ -1118,6 +1389,7 @@ impl Shipper {
             Err(e) => return Err(e),
         }
         self.state = next;
+        self.state.compactions.clear();
         self.renewed_at = started;
         self.advertised_lease_ms = lease_ms;
         self.checkpoint_listed();
@@ -1137,6 +1409,7 @@ impl Shipper {
             chunks: state.chunks.clone(),
             lease_ms: self.lease.map_or(0, |l| l.as_millis() as u64),
             checkpoints: state.checkpoints.clone(),
+            compactions: state.compactions.clone(),
         }
     }
 

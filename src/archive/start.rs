@@ -104,7 +104,7 @@ pub async fn start_on_leased(
     let doc = take_epoch(&store, data_dir, lease_ms).await?;
     let epoch = doc.epoch;
     let log_dir = spark_core::layout::log_dir(data_dir);
-    let (state, last) = resume(&store, &log_dir, &engine.head(), epoch).await?;
+    let (state, last) = resume(&store, &log_dir, &engine.head(), epoch, max_record_bytes).await?;
     // The lease as the archive holds it: the last manifest's, or before
     // the first one of this epoch, the epoch object's.
     let (written_ms, advertised_lease_ms) = last.unwrap_or((doc.taken_ms, doc.lease_ms));
@@ -296,6 +296,7 @@ async fn resume(
     log_dir: &Path,
     head: &Head,
     epoch: u64,
+    max_record_bytes: u32,
 ) -> Result<(ShipState, Option<(u64, u64)>), ArchiveStartError> {
     let Some(manifest) = store.latest_manifest().await? else {
         let empty = ShipState {
@@ -307,6 +308,7 @@ async fn resume(
             shipped_chain: [0; 32],
             tail: Tail::fresh(1, [0; 32]),
             checkpoints: Vec::new(),
+            compactions: Vec::new(),
         };
         return Ok((empty, None));
     };
@@ -325,5 +327,8 @@ async fn resume(
         )));
     }
     let last = (manifest.written_ms, manifest.lease_ms);
-    Ok((state_after(log_dir, head, manifest)?, Some(last)))
+    Ok((
+        state_after(log_dir, head, manifest, max_record_bytes)?,
+        Some(last),
+    ))
 }

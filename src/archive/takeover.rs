@@ -359,6 +359,8 @@ fn takeover_manifest(latest: Option<&Manifest>, epoch: u64, lease_ms: u64) -> Ma
             epoch,
             written_ms: spark_log_format::system_now_ms(),
             lease_ms,
+            // The same entries: it applies no compaction.
+            compactions: Vec::new(),
             ..m.clone()
         },
         None => Manifest {

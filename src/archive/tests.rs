@@ -1544,6 +1544,7 @@ fn a_lease_is_read_from_the_holders_last_manifest_or_its_epoch() {
         chunks: Vec::new(),
         lease_ms,
         checkpoints: Vec::new(),
+        compactions: Vec::new(),
     };
     // Before its first manifest: the epoch object's.
     let before = LeaseView::of(&doc, Some(&manifest(1, 50_000, 3000)));
@@ -1940,6 +1941,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
                     chunks: Vec::new(),
                     lease_ms: 0,
                     checkpoints: Vec::new(),
+                    compactions: Vec::new(),
                 }
             }
         };
@@ -2151,4 +2153,163 @@ fn an_injected_error_writing_the_writer_file_refuses_and_leaves_it_whole() {
             _ => assert_eq!(epoch, Some(3), "{op:?}"),
         }
     }
+}
+
+fn delete(n: u64) -> Command {
+    Command::DeleteMoment(crate::engine::DeleteMoment {
+        id: moment_id(n),
+        request_id: None,
+        if_match: None,
+        device: "t".into(),
+    })
+}
+
+/// A compactor on the engine's data directory (`erase_after_ms` 0 in
+/// `settings`: a deleted moment is due at once).
+fn compactor(settings: &Settings, engine: &Arc<Engine>) -> crate::retention::Compactor {
+    let fs: Arc<dyn Fs> = Arc::new(spark_log_format::OsFs);
+    let media = crate::media::MediaStore::open(&settings.data_dir, Arc::clone(&fs)).unwrap();
+    crate::retention::Compactor::new(
+        settings,
+        Arc::clone(engine),
+        media,
+        fs,
+        Arc::new(SystemClock),
+    )
+}
+
+/// The local log of `data` as a new directory fetched from the latest
+/// manifest (a restore's catch-up), opened: its mirror's digest, and
+/// whether each of `erased` is erased there.
+async fn fetched_copy(store: &ArchiveStore, erased: &[u64]) -> (String, Vec<bool>) {
+    let latest = store.latest_manifest().await.unwrap().unwrap();
+    let copy = tempfile::tempdir().unwrap();
+    let log_dir = spark_core::layout::log_dir(copy.path());
+    std::fs::create_dir_all(&log_dir).unwrap();
+    super::takeover::catch_up(
+        store,
+        &log_dir,
+        Some(&latest),
+        spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        false,
+    )
+    .await
+    .unwrap();
+    let engine = open_engine(&Settings {
+        data_dir: copy.path().to_owned(),
+        ..Settings::default()
+    });
+    let out = engine.read(|m| {
+        (
+            m.digest(),
+            erased.iter().map(|n| m.is_erased(moment_id(*n))).collect(),
+        )
+    });
+    engine.shutdown().await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_mode_ships_a_compaction_and_a_restart_before_its_ship_resumes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = archived_settings(dir.path(), crate::config::ArchiveMode::Sync);
+    settings.log.segment_size_bytes = 4096;
+    settings.retention.erase_after_ms = 0;
+    let engine = open_engine(&settings);
+    let flaky = Arc::new(Flaky::default());
+    flaky.put_delay_ms.store(5, Ordering::SeqCst);
+    let shipping = ship_sync(&flaky, dir.path(), &engine).await;
+    let store = ArchiveStore::new(flaky.clone(), "shard".into());
+    for n in 1..=80 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    for n in [5, 40] {
+        engine.submit(delete(n)).await.unwrap();
+    }
+    // Writes go on while the compaction commits and ships: each is
+    // acknowledged only once a manifest naming it is stored.
+    let writers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let (engine, flaky) = (Arc::clone(&engine), Arc::clone(&flaky));
+            tokio::spawn(async move {
+                for i in 0..15u64 {
+                    let n = 1000 + w * 100 + i;
+                    tokio::time::timeout(HANG_GUARD, engine.submit(create(n)))
+                        .await
+                        .expect("hang guard")
+                        .unwrap();
+                    let seq = engine.read(|m| m.moments[&moment_id(n)].created_seq());
+                    let stored = flaky.stored_seq.load(Ordering::SeqCst);
+                    assert!(
+                        seq <= stored,
+                        "create {n} (seq {seq}) acknowledged before it was archived ({stored})"
+                    );
+                }
+            })
+        })
+        .collect();
+    let report = compactor(&settings, &engine).pass().await.unwrap();
+    assert_eq!(report.erased.len(), 2, "{report:?}");
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    engine.submit(create(2000)).await.unwrap();
+    until("the compaction shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    let manifests = history(&store).await;
+    assert_extends(&manifests);
+    let applied: Vec<_> = manifests
+        .iter()
+        .filter(|m| !m.compactions.is_empty())
+        .collect();
+    assert_eq!(applied.len(), 1, "one manifest applies the compaction");
+    let latest = manifests.last().unwrap();
+    assert!(latest.segments.iter().any(|s| s.key.contains("-c")));
+    // Its checkpoints, if any, stand before the first rewritten segment.
+    let first_rewritten = applied[0].compactions[0].segments[0].first_seq;
+    assert!(applied[0]
+        .checkpoints
+        .iter()
+        .all(|c| c.seq < first_rewritten));
+    let (digest, erased) = fetched_copy(&store, &[5, 40, 6]).await;
+    assert_eq!(digest, engine.read(|m| m.digest()));
+    assert_eq!(erased, [true, true, false]);
+    shipping.stop().await;
+    engine.shutdown().await;
+
+    // A compaction while no shipper runs (a crash before its ship): the
+    // next start resumes from the manifest before it and ships it.
+    let mut settings = archived_settings(dir.path(), crate::config::ArchiveMode::Async);
+    settings.log.segment_size_bytes = 4096;
+    settings.retention.erase_after_ms = 0;
+    let engine = open_engine(&settings);
+    for n in [6, 60] {
+        engine.submit(delete(n)).await.unwrap();
+    }
+    let report = compactor(&settings, &engine).pass().await.unwrap();
+    assert_eq!(report.erased.len(), 2, "{report:?}");
+    engine.submit(create(3000)).await.unwrap();
+    let shipping = ship_every_20_ms(store.clone(), dir.path(), &engine)
+        .await
+        .unwrap();
+    until("the second compaction shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    let manifests = history(&store).await;
+    assert_extends(&manifests);
+    assert_eq!(
+        manifests
+            .iter()
+            .filter(|m| !m.compactions.is_empty())
+            .count(),
+        2
+    );
+    let (digest, erased) = fetched_copy(&store, &[5, 6, 60, 7]).await;
+    assert_eq!(digest, engine.read(|m| m.digest()));
+    assert_eq!(erased, [true, true, true, false]);
+    shipping.stop().await;
+    engine.shutdown().await;
 }

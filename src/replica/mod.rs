@@ -531,7 +531,7 @@ const MOST_PER_STEP: usize = 256;
 /// Blobs fetched at once (each is checked in memory before it is written).
 const BLOB_FETCHES_AT_ONCE: usize = 8;
 
-/// Fetches every blob the mirror's media name that the cache lacks
+/// Fetches every blob the mirror's media name (but an erased moment's) that the cache lacks
 /// (`only`: just these `(sha256, size)` pairs), [`BLOB_FETCHES_AT_ONCE`] at
 /// a time; a blob the writer recorded lost (a `missing/` marker) is left
 /// out with a WARN line, as restore does. Returns how many were fetched.
@@ -543,10 +543,13 @@ async fn fetch_media_blobs(
 ) -> Result<usize, ArchiveStartError> {
     let media = match only {
         Some(media) => media,
+        // An erased moment's blobs are gone on purpose (SPEC section 13),
+        // though the archive may still hold them (superseded objects).
         None => engine.read(|mirror| {
             mirror
                 .media
                 .values()
+                .filter(|m| !mirror.is_erased(m.moment_id))
                 .map(|m| (m.sha256.0, m.size_bytes))
                 .collect()
         }),
@@ -702,6 +705,7 @@ impl Follower {
             }
         }
         let mut fork = None;
+        let mut compacted = None;
         let mut good = 0;
         for (i, next) in run.iter().enumerate() {
             let prev = if i == 0 {
@@ -714,6 +718,13 @@ impl Follower {
                     fork = Some((next.number, prev.number, why.to_string()));
                     break;
                 }
+            }
+            if let Some(compaction) = next.compactions.first() {
+                // Its rewritten segments replace ones this cache holds: a
+                // replica does not follow that in place yet (ARCHIVE.md
+                // "Compaction"); it stays before it, named in /readyz.
+                compacted = Some((next.number, compaction.record_seq));
+                break;
             }
             good = i + 1;
         }
@@ -731,6 +742,15 @@ impl Follower {
             return Err(FollowError::Retry(format!(
                 "manifest {number} ({}) does not extend manifest {prev}: {why}; the archive's \
                  history forks there, and the replica stays at seq {}",
+                manifest_key(self.store.prefix(), number),
+                self.engine.head().seq
+            )));
+        }
+        if let Some((number, record_seq)) = compacted {
+            return Err(FollowError::Retry(format!(
+                "manifest {number} ({}) applies the compaction at seq {record_seq}, which a \
+                 replica does not follow yet: the replica stays at seq {} (a restart sets its \
+                 cache aside and fetches the compacted archive)",
                 manifest_key(self.store.prefix(), number),
                 self.engine.head().seq
             )));

@@ -18,6 +18,7 @@
 use spark_test_support::server as common;
 use spark_test_support::{s3 as s3_common, weed};
 
+mod archive_erasure;
 mod archive_kill9;
 mod archive_lease;
 mod archive_sync;

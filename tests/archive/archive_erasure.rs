@@ -1,0 +1,332 @@
+//! The archive follows a compaction (SPEC section 13, `archive/ARCHIVE.md`
+//! "Compaction"): the real `spark-engine` ships to a `weed mini` store
+//! with `erase_after_ms = 0` and small segments; a moment with unique
+//! markers (text, caption, an edit, a photo) is shipped, then deleted and
+//! erased locally; the shipper moves the archive to the compacted log.
+//! Then `spark-replay verify --from` passes on the whole history, a
+//! restore serves the kept moments byte for byte as the original and the
+//! erased one as erased, with no marker anywhere in the restored
+//! directory, `audit archive` finds the local log equal to the archive,
+//! and the latest manifest's objects hold no marker; the
+//! superseded objects (named by older manifests only) still do: deleting
+//! them after `[archive] retention_ms` is a later step, and this test says
+//! so by asserting it.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use spark_archive::{ArchiveStore, StoreConfig};
+use spark_test_support::weed::{KEY_ID, SECRET};
+
+use crate::common::{replay_or_skip, ulid, ServerProcess};
+use crate::s3_common::{replay, restore, unique_prefix, weed_or_skip};
+
+/// Hang guard: a wait expected to end (never a speed check).
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+/// The parts of a moment that carry a marker.
+const SUFFIXES: [&str; 4] = ["TEXT", "CAPTION", "EDIT", "PHOTO"];
+
+/// One moment with a marker in its text, caption, an edit and a photo:
+/// its id and media id.
+async fn plant(client: &reqwest::Client, base: &str, marker: &str) -> (String, String) {
+    let id = ulid();
+    let r = client
+        .post(format!("{base}/api/moments"))
+        .json(&json!({
+            "id": id,
+            "client_request_id": format!("create-{}", ulid()),
+            "text": format!("{marker}-TEXT"),
+            "caption": format!("{marker}-CAPTION"),
+            "lang": "en",
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = client
+        .patch(format!("{base}/api/moments/{id}"))
+        .json(&json!({"text": format!("{marker}-EDIT")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let media_id = ulid();
+    let photo = format!("\u{89}PNG fake photo bytes {marker}-PHOTO end").into_bytes();
+    let r = client
+        .put(format!("{base}/api/media/{media_id}"))
+        .header("X-Moment-Id", &id)
+        .header("X-Media-Role", "copy")
+        .header("Content-Type", "image/png")
+        .body(photo)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    (id, media_id)
+}
+
+/// `(status, body bytes)` of a GET.
+async fn get(client: &reqwest::Client, url: &str) -> (u16, Vec<u8>) {
+    let response = client.get(url).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.bytes().await.unwrap().to_vec())
+}
+
+fn json_of(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).unwrap()
+}
+
+/// Every answer about the kept moments, as bytes: the page, each moment and
+/// its media's bytes.
+async fn answers(
+    client: &reqwest::Client,
+    base: &str,
+    kept: &[(String, String)],
+) -> Vec<(String, u16, Vec<u8>)> {
+    let mut paths = vec!["/api/moments?limit=50".to_owned()];
+    for (id, media_id) in kept {
+        paths.extend([
+            format!("/api/moments/{id}"),
+            format!("/api/media/{media_id}"),
+        ]);
+    }
+    let mut out = Vec::new();
+    for path in paths {
+        let (status, body) = get(client, &format!("{base}{path}")).await;
+        out.push((path, status, body));
+    }
+    out
+}
+
+/// Waits until `GET /api/log/head` says the archive holds the head.
+async fn wait_archived(client: &reqwest::Client, base: &str) -> u64 {
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        let (status, body) = get(client, &format!("{base}/api/log/head")).await;
+        assert_eq!(status, 200);
+        let head = json_of(&body);
+        if head["archived_seq"] == head["seq"] {
+            return head["seq"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "not archived: {head}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `needle` occurs in `bytes`.
+fn holds(bytes: &[u8], needle: &str) -> bool {
+    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// Where `marker` occurs under `dir`, file by file.
+fn occurrences(dir: &Path, marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if holds(&std::fs::read(&path).unwrap_or_default(), marker) {
+                found.push(path.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+/// The object keys a manifest names: segments, chunks, checkpoints.
+fn keys_of(manifest: &spark_archive::layout::Manifest) -> BTreeSet<String> {
+    let segments = manifest.segments.iter().map(|s| s.key.clone());
+    let chunks = manifest.chunks.iter().map(|c| c.key.clone());
+    let checkpoints = manifest.checkpoints.iter().map(|c| c.key.clone());
+    segments.chain(chunks).chain(checkpoints).collect()
+}
+
+/// Of `keys`, the ones whose object holds `marker`.
+async fn holding(store: &ArchiveStore, keys: &BTreeSet<String>, marker: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in keys {
+        let bytes = store.get_required(key).await.unwrap();
+        if holds(&bytes, marker) {
+            out.push(key.clone());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archive_follows_an_erasure_and_a_restore_serves_it() {
+    let test = "the_archive_follows_an_erasure_and_a_restore_serves_it";
+    if replay_or_skip(test).is_none() {
+        return;
+    }
+    let Some(weed) = weed_or_skip(test).await else {
+        return;
+    };
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("erasure");
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("original");
+    let env = [
+        ("SPARK_ARCHIVE_URL", url.as_str()),
+        ("SPARK_ARCHIVE_ENDPOINT", endpoint.as_str()),
+        ("SPARK_ARCHIVE_SHIP_INTERVAL_MS", "50"),
+        ("SPARK_RETENTION_ERASE_AFTER_MS", "0"),
+        ("SPARK_RETENTION_CHECK_INTERVAL_MS", "200"),
+        ("SPARK_LOG_SEGMENT_SIZE_BYTES", "4096"),
+        ("SPARK_LOG_CHECKPOINT_INTERVAL_OPS", "4"),
+        ("AWS_ACCESS_KEY_ID", KEY_ID),
+        ("AWS_SECRET_ACCESS_KEY", SECRET),
+    ];
+    let server = {
+        let (data, env) = (data.clone(), env.map(|(k, v)| (k, v.to_owned())));
+        tokio::task::spawn_blocking(move || {
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            ServerProcess::start_with_env(&data, &env)
+        })
+        .await
+        .unwrap()
+    };
+    let base = server.base.clone();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+
+    let kept_marker = format!("KEEPME{}", ulid());
+    let gone_marker = format!("FORGETME{}", ulid());
+    let mut kept = Vec::new();
+    for n in 0..2 {
+        kept.push(plant(&client, &base, &format!("{kept_marker}{n}")).await);
+    }
+    let gone = plant(&client, &base, &gone_marker).await;
+    kept.push(plant(&client, &base, &format!("{kept_marker}2")).await);
+    // The archive holds the moment before it is deleted: the compaction
+    // then rewrites segments the archive holds.
+    wait_archived(&client, &base).await;
+    let store = ArchiveStore::connect(&StoreConfig {
+        url: url.clone(),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+    })
+    .unwrap();
+    let before = store.latest_manifest().await.unwrap().unwrap();
+    assert!(
+        !holding(&store, &keys_of(&before), &gone_marker)
+            .await
+            .is_empty(),
+        "the archive holds the moment's content before the delete"
+    );
+
+    let r = client
+        .delete(format!("{base}/api/moments/{}", gone.0))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = Instant::now() + HANG_GUARD;
+    let tombstone = loop {
+        let (status, body) = get(&client, &format!("{base}/api/moments/{}", gone.0)).await;
+        assert_eq!(status, 410);
+        let problem = json_of(&body);
+        if problem["moment"]["erased"] == true {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "not erased: {problem}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let archived = wait_archived(&client, &base).await;
+    let original = answers(&client, &base, &kept).await;
+    assert_eq!(occurrences(&data, &gone_marker), Vec::<String>::new());
+
+    // The history: every manifest extends the one before, one of them
+    // applies the compaction.
+    let (code, out, err) = replay(&["verify", "--from", &url], &endpoint);
+    assert_eq!(code, 0, "verify --from: {out}{err}");
+    let latest = store.latest_manifest().await.unwrap().unwrap();
+    assert!(latest.shipped_seq >= archived);
+    let mut older = BTreeSet::new();
+    let mut compacted = Vec::new();
+    for number in 1..latest.number {
+        let manifest = store.manifest(number).await.unwrap();
+        compacted.extend(manifest.compactions.iter().map(|c| c.record_seq));
+        older.extend(keys_of(&manifest));
+    }
+    compacted.extend(latest.compactions.iter().map(|c| c.record_seq));
+    assert!(!compacted.is_empty(), "a manifest applies the compaction");
+    assert!(
+        latest.segments.iter().any(|s| s.key.contains("-c")),
+        "rewritten segments under compaction keys: {:?}",
+        latest.segments
+    );
+
+    // The latest manifest's objects hold no marker; the kept moments'
+    // content is there.
+    let latest_keys = keys_of(&latest);
+    for suffix in SUFFIXES {
+        let marker = format!("{gone_marker}-{suffix}");
+        assert_eq!(
+            holding(&store, &latest_keys, &marker).await,
+            Vec::<String>::new(),
+            "{marker} in an object the latest manifest names"
+        );
+    }
+    assert!(
+        !holding(&store, &latest_keys, &format!("{kept_marker}0-TEXT"))
+            .await
+            .is_empty()
+    );
+    // The superseded objects (named by older manifests only) still hold
+    // it, and so does the photo's blob: removing them after
+    // `[archive] retention_ms` is a later step (SPEC section 13).
+    let superseded: BTreeSet<String> = older.difference(&latest_keys).cloned().collect();
+    assert!(
+        !holding(&store, &superseded, &format!("{gone_marker}-TEXT"))
+            .await
+            .is_empty(),
+        "the superseded objects still hold the erased text (no retention step yet)"
+    );
+
+    // A restore serves the kept moments byte for byte, the erased one
+    // erased, and holds no marker.
+    let restored = work.path().join("restored");
+    let (code, out, err) = restore(&url, &restored, &endpoint, &[]);
+    assert_eq!(code, 0, "restore: {out}{err}");
+    assert_eq!(occurrences(&restored, &gone_marker), Vec::<String>::new());
+    for n in 0..3 {
+        let marker = format!("{kept_marker}{n}-PHOTO");
+        assert!(!occurrences(&restored, &marker).is_empty(), "{marker}");
+    }
+    let copy = {
+        let restored = restored.clone();
+        tokio::task::spawn_blocking(move || ServerProcess::start(&restored))
+            .await
+            .unwrap()
+    };
+    assert_eq!(answers(&client, &copy.base, &kept).await, original);
+    let (status, body) = get(&client, &format!("{}/api/moments/{}", copy.base, gone.0)).await;
+    assert_eq!(status, 410);
+    assert_eq!(json_of(&body)["moment"]["erased"], true);
+    assert_eq!(json_of(&body), json_of(&tombstone));
+    let (status, _) = get(&client, &format!("{}/api/media/{}", copy.base, gone.1)).await;
+    assert_eq!(status, 410);
+    copy.kill();
+    assert!(server.terminate().success());
+    // The compacted local log holds exactly the archived bytes.
+    let (code, out, err) = replay(
+        &[
+            "audit",
+            "archive",
+            "--data",
+            data.to_str().unwrap(),
+            "--from",
+            &url,
+        ],
+        &endpoint,
+    );
+    assert_eq!(code, 0, "audit archive: {out}{err}");
+}
