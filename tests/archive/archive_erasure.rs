@@ -111,7 +111,14 @@ async fn wait_archived(client: &reqwest::Client, base: &str) -> u64 {
         if head["archived_seq"] == head["seq"] {
             return head["seq"].as_u64().unwrap();
         }
-        assert!(Instant::now() < deadline, "not archived: {head}");
+        if Instant::now() >= deadline {
+            // What the shipper says it is stuck on.
+            let (_, ready) = get(client, &format!("{base}/readyz")).await;
+            panic!(
+                "not archived: {head}; /readyz: {}",
+                String::from_utf8_lossy(&ready)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -236,7 +243,13 @@ async fn the_archive_follows_an_erasure_and_a_restore_serves_it() {
         if problem["moment"]["erased"] == true {
             break body;
         }
-        assert!(Instant::now() < deadline, "not erased: {problem}");
+        if Instant::now() >= deadline {
+            let (_, ready) = get(&client, &format!("{base}/readyz")).await;
+            panic!(
+                "not erased: {problem}; /readyz: {}",
+                String::from_utf8_lossy(&ready)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let archived = wait_archived(&client, &base).await;
