@@ -10,9 +10,11 @@
 //! 2. stages the sealed segments rewritten, each op with content about them
 //!    in its erased form ([`spark_core::op::Op::encode_erased`]), off the
 //!    writer thread ([`spark_log_format::stage_compaction`]);
-//! 3. has the writer commit it ([`Engine::commit_compaction`]): the redo
-//!    journal, the renames, the compaction record, whose fold erases the
-//!    moments from the mirror;
+//! 3. commits it ([`Engine::commit_compaction`]): the writer begins it, a
+//!    thread of its own writes the redo journal and copies the staged
+//!    segments over the old ones while the writer goes on with batches, and
+//!    the writer finishes it with the compaction record, whose fold erases
+//!    the moments from the mirror;
 //! 4. removes the checkpoints taken at or after the first rewritten segment
 //!    (they hold the erased content, and their chain values are gone with
 //!    the old segments; no checkpoint is built meanwhile), their blobs
@@ -24,7 +26,7 @@
 //! written between the staging and the commit.
 //!
 //! The pass runs on a blocking thread, one at a time; the writer is busy
-//! only for the commit. With an `[archive]` or on a replica the compactor
+//! only for the commit's brief begin and finish. With an `[archive]` or on a replica the compactor
 //! does not run: the archive does not follow a compaction yet, and a
 //! rewritten segment would stop its shipping (see [`Held`]).
 
