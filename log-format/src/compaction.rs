@@ -194,7 +194,10 @@ impl CompactionTicket {
     /// 2. writes the redo journal `COMPACTION` durably
     ///    ([`Fs::write_file_durably`]): **the commit point**;
     /// 3. puts each staged file's bytes in place of its segment (each a
-    ///    durable copy renamed over the segment, the directory synced);
+    ///    durable copy renamed over the segment, the directory synced),
+    ///    then removes the staged files (directory synced): the segments
+    ///    now hold their bytes durably, and redo checks a segment before it
+    ///    looks for its staged copy;
     ///
     /// then hashes the active segment as it will read once finish patched
     /// its header (the new chain start, the new header, its bytes up to
@@ -216,6 +219,10 @@ impl CompactionTicket {
         fs.write_file_durably(&journal_path, &self.journal.encode())
             .map_err(|e| LogError::io("write_file_durably", &journal_path, e))?;
         put_in_place(fs, &self.dir, &self.journal.entries)?;
+        // The segments hold the staged bytes durably: redo would not need
+        // the staged copies any more (it checks the segment first).
+        remove_staged(fs, &self.dir, &self.journal.entries)
+            .map_err(|e| LogError::io("remove_file", &self.dir, e))?;
         if let Some((name, header)) = &self.journal.active {
             let path = self.dir.join(name);
             let map = fs.map(&path).map_err(|e| LogError::io("map", &path, e))?;

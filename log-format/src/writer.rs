@@ -498,10 +498,12 @@ impl Log {
     /// [`CompactionTicket::apply`] returned `applied`:
     ///
     /// 4. patches the active segment's header with the new chain start
-    ///    (fsynced) and recomputes the head chain (apply hashed the bytes up
-    ///    to the length at begin; this hashes the batches appended since);
-    /// 5. appends the compaction record as one batch;
-    /// 6. removes the staged files and the journal (directory synced);
+    ///    and recomputes the head chain (apply hashed the bytes up to the
+    ///    length at begin; this hashes the batches appended since);
+    /// 5. appends the compaction record as one batch (its `fdatasync`
+    ///    covers the header too);
+    /// 6. removes the journal (directory synced; apply removed the staged
+    ///    files);
     ///
     /// and releases the rolls [`begin_compaction`](Self::begin_compaction)
     /// held (the next batch rolls if the segment outgrew
@@ -561,18 +563,14 @@ impl Log {
             )));
         }
         if let (Some(active), Some((_, header))) = (self.active.as_mut(), &journal.active) {
+            // Made durable by the compaction record's `fdatasync` (the same
+            // file, or its seal's when the record's batch rolls): until the
+            // journal is removed, redo writes it again anyway.
             poison(
                 &mut self.poisoned,
                 "write",
                 &active.path,
                 active.file.write_all_at(0, header),
-                OnNoSpace::Poison,
-            )?;
-            poison(
-                &mut self.poisoned,
-                "sync_all",
-                &active.path,
-                active.file.sync_all(),
                 OnNoSpace::Poison,
             )?;
             let mut hasher = prefix;
@@ -619,8 +617,8 @@ impl Log {
         }
         // Step 5.
         let record_seq = self.append_compaction_record(&journal.payload)?;
-        // Step 6.
-        let finished = compaction_journal::finish_journal(self.fs.as_ref(), &self.dir, &journal);
+        // Step 6 (apply removed the staged files).
+        let finished = compaction_journal::remove_journal(self.fs.as_ref(), &self.dir);
         self.poison_on(finished)?;
         tracing::info!(
             segments = record.segments.len(),
