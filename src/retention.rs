@@ -10,9 +10,11 @@
 //! 2. stages the sealed segments rewritten, each op with content about them
 //!    in its erased form ([`spark_core::op::Op::encode_erased`]), off the
 //!    writer thread ([`spark_log_format::stage_compaction`]);
-//! 3. has the writer commit it ([`Engine::commit_compaction`]): the redo
-//!    journal, the renames, the compaction record, whose fold erases the
-//!    moments from the mirror;
+//! 3. commits it ([`Engine::commit_compaction`]): the writer begins it, a
+//!    thread of its own writes the redo journal and copies the staged
+//!    segments over the old ones while the writer goes on with batches, and
+//!    the writer finishes it with the compaction record, whose fold erases
+//!    the moments from the mirror;
 //! 4. removes their blobs (unless a moment that was not erased holds the
 //!    same bytes, or an upload holds the digest), and the copies of cut
 //!    tails that name them.
@@ -28,10 +30,10 @@
 //! written between the staging and the commit.
 //!
 //! The pass runs on a blocking thread, one at a time; the writer is busy
-//! only for the commit. With an `[archive]` the archive follows: the
-//! shipper finds the compaction record and ships the rewritten segments
-//! as new objects (`archive/ARCHIVE.md`, "Compaction"). On a replica the
-//! compactor does not run (see [`Held`]).
+//! only for the commit's brief begin and finish. With an `[archive]` the
+//! archive follows: the shipper finds the compaction record and ships the
+//! rewritten segments as new objects (`archive/ARCHIVE.md`, "Compaction").
+//! On a replica the compactor does not run (see [`Held`]).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;

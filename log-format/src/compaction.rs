@@ -10,19 +10,28 @@
 //!    do with each record, and writes the rewritten segments beside the log
 //!    as `<name>.seg.compact` files (ignored by recovery and readers),
 //!    fsynced.
-//! 2. [`Log::commit_compaction`](crate::Log::commit_compaction) (on the
-//!    writer, briefly) writes the redo journal `COMPACTION` (the commit
-//!    point), puts the staged bytes in place of the segments, patches the
-//!    active segment's header, appends the compaction record (kind
-//!    [`KIND_COMPACTION`]) and removes the journal.
+//! 2. The commit, in three parts:
+//!    [`Log::begin_compaction`](crate::Log::begin_compaction) (on the
+//!    writer, briefly) checks that the staging is not stale, holds the
+//!    log's rolls and hands out a [`CompactionTicket`];
+//!    [`CompactionTicket::apply`] (off the writer, while it goes on
+//!    appending) writes the redo journal `COMPACTION` (the commit point)
+//!    and puts the staged bytes in place of the segments;
+//!    [`Log::finish_compaction`](crate::Log::finish_compaction) (on the
+//!    writer, briefly) patches the active segment's header, appends the
+//!    compaction record (kind [`KIND_COMPACTION`]), removes the journal
+//!    and releases the rolls.
+//!    [`Log::commit_compaction`](crate::Log::commit_compaction) does the
+//!    three in one call.
 //! 3. Recovery ([`Log::open`](crate::Log::open)) finishes a commit a crash
 //!    interrupted (the journal exists) or removes the staged files of an
 //!    interrupted staging (it does not).
 //!
-//! This module holds step 1 (staging) and what a commit returns
-//! ([`CompactionCommit`]); the compaction record's payload lives in
-//! `compaction_record`, the redo journal and the redo of steps 2 and 3 in
-//! `compaction_journal`, the commit itself in `writer`.
+//! This module holds step 1 (staging), the ticket and its apply step, and
+//! what a commit returns ([`CompactionCommit`]); the compaction record's
+//! payload lives in `compaction_record`, the redo journal and the redo of
+//! the commit in `compaction_journal`, the writer's parts of the commit in
+//! `writer`.
 //!
 //! [`link_head`] tells whether a head recorded before a compaction (seq and
 //! chain value) still links to the log.
@@ -32,7 +41,9 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::compaction_journal::{remove_staged, StagedEntry, STAGED_SUFFIX};
+use crate::compaction_journal::{
+    put_in_place, remove_staged, Journal, StagedEntry, JOURNAL_NAME, STAGED_SUFFIX,
+};
 use crate::compaction_record::{decode_in, CompactionRecord, SegmentRewrite, KIND_COMPACTION};
 use crate::error::{FaultSeq, LogError};
 use crate::format::{
@@ -74,7 +85,8 @@ pub struct CompactionCommit {
 
 /// A compaction staged by [`stage_compaction`]: the rewritten segments
 /// written and fsynced beside the log, not yet in effect. Hand it to
-/// [`Log::commit_compaction`](crate::Log::commit_compaction), or
+/// [`Log::begin_compaction`](crate::Log::begin_compaction) (or
+/// [`Log::commit_compaction`](crate::Log::commit_compaction)), or
 /// [`discard`](Self::discard) it.
 #[derive(Debug)]
 pub struct StagedCompaction {
@@ -118,6 +130,125 @@ impl StagedCompaction {
     /// at least one).
     pub(crate) fn last(&self) -> Option<(&StagedEntry, &SegmentRewrite)> {
         Some((self.entries.last()?, self.segments.last()?))
+    }
+}
+
+/// A compaction begun by [`Log::begin_compaction`](crate::Log::begin_compaction):
+/// the staging was fresh, the log holds its rolls (its active segment is
+/// not sealed, whatever its size) and the redo journal's contents are
+/// fixed. Run [`apply`](Self::apply) off the writer thread, then hand the
+/// ticket and apply's result to
+/// [`Log::finish_compaction`](crate::Log::finish_compaction), which
+/// releases the rolls: a ticket that is never finished keeps them held
+/// until the `Log` is dropped (the next [`Log::open`](crate::Log::open)
+/// then redoes the compaction if its journal was written, or removes the
+/// staged files).
+pub struct CompactionTicket {
+    /// Which begin handed it out (checked by finish).
+    pub(crate) id: u64,
+    /// The log directory.
+    pub(crate) dir: PathBuf,
+    /// The file system the log is on.
+    pub(crate) fs: Arc<dyn Fs>,
+    /// What the redo journal holds: the staged files, the active segment's
+    /// new header, the head seq at begin, the compaction record's payload.
+    pub(crate) journal: Journal,
+    /// The compaction record, decoded.
+    pub(crate) record: CompactionRecord,
+    /// The last staged segment's new seal: the active segment's new chain
+    /// start.
+    pub(crate) new_chain: ChainValue,
+    /// The active segment's acknowledged length at begin (its bytes up to
+    /// there do not change until finish, the header aside).
+    pub(crate) active_len: u64,
+    /// Set by a successful apply: the chain hasher over the new chain
+    /// start, the new header and the active segment's bytes from the
+    /// header's end to `active_len`.
+    pub(crate) prefix: Option<blake3::Hasher>,
+    /// Set when begin committed the compaction whole (a version-1 active
+    /// segment): apply does nothing and finish returns it.
+    pub(crate) done: Option<CompactionCommit>,
+}
+
+impl std::fmt::Debug for CompactionTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompactionTicket")
+            .field("dir", &self.dir)
+            .field("segments", &self.record.segments.len())
+            .field("head_seq", &self.journal.head_seq)
+            .field("applied", &self.prefix.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CompactionTicket {
+    /// The compaction record the commit appends at finish.
+    pub fn record(&self) -> &CompactionRecord {
+        &self.record
+    }
+
+    /// The commit's slow part, off the writer thread (FORMAT.md,
+    /// "Compaction", commit steps 2 and 3), while the writer goes on
+    /// appending to the active segment:
+    ///
+    /// 2. writes the redo journal `COMPACTION` durably
+    ///    ([`Fs::write_file_durably`]): **the commit point**;
+    /// 3. puts each staged file's bytes in place of its segment (each a
+    ///    durable copy renamed over the segment, the directory synced),
+    ///    then removes the staged files (directory synced): the segments
+    ///    now hold their bytes durably, and redo checks a segment before it
+    ///    looks for its staged copy;
+    ///
+    /// then hashes the active segment as it will read once finish patched
+    /// its header (the new chain start, the new header, its bytes up to
+    /// the length at begin), so that finish only hashes what was appended
+    /// since. Call it once. (A ticket whose commit begin did whole has
+    /// nothing left to apply: Ok at once.)
+    ///
+    /// Errors: `Io`, or `Corrupt` when a staged file no longer holds the
+    /// bytes staged. After an error the journal may be durable: hand the
+    /// error to [`Log::finish_compaction`](crate::Log::finish_compaction),
+    /// which poisons the log (the next [`Log::open`](crate::Log::open)
+    /// redoes or drops the compaction, from its journal or its absence).
+    pub fn apply(&mut self) -> Result<(), LogError> {
+        if self.done.is_some() {
+            return Ok(());
+        }
+        let fs = self.fs.as_ref();
+        let journal_path = self.dir.join(JOURNAL_NAME);
+        fs.write_file_durably(&journal_path, &self.journal.encode())
+            .map_err(|e| LogError::io("write_file_durably", &journal_path, e))?;
+        put_in_place(fs, &self.dir, &self.journal.entries)?;
+        // The segments hold the staged bytes durably: redo would not need
+        // the staged copies any more (it checks the segment first).
+        remove_staged(fs, &self.dir, &self.journal.entries)
+            .map_err(|e| LogError::io("remove_file", &self.dir, e))?;
+        if let Some((name, header)) = &self.journal.active {
+            let path = self.dir.join(name);
+            let map = fs.map(&path).map_err(|e| LogError::io("map", &path, e))?;
+            let bytes: &[u8] = (*map).as_ref();
+            // Cast: `active_len` is at most the file's length.
+            let body = bytes
+                .get(HEADER_LEN..self.active_len as usize)
+                .ok_or_else(|| {
+                    LogError::corrupt(
+                        name,
+                        bytes.len(),
+                        FaultSeq::After(self.journal.head_seq),
+                        format!(
+                            "the active segment is shorter than its {} acknowledged bytes",
+                            self.active_len
+                        ),
+                    )
+                })?;
+            let mut hasher = chain_hasher(&self.new_chain);
+            hasher.update(header);
+            hasher.update(body);
+            self.prefix = Some(hasher);
+        } else {
+            self.prefix = Some(chain_hasher(&self.new_chain));
+        }
+        Ok(())
     }
 }
 

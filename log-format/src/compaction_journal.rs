@@ -383,6 +383,12 @@ pub(crate) fn before_recovery(fs: &dyn Fs, dir: &Path) -> Result<Prelude, LogErr
 /// directory, removes the journal, syncs the directory.
 pub(crate) fn finish_journal(fs: &dyn Fs, dir: &Path, journal: &Journal) -> Result<(), LogError> {
     remove_staged(fs, dir, &journal.entries).map_err(|e| LogError::io("remove_file", dir, e))?;
+    remove_journal(fs, dir)
+}
+
+/// Commit step 6 once apply removed the staged files: removes the journal,
+/// syncs the directory.
+pub(crate) fn remove_journal(fs: &dyn Fs, dir: &Path) -> Result<(), LogError> {
     let path = dir.join(JOURNAL_NAME);
     match fs.remove_file(&path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {

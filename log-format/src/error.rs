@@ -89,10 +89,12 @@ pub enum LogError {
         /// The refused kind.
         kind: u16,
     },
-    /// [`Log::commit_compaction`](crate::Log::commit_compaction) was handed
+    /// [`Log::begin_compaction`](crate::Log::begin_compaction) (or
+    /// [`Log::commit_compaction`](crate::Log::commit_compaction)) was handed
     /// a compaction staged before the set of sealed segments changed (a
-    /// roll, or another compaction, came in between). Nothing was changed,
-    /// the staged files were removed; not poisoning. Stage again.
+    /// roll, or another compaction, came in between), or while another
+    /// compaction is begun and not finished. Nothing was changed, the
+    /// staged files were removed; not poisoning. Stage again.
     #[error("the staged compaction is stale: the sealed segments changed since it was staged (stage again)")]
     CompactionStale,
     /// A read-only view ([`LogReader`](crate::LogReader), not live) found

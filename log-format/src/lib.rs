@@ -34,7 +34,9 @@
 //!   ([`JOURNAL_NAME`]), putting staged segments in place, and what
 //!   [`Log::open`] does about an interrupted compaction before recovery.
 //! - `compaction`: staging a compaction of the sealed segments
-//!   ([`stage_compaction`], committed by [`Log::commit_compaction`]) and
+//!   ([`stage_compaction`], committed by [`Log::begin_compaction`],
+//!   [`CompactionTicket::apply`] and [`Log::finish_compaction`], or
+//!   [`Log::commit_compaction`] in one call) and
 //!   [`link_head`].
 //! - `error`: [`LogError`] and [`OpenError`].
 //!
@@ -63,7 +65,8 @@ mod state;
 mod writer;
 
 pub use compaction::{
-    link_head, stage_compaction, CompactionCommit, HeadLink, Rewrite, StagedCompaction,
+    link_head, stage_compaction, CompactionCommit, CompactionTicket, HeadLink, Rewrite,
+    StagedCompaction,
 };
 pub use compaction_journal::{JOURNAL_NAME, STAGED_SUFFIX};
 pub use compaction_record::{

@@ -20,10 +20,11 @@
 use std::collections::VecDeque;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use crate::compaction::{CompactionCommit, StagedCompaction};
+use crate::compaction::{CompactionCommit, CompactionTicket, StagedCompaction};
 use crate::compaction_journal::{self, Journal, JOURNAL_NAME};
 use crate::compaction_record::{CompactionRecord, COMPACTION_KIND_VERSION, KIND_COMPACTION};
 use crate::error::{FaultSeq, LogError, OpenError};
@@ -57,7 +58,13 @@ pub struct Log {
     poisoned: Option<Poison>,
     /// Encoding buffer, reused between batches.
     buf: Vec<u8>,
+    /// The ticket id of a compaction begun and not finished: rolls are
+    /// held meanwhile.
+    compaction: Option<u64>,
 }
+
+/// The id of the next [`CompactionTicket`], unique in the process.
+static NEXT_TICKET: AtomicU64 = AtomicU64::new(1);
 
 impl std::fmt::Debug for Log {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -242,11 +249,12 @@ impl Log {
             head: recovered.head,
             poisoned: None,
             buf: Vec::new(),
+            compaction: None,
         };
         let mut report = recovered.report;
         report.staged_removed = prelude.removed;
         if let Some(journal) = prelude.journal {
-            let (record, appended) = log.finish_compaction(&journal)?;
+            let (record, appended) = log.finish_interrupted_compaction(&journal)?;
             report.staged_removed.extend(
                 journal
                     .entries
@@ -264,7 +272,7 @@ impl Log {
     /// its compaction record unless the log holds it after the journal's
     /// head seq, then removes the staged files and the journal. Returns the
     /// record and whether it was appended.
-    fn finish_compaction(
+    fn finish_interrupted_compaction(
         &mut self,
         journal: &Journal,
     ) -> Result<(CompactionRecord, bool), LogError> {
@@ -308,7 +316,8 @@ impl Log {
     /// Seals the active segment now, if it holds a record, and starts the
     /// next one (the roll's steps, FORMAT.md "Writing"), so that its
     /// records can be compacted. Nothing happens when the active segment
-    /// holds no record or there is none (the last segment is sealed).
+    /// holds no record or there is none (the last segment is sealed), and
+    /// while a compaction is pending (begun, not finished: rolls are held).
     ///
     /// Errors: `Poisoned`; an I/O error of a roll step poisons as in
     /// [`append_batch`](Self::append_batch).
@@ -316,38 +325,66 @@ impl Log {
         if let Some(poison) = &self.poisoned {
             return Err(LogError::Poisoned(poison.reason.clone()));
         }
-        if self.active.as_ref().is_some_and(|a| a.records > 0) {
+        if self.compaction.is_none() && self.active.as_ref().is_some_and(|a| a.records > 0) {
             self.roll()?;
         }
         Ok(())
     }
 
     /// Puts a compaction staged by
-    /// [`stage_compaction`](crate::stage_compaction) in effect (FORMAT.md,
-    /// "Compaction", commit steps); runs on the writer, briefly:
+    /// [`stage_compaction`](crate::stage_compaction) in effect in one call:
+    /// [`begin_compaction`](Self::begin_compaction),
+    /// [`CompactionTicket::apply`] and
+    /// [`finish_compaction`](Self::finish_compaction) on this thread (a
+    /// writer that must go on appending meanwhile runs apply elsewhere).
     ///
-    /// 1. refuses a stale staging (`CompactionStale`: the last staged
-    ///    segment is not the one right before the active segment, or not
-    ///    the last segment when there is none, or its old seal is no longer
-    ///    what follows it), removing the staged files;
-    /// 2. writes the redo journal `COMPACTION` durably (the commit point);
-    /// 3. puts each staged file's bytes in place of its segment (durably);
-    /// 4. patches the active segment's header with the new chain start
-    ///    (fsynced) and recomputes the head chain;
-    /// 5. appends the compaction record ([`KIND_COMPACTION`], payload
-    ///    [`CompactionRecord`] with the staged segments and `subjects`) as
-    ///    one batch;
-    /// 6. removes the staged files and the journal (directory synced).
-    ///
-    /// Errors: `Poisoned` (nothing done); `CompactionStale`;
-    /// `RecordTooLarge` when the compaction record would not fit (nothing
-    /// done, staged files removed). Any I/O error from step 2 on poisons
-    /// the Log (not healable); the next [`Log::open`] finishes the job.
+    /// Errors: those of the three; an error of apply poisons the Log.
     pub fn commit_compaction(
         &mut self,
         staged: StagedCompaction,
         subjects: Vec<[u8; 16]>,
     ) -> Result<CompactionCommit, LogError> {
+        let mut ticket = self.begin_compaction(staged, subjects)?;
+        let applied = ticket.apply();
+        self.finish_compaction(ticket, applied)
+    }
+
+    /// The commit's first part, on the writer, brief (FORMAT.md,
+    /// "Compaction", commit step 1):
+    ///
+    /// 1. refuses a stale staging (`CompactionStale`: the last staged
+    ///    segment is not the one right before the active segment, or not
+    ///    the last segment when there is none, or its old seal is no longer
+    ///    what follows it; or another compaction is begun and not finished),
+    ///    removing the staged files;
+    ///
+    /// then starts the next segment when the last one is sealed (a
+    /// compaction always has an active segment to re-chain), and **holds
+    /// rolls**: until [`finish_compaction`](Self::finish_compaction) the
+    /// active segment is never sealed, batches go on into it past
+    /// `segment_size_bytes`, and [`seal_active`](Self::seal_active) does
+    /// nothing. Returns the ticket for [`CompactionTicket::apply`], with the
+    /// redo journal's contents: the staged files, the active segment's new
+    /// header (its `chain_start` the last staged segment's new seal), the
+    /// head seq, and the compaction record's payload ([`KIND_COMPACTION`],
+    /// [`CompactionRecord`] with the staged segments and `subjects`).
+    ///
+    /// A version-1 active segment is made version 2 first when it holds no
+    /// record (re-headed in place); when it holds records (only right after
+    /// opening a log a version-1 build wrote, before any append: the next
+    /// batch must seal it) the whole commit runs here, as
+    /// [`commit_compaction`](Self::commit_compaction), and the ticket only
+    /// carries its result to finish.
+    ///
+    /// Errors: `Poisoned` (nothing done); `CompactionStale`;
+    /// `RecordTooLarge` when the compaction record would not fit (nothing
+    /// done, staged files removed); an I/O error of the roll or re-heading
+    /// poisons as in [`append_batch`](Self::append_batch).
+    pub fn begin_compaction(
+        &mut self,
+        staged: StagedCompaction,
+        subjects: Vec<[u8; 16]>,
+    ) -> Result<CompactionTicket, LogError> {
         if let Some(poison) = &self.poisoned {
             return Err(LogError::Poisoned(poison.reason.clone()));
         }
@@ -357,33 +394,29 @@ impl Log {
             }
             Err(error)
         };
+        if self.compaction.is_some() {
+            return refuse(staged, self.fs.as_ref(), LogError::CompactionStale);
+        }
+        // New batches go into version-2 segments only, and no roll may
+        // come while the compaction is pending: a version-1 active segment
+        // without records is re-headed now; one with records must be
+        // sealed by the next batch, so the commit is done whole right away.
+        self.upgrade_v1_segment()?;
+        let whole = self
+            .active
+            .as_ref()
+            .is_some_and(|active| active.format_version != FORMAT_VERSION);
         let Some((last_entry, last)) = staged.last() else {
             return refuse(staged, self.fs.as_ref(), LogError::CompactionStale);
         };
         let (last_name, last) = (last_entry.final_name.clone(), *last);
-        let active_header = match &self.active {
-            Some(active) => {
-                let bytes = self.fs.map(&active.path);
-                let bytes = poison(
-                    &mut self.poisoned,
-                    "map",
-                    &active.path,
-                    bytes,
-                    OnNoSpace::Poison,
-                )?;
-                SegmentHeader::decode_versioned((*bytes).as_ref())
-                    .ok()
-                    .map(|(header, version)| (active.name.clone(), header, version))
-            }
-            None => None,
-        };
         let fresh = staged.dir == self.dir
-            && match (&self.active, &active_header) {
-                (Some(_), Some((_, header, _))) => {
+            && match self.active_header()? {
+                Some((header, _)) => {
                     header.first_seq == last.last_seq + 1 && header.chain_start == last.old_seal
                 }
-                (Some(_), None) => false,
-                (None, _) => self.head.segment == last_name && self.head.chain == last.old_seal,
+                None if self.active.is_some() => false,
+                None => self.head.segment == last_name && self.head.chain == last.old_seal,
             };
         if !fresh {
             return refuse(staged, self.fs.as_ref(), LogError::CompactionStale);
@@ -400,50 +433,148 @@ impl Log {
             };
             return refuse(staged, self.fs.as_ref(), error);
         }
+        // The last segment is sealed: start the next one now (from the old
+        // chain, as a roll would), so that the journal names it and its
+        // header is re-chained with the rest.
+        if self.active.is_none() {
+            self.start_segment()?;
+        }
+        let header = self.active_header()?;
+        let (Some((header, version)), Some(active)) = (header, &self.active) else {
+            return self.poison_on(Err(LogError::Poisoned(
+                "no active segment with a readable header to re-chain".to_owned(),
+            )));
+        };
         let new_chain = last.new_seal;
+        let patched = SegmentHeader {
+            chain_start: new_chain,
+            ..header
+        };
         let journal = Journal {
             entries: staged.entries.clone(),
-            active: active_header.map(|(name, header, version)| {
-                let patched = SegmentHeader {
-                    chain_start: new_chain,
-                    ..header
-                };
-                (name, patched.encode_version(version))
-            }),
+            active: Some((active.name.clone(), patched.encode_version(version))),
             head_seq: self.head.seq,
             payload,
         };
-        // Step 2: the commit point.
-        let journal_path = self.dir.join(JOURNAL_NAME);
-        let written = self.fs.write_file_durably(&journal_path, &journal.encode());
-        poison(
-            &mut self.poisoned,
-            "write_file_durably",
-            &journal_path,
-            written,
-            OnNoSpace::Poison,
-        )?;
-        // Step 3.
-        let placed =
-            compaction_journal::put_in_place(self.fs.as_ref(), &self.dir, &journal.entries);
-        self.poison_on(placed)?;
+        let id = NEXT_TICKET.fetch_add(1, Ordering::Relaxed);
+        let mut ticket = CompactionTicket {
+            id,
+            dir: self.dir.clone(),
+            fs: Arc::clone(&self.fs),
+            journal,
+            record,
+            new_chain,
+            active_len: active.len,
+            prefix: None,
+            done: None,
+        };
+        self.compaction = Some(id);
+        if whole {
+            let applied = ticket.apply();
+            let (journal, record) = (ticket.journal.clone(), ticket.record.clone());
+            let commit = self.finish_compaction(ticket, applied)?;
+            return Ok(CompactionTicket {
+                id,
+                dir: self.dir.clone(),
+                fs: Arc::clone(&self.fs),
+                journal,
+                record,
+                new_chain,
+                active_len: 0,
+                prefix: None,
+                done: Some(commit),
+            });
+        }
+        tracing::info!(
+            segments = ticket.record.segments.len(),
+            head_seq = self.head.seq,
+            "compaction begun; rolls are held until it is finished"
+        );
+        Ok(ticket)
+    }
+
+    /// The commit's last part, on the writer, brief (FORMAT.md,
+    /// "Compaction", commit steps 4 to 6), after
+    /// [`CompactionTicket::apply`] returned `applied`:
+    ///
+    /// 4. patches the active segment's header with the new chain start
+    ///    and recomputes the head chain (apply hashed the bytes up to the
+    ///    length at begin; this hashes the batches appended since);
+    /// 5. appends the compaction record as one batch (its `fdatasync`
+    ///    covers the header too);
+    /// 6. removes the journal (directory synced; apply removed the staged
+    ///    files);
+    ///
+    /// and releases the rolls [`begin_compaction`](Self::begin_compaction)
+    /// held (the next batch rolls if the segment outgrew
+    /// `segment_size_bytes`).
+    ///
+    /// Errors: `applied`'s error, or `Poisoned` when the Log was poisoned
+    /// meanwhile (a failed append) or the ticket is not this Log's pending
+    /// one or was not applied: either way the Log ends poisoned for good
+    /// (the journal may be durable; the next [`Log::open`] redoes the
+    /// compaction from it, or finds the old log without it). Any I/O error
+    /// of steps 4 to 6 poisons likewise.
+    pub fn finish_compaction(
+        &mut self,
+        ticket: CompactionTicket,
+        applied: Result<(), LogError>,
+    ) -> Result<CompactionCommit, LogError> {
+        if let Some(commit) = ticket.done {
+            // Committed whole by begin (a version-1 active segment).
+            applied?;
+            return Ok(commit);
+        }
+        if self.compaction != Some(ticket.id) {
+            return self.poison_on(Err(LogError::Poisoned(
+                "a compaction was finished that this log did not begin".to_owned(),
+            )));
+        }
+        self.compaction = None;
+        self.poison_on(applied)?;
+        if let Some(poison) = self.poisoned.as_mut() {
+            // A healable poison (a batch refused for want of space while the
+            // compaction was pending) is not healed in process: the journal
+            // may be durable, and only a restart's redo finishes the job.
+            poison.healable = false;
+            return Err(LogError::Poisoned(poison.reason.clone()));
+        }
+        let CompactionTicket {
+            journal,
+            record,
+            new_chain,
+            active_len,
+            prefix,
+            ..
+        } = ticket;
+        let Some(prefix) = prefix else {
+            return self.poison_on(Err(LogError::Poisoned(
+                "a compaction was finished that was not applied".to_owned(),
+            )));
+        };
         // Step 4.
-        match (self.active.as_mut(), &journal.active) {
-            (Some(active), Some((_, header))) => {
-                poison(
-                    &mut self.poisoned,
-                    "write",
-                    &active.path,
-                    active.file.write_all_at(0, header),
-                    OnNoSpace::Poison,
-                )?;
-                poison(
-                    &mut self.poisoned,
-                    "sync_all",
-                    &active.path,
-                    active.file.sync_all(),
-                    OnNoSpace::Poison,
-                )?;
+        let same_segment = matches!(
+            (&self.active, &journal.active),
+            (Some(active), Some((name, _))) if active.name == *name
+        );
+        if !same_segment {
+            return self.poison_on(Err(LogError::Poisoned(
+                "the active segment changed while a compaction was pending".to_owned(),
+            )));
+        }
+        if let (Some(active), Some((_, header))) = (self.active.as_mut(), &journal.active) {
+            // Made durable by the compaction record's `fdatasync` (the same
+            // file, or its seal's when the record's batch rolls): until the
+            // journal is removed, redo writes it again anyway.
+            poison(
+                &mut self.poisoned,
+                "write",
+                &active.path,
+                active.file.write_all_at(0, header),
+                OnNoSpace::Poison,
+            )?;
+            let mut hasher = prefix;
+            if active.len > active_len {
                 let bytes = self.fs.map(&active.path);
                 let bytes = poison(
                     &mut self.poisoned,
@@ -453,26 +584,41 @@ impl Log {
                     OnNoSpace::Poison,
                 )?;
                 let bytes: &[u8] = (*bytes).as_ref();
-                // Cast: `len` is at most the file's length.
-                let body = bytes.get(HEADER_LEN..active.len as usize).unwrap_or(&[]);
-                let mut hasher = chain_hasher(&new_chain);
-                hasher.update(header);
-                hasher.update(body);
-                self.head.chain = if active.records == 0 {
-                    new_chain
-                } else {
-                    hasher.finalize().into()
+                // Cast: both lengths are at most the file's length.
+                let Some(tail) = bytes.get(active_len as usize..active.len as usize) else {
+                    let error = LogError::Poisoned(format!(
+                        "the active segment {} is shorter than its acknowledged {} bytes",
+                        active.name, active.len
+                    ));
+                    return self.poison_on(Err(error));
                 };
-                *active.hasher = hasher;
+                hasher.update(tail);
             }
-            // No active segment: the next one starts from the head chain,
-            // the last staged segment's new seal.
-            _ => self.head.chain = new_chain,
+            debug_assert_eq!(
+                hasher.finalize(),
+                self.fs
+                    .map(&active.path)
+                    .map(|bytes| {
+                        let bytes: &[u8] = (*bytes).as_ref();
+                        let mut full = chain_hasher(&new_chain);
+                        // Cast: `len` is at most the file's length.
+                        full.update(&bytes[..active.len as usize]);
+                        full.finalize()
+                    })
+                    .unwrap_or_else(|_| hasher.finalize()),
+                "the chain hashed in two parts differs from the one over the file"
+            );
+            self.head.chain = if active.records == 0 {
+                new_chain
+            } else {
+                hasher.finalize().into()
+            };
+            *active.hasher = hasher;
         }
         // Step 5.
         let record_seq = self.append_compaction_record(&journal.payload)?;
-        // Step 6.
-        let finished = compaction_journal::finish_journal(self.fs.as_ref(), &self.dir, &journal);
+        // Step 6 (apply removed the staged files).
+        let finished = compaction_journal::remove_journal(self.fs.as_ref(), &self.dir);
         self.poison_on(finished)?;
         tracing::info!(
             segments = record.segments.len(),
@@ -480,6 +626,24 @@ impl Log {
             "compaction committed"
         );
         Ok(CompactionCommit { record_seq, record })
+    }
+
+    /// The active segment's header and version as the file holds it;
+    /// `None` when there is no active segment or its header does not
+    /// decode. A failed map poisons.
+    fn active_header(&mut self) -> Result<Option<(SegmentHeader, u16)>, LogError> {
+        let Some(active) = &self.active else {
+            return Ok(None);
+        };
+        let bytes = self.fs.map(&active.path);
+        let bytes = poison(
+            &mut self.poisoned,
+            "map",
+            &active.path,
+            bytes,
+            OnNoSpace::Poison,
+        )?;
+        Ok(SegmentHeader::decode_versioned((*bytes).as_ref()).ok())
     }
 
     /// Poisons (not healable) when `result` is an error.
@@ -632,10 +796,14 @@ impl Log {
     /// Seals the active segment and starts the next one when the batch would
     /// push it past `segment_size_bytes`, or when it is a version-1 segment
     /// (new records go into version-2 segments only); starts one when there
-    /// is none.
+    /// is none. While a compaction is pending no roll is due (begin made
+    /// sure there is a version-2 active segment).
     fn roll_if_due(&mut self, batch_bytes: u64) -> Result<(), LogError> {
         let due = match &self.active {
             None => true,
+            // A compaction is pending: the active segment stays active
+            // (FORMAT.md, "Compaction").
+            Some(_) if self.compaction.is_some() => false,
             Some(active) => {
                 active.records > 0
                     && (active.len.saturating_add(batch_bytes) > self.config.segment_size_bytes
@@ -781,7 +949,9 @@ impl Log {
     /// that the recovered head is exactly the head before the failure.
     ///
     /// Returns `Ok(None)` when the log is not poisoned. Errors: `Poisoned`
-    /// when the poison is not healable (a failed fsync is never retried);
+    /// when the poison is not healable (a failed fsync is never retried),
+    /// or while a compaction is pending (the poison stays healable until
+    /// [`finish_compaction`](Self::finish_compaction) makes it permanent);
     /// an `Io` error for want of space leaves the poison healable (call
     /// again once there is space); any other error, or a recovered head that
     /// differs, makes the poison permanent (restart).
@@ -791,6 +961,14 @@ impl Log {
         };
         if !poison.healable {
             return Err(LogError::Poisoned(poison.reason));
+        }
+        if self.compaction.is_some() {
+            // Recovery must not read the segments while apply replaces
+            // them; finish makes this poison permanent.
+            return Err(LogError::Poisoned(format!(
+                "{}; the tail is not recovered while a compaction is pending",
+                poison.reason
+            )));
         }
         match self.recover_tail() {
             Ok(report) => {

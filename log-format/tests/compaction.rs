@@ -1,6 +1,8 @@
 //! Compaction (FORMAT.md, "Compaction"): staging and committing a rewrite
 //! of sealed segments, staleness, a power cut at every file-system call of
-//! stage + commit, linking old heads, and the compaction record's payload.
+//! stage + commit (in one call, and split in begin, apply and finish with
+//! batches appended meanwhile), rolls held while a compaction is pending,
+//! linking old heads, and the compaction record's payload.
 
 mod common;
 
@@ -429,6 +431,232 @@ fn a_power_cut_at_every_call_of_stage_and_commit_leaves_the_old_or_the_new_log()
         outcomes.0 > 0 && outcomes.1 > 0 && outcomes.2 > 0,
         "{outcomes:?}"
     );
+}
+
+/// The split commit: begin, a batch, apply, a batch, finish (the batches
+/// as the engine's writer appends them while the compaction's thread
+/// applies it). Returns the seqs acknowledged by the batches and the
+/// result.
+fn split_commit(
+    log: &mut Log,
+    staged: spark_log_format::StagedCompaction,
+    acked: &mut Vec<Seq>,
+) -> Result<spark_log_format::CompactionCommit, LogError> {
+    let mut ticket = log.begin_compaction(staged, vec![[1; 16]])?;
+    let next = log.last_seq() + 1;
+    acked.push(log.append_batch(&[sample(next).as_in()])?);
+    let applied = ticket.apply();
+    let next = log.last_seq() + 1;
+    match log.append_batch(&[sample(next).as_in()]) {
+        Ok(seq) => acked.push(seq),
+        // The appends fail once the file system is gone; finish is told.
+        Err(e) => return log.finish_compaction(ticket, applied.and(Err(e))),
+    }
+    log.finish_compaction(ticket, applied)
+}
+
+#[test]
+fn a_power_cut_at_every_call_of_a_split_commit_keeps_the_batches_appended_meanwhile() {
+    let seqs = {
+        let (fs, _log) = mem_log();
+        cut_seqs(&fs)
+    };
+    let old = expected(RECORDS, &BTreeSet::new());
+    let new = expected(RECORDS, &seqs);
+    let mut outcomes = (0, 0, 0);
+    let mut n = 0;
+    loop {
+        let mut completed = false;
+        for mode in CutMode::ALL {
+            for seed in 0..4 {
+                let (fs, mut log) = mem_log();
+                let mem: Arc<dyn Fs> = Arc::new(fs.clone());
+                fs.crash_after(n);
+                let mut acked = Vec::new();
+                let result = stage_compaction(&mem_dir(), mem.clone(), &cfg(), erase(&seqs))
+                    .and_then(|staged| split_commit(&mut log, staged.expect("staged"), &mut acked));
+                let ok = result.is_ok();
+                completed |= ok && !fs.crashed();
+                assert!(
+                    ok || log.is_poisoned() || acked.is_empty(),
+                    "n {n}: {result:?}"
+                );
+                drop(log);
+                fs.power_cut(mode, seed);
+                let point = format!("crash after {n} calls, {mode:?}, seed {seed}");
+
+                let (mut log, report, seen) = open_collect(&mem_dir(), cfg(), mem.clone())
+                    .unwrap_or_else(|e| panic!("{point}: recovery failed: {e}"));
+                let left: Vec<String> = other_files(&fs, &mem_dir())
+                    .into_iter()
+                    .filter(|n| !n.contains(".seg.torn-"))
+                    .collect();
+                assert_eq!(left, Vec::<String>::new(), "{point}");
+                let all = scan_all(&mem_dir(), mem.clone());
+                let appended = usize::from(report.compaction_record_appended);
+                assert_eq!(all[..all.len() - appended], seen[..], "{point}");
+                let (rest, compactions) = split_compactions(all.clone());
+                // The batches appended during the compaction follow the
+                // old or new records; every acknowledged one survived.
+                assert!(rest.len() >= RECORDS as usize, "{point}");
+                let (records, during) = rest.split_at(RECORDS as usize);
+                let during_seqs: Vec<Seq> = during.iter().map(|r| r.seq).collect();
+                assert!(during_seqs.len() <= 2, "{point}: {during_seqs:?}");
+                assert!(
+                    during_seqs.starts_with(&acked),
+                    "{point}: acked {acked:?}, found {during_seqs:?}"
+                );
+                for record in during {
+                    assert_eq!(*record, sample(record.seq), "{point}");
+                }
+                if records == old && compactions.is_empty() {
+                    assert!(!ok, "{point}: acknowledged, then lost");
+                    assert!(report.compaction_finished.is_none(), "{point}");
+                    outcomes.0 += 1;
+                } else {
+                    assert_eq!(records, new, "{point}: neither the old nor the new log");
+                    assert_eq!(compactions.len(), 1, "{point}");
+                    assert_eq!(compactions[0].0, rest.len() as Seq + 1, "{point}");
+                    assert_eq!(compactions[0].1.subjects, vec![[1; 16]], "{point}");
+                    if report.compaction_finished.is_some() {
+                        outcomes.1 += 1;
+                    } else {
+                        outcomes.2 += 1;
+                    }
+                }
+                // The log goes on, and rolls again.
+                for _ in 0..4 {
+                    let next = log.last_seq() + 1;
+                    log.append_batch(&[sample(next).as_in()])
+                        .unwrap_or_else(|e| panic!("{point}: append after recovery: {e}"));
+                }
+                drop(log);
+                let (_, report, seen2) = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap();
+                assert!(report.compaction_finished.is_none(), "{point}");
+                assert_eq!(seen2.len(), all.len() + 4, "{point}");
+            }
+        }
+        if completed {
+            break;
+        }
+        n += 1;
+        assert!(n < 500, "stage + split commit never completed");
+    }
+    assert!(
+        outcomes.0 > 0 && outcomes.1 > 0 && outcomes.2 > 0,
+        "{outcomes:?}"
+    );
+}
+
+#[test]
+fn batches_do_not_roll_while_a_compaction_is_pending_and_roll_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    fill(&mut log);
+    let before = segments(&dir, os());
+    let (first, _, _) = before[1];
+    let seqs: BTreeSet<Seq> = [first].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    let files = segment_paths(&dir).len();
+    let mut ticket = log.begin_compaction(staged, vec![[2; 16]]).unwrap();
+    let active = log.head().segment;
+    let active_path = dir.join(&active);
+    // Past segment_size_bytes, before and after apply: no roll, and
+    // sealing is a no-op.
+    let mut heads = Vec::new();
+    let append_some = |log: &mut Log, heads: &mut Vec<Head>| {
+        for _ in 0..6 {
+            let next = log.last_seq() + 1;
+            log.append_batch(&[sample(next).as_in(), sample(next + 1).as_in()])
+                .unwrap();
+            heads.push(log.head());
+        }
+    };
+    append_some(&mut log, &mut heads);
+    log.seal_active().unwrap();
+    ticket.apply().unwrap();
+    append_some(&mut log, &mut heads);
+    assert_eq!(log.head().segment, active);
+    let len = std::fs::metadata(&active_path).unwrap().len();
+    assert!(len > SEGMENT_BYTES, "{len}");
+    assert_eq!(segment_paths(&dir).len(), files);
+    let commit = log.finish_compaction(ticket, Ok(())).unwrap();
+    assert_eq!(commit.record_seq, log.last_seq());
+    // Released: the compaction record's batch rolled first.
+    assert_ne!(log.head().segment, active);
+    assert_eq!(log.head().segment, format!("{:020}.seg", commit.record_seq));
+    let next = log.last_seq() + 1;
+    log.append_batch(&[sample(next).as_in()]).unwrap();
+    let last = log.last_seq();
+    drop(log);
+
+    let (_, _, seen) = open_collect(&dir, cfg(), os()).unwrap();
+    assert_eq!(scan_all(&dir, os()), seen);
+    let (rest, compactions) = split_compactions(seen);
+    assert_eq!(compactions.len(), 1);
+    assert_eq!(compactions[0].0, commit.record_seq);
+    let mut want = expected(RECORDS, &seqs);
+    want.extend(
+        (RECORDS + 1..=last)
+            .filter(|s| *s != commit.record_seq)
+            .map(sample),
+    );
+    assert_eq!(rest, want);
+    // The heads acknowledged while the compaction was pending link
+    // through it (their segment was re-chained only).
+    let reader = LogReader::open(&dir).unwrap();
+    for head in &heads {
+        assert_eq!(
+            link_head(&reader, head.seq, head.chain).unwrap(),
+            HeadLink::ThroughCompaction {
+                record_seq: commit.record_seq
+            },
+            "{head:?}"
+        );
+    }
+}
+
+#[test]
+fn a_failed_apply_poisons_and_the_next_open_finishes_or_drops_the_compaction() {
+    for journal_written in [false, true] {
+        let (fs, mut log) = mem_log();
+        let mem: Arc<dyn Fs> = Arc::new(fs.clone());
+        let seqs = cut_seqs(&fs);
+        let staged = stage_compaction(&mem_dir(), mem.clone(), &cfg(), erase(&seqs))
+            .unwrap()
+            .unwrap();
+        let mut ticket = log.begin_compaction(staged, Vec::new()).unwrap();
+        let next = log.last_seq() + 1;
+        log.append_batch(&[sample(next).as_in()]).unwrap();
+        let applied = if journal_written {
+            ticket.apply()
+        } else {
+            Err(LogError::Poisoned("apply failed".into()))
+        };
+        let next = log.last_seq() + 1;
+        log.append_batch(&[sample(next).as_in()]).unwrap();
+        let e = log
+            .finish_compaction(ticket, applied.and(Err(LogError::Poisoned("told".into()))))
+            .unwrap_err();
+        assert!(matches!(e, LogError::Poisoned(_)), "{e:?}");
+        assert!(log.is_poisoned() && !log.is_healable());
+        drop(log);
+        let (_, report, _) = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap();
+        let (rest, compactions) = split_compactions(scan_all(&mem_dir(), mem.clone()));
+        let erased = if journal_written {
+            seqs.clone()
+        } else {
+            BTreeSet::new()
+        };
+        let mut want = expected(RECORDS, &erased);
+        want.extend([sample(RECORDS + 1), sample(RECORDS + 2)]);
+        assert_eq!(rest, want);
+        assert_eq!(compactions.len(), usize::from(journal_written));
+        assert_eq!(report.compaction_finished.is_some(), journal_written);
+    }
 }
 
 // ---- Linking old heads --------------------------------------------------------

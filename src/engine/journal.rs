@@ -23,7 +23,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use spark_log_format::{Log, LogError, RecordIn};
+use spark_log_format::{CompactionCommit, CompactionTicket, Log, LogError, RecordIn};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::Clock;
@@ -76,11 +76,26 @@ struct Folded {
     started_turns: Vec<Id>,
 }
 
-/// Starts the writer thread (named `spark-journal`).
+/// Where a compaction's answer goes.
+type CompactionReply = oneshot::Sender<Result<Option<CompactionCommit>, EngineError>>;
+
+/// A compaction begun on the writer whose apply step runs on a thread of
+/// its own; the writer finishes it once that thread is done.
+struct Applying {
+    /// The apply thread; it hands back the ticket and apply's result.
+    thread: JoinHandle<(CompactionTicket, Result<(), LogError>)>,
+    /// Where the commit's answer goes.
+    reply: CompactionReply,
+}
+
+/// Starts the writer thread (named `spark-journal`). `wake` reaches its own
+/// queue (weakly: it does not keep the queue open), for a compaction's
+/// apply thread to say it is done.
 pub(super) fn spawn(
     log: Log,
     shared: Arc<Shared>,
     queue: mpsc::Receiver<WriterRequest>,
+    wake: mpsc::WeakSender<WriterRequest>,
     clock: Arc<dyn Clock>,
     max_batch_ops: usize,
 ) -> std::io::Result<JoinHandle<()>> {
@@ -93,6 +108,8 @@ pub(super) fn spawn(
                 clock,
                 max_batch_ops,
                 deferred: VecDeque::new(),
+                wake,
+                applying: None,
             }
             .run(queue)
         })
@@ -111,6 +128,10 @@ struct Journal {
     /// Commands that shared a key with an op of the previous batch; they go
     /// first in the next one, in arrival order.
     deferred: VecDeque<(super::Command, Reply)>,
+    /// The writer's own queue, for the apply thread's wake-up.
+    wake: mpsc::WeakSender<WriterRequest>,
+    /// The compaction being applied off this thread, if any.
+    applying: Option<Applying>,
 }
 
 impl Journal {
@@ -148,7 +169,10 @@ impl Journal {
             }
         }
         // Anything queued after the stop is refused, never dropped silently.
+        // A compaction being applied is finished first (its thread's
+        // wake-up now fails at once: the queue is closed).
         queue.close();
+        self.finish_applied();
         let stopped = || EngineError::Unavailable("the engine is shutting down".into());
         while let Ok(job) = queue.try_recv() {
             match job {
@@ -162,7 +186,7 @@ impl Journal {
                     let _ = staged.discard(self.log_fs().as_ref());
                     let _ = reply.send(Err(stopped()));
                 }
-                WriterRequest::Stop => {}
+                WriterRequest::CompactionApplied | WriterRequest::Stop => {}
             }
         }
         tracing::info!(seq = self.log.last_seq(), "journal stopped");
@@ -174,8 +198,9 @@ impl Journal {
     }
 
     /// Serves a compaction's request to the writer (SPEC section 13): seal
-    /// the active segment, or commit a staged compaction. A failure of the
-    /// log's calls poisons the write path like a failed append.
+    /// the active segment; begin a staged compaction and start its apply
+    /// thread; finish it once that thread is done. A failure of the log's
+    /// calls poisons the write path like a failed append.
     fn compaction_request(&mut self, request: WriterRequest) {
         let poisoned = |journal: &Self| journal.shared.poison.lock().clone();
         match request {
@@ -202,17 +227,85 @@ impl Journal {
                     return;
                 }
                 let subject_bytes = subjects.iter().map(|id| id.0.to_be_bytes()).collect();
-                let answer = match self.log.commit_compaction(staged, subject_bytes) {
-                    Ok(commit) => self.fold_compaction(&commit).map(|()| Some(commit)),
-                    Err(LogError::CompactionStale) => Ok(None),
-                    Err(e) => Err(self.poison_compaction("committing a compaction", &e)),
-                };
-                let _ = reply.send(answer);
+                let begun = self.log.begin_compaction(staged, subject_bytes);
+                // Begin may have started a segment (the last one was sealed).
+                *self.shared.head.lock() = self.log.head();
+                match begun {
+                    Ok(ticket) => self.start_apply(ticket, reply),
+                    Err(LogError::CompactionStale) => {
+                        let _ = reply.send(Ok(None));
+                    }
+                    Err(e) => {
+                        let _ =
+                            reply.send(Err(self.poison_compaction("beginning a compaction", &e)));
+                    }
+                }
             }
+            WriterRequest::CompactionApplied => self.finish_applied(),
             WriterRequest::Command { .. } | WriterRequest::Stop => {
                 unreachable!("only compaction requests come here")
             }
         }
+    }
+
+    /// Runs a begun compaction's apply step ([`CompactionTicket::apply`]:
+    /// the redo journal, the segment copies) on a thread of its own, which
+    /// sends [`WriterRequest::CompactionApplied`] when it is done; the
+    /// writer goes on with batches meanwhile.
+    fn start_apply(&mut self, ticket: CompactionTicket, reply: CompactionReply) {
+        let wake = self.wake.clone();
+        let spawned = std::thread::Builder::new()
+            .name("spark-compaction".into())
+            .spawn(move || {
+                let mut ticket = ticket;
+                let applied = ticket.apply();
+                // The queue is gone or closed: the engine is stopping, and
+                // the writer joins this thread.
+                if let Some(queue) = wake.upgrade() {
+                    let _ = queue.blocking_send(WriterRequest::CompactionApplied);
+                }
+                (ticket, applied)
+            });
+        match spawned {
+            Ok(thread) => self.applying = Some(Applying { thread, reply }),
+            // The ticket is gone with the closure: the log holds its rolls
+            // and nothing may be written (the journal was never written, so
+            // a restart finds the old log).
+            Err(e) => {
+                let e = LogError::Poisoned(format!("the compaction's thread did not start: {e}"));
+                let _ = reply.send(Err(self.poison_compaction("beginning a compaction", &e)));
+            }
+        }
+    }
+
+    /// Finishes the compaction being applied, if any, once its apply thread
+    /// ends (joining it): [`Log::finish_compaction`], then the fold of its
+    /// record, then the answer. With the write path stopped meanwhile, or
+    /// apply failed, the log is poisoned for good instead (a restart's
+    /// recovery redoes the compaction from its journal, or finds the old
+    /// log).
+    fn finish_applied(&mut self) {
+        let Some(Applying { thread, reply }) = self.applying.take() else {
+            return;
+        };
+        let answer = match thread.join() {
+            Ok((ticket, applied)) => {
+                let poisoned = self.shared.poison.lock().clone();
+                let applied = match poisoned {
+                    Some(reason) => applied.and(Err(LogError::Poisoned(reason))),
+                    None => applied,
+                };
+                match self.log.finish_compaction(ticket, applied) {
+                    Ok(commit) => self.fold_compaction(&commit).map(|()| Some(commit)),
+                    Err(e) => Err(self.poison_compaction("committing a compaction", &e)),
+                }
+            }
+            Err(_) => {
+                let e = LogError::Poisoned("the compaction's thread panicked".into());
+                Err(self.poison_compaction("applying a compaction", &e))
+            }
+        };
+        let _ = reply.send(answer);
     }
 
     /// Stops the write path after a failed compaction step (the log is

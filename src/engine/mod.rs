@@ -156,15 +156,23 @@ enum WriterRequest {
     SealActive {
         reply: oneshot::Sender<Result<Head, EngineError>>,
     },
-    /// Put a staged compaction into effect ([`Log::commit_compaction`]),
-    /// fold its record (which erases `subjects` from the mirror) and
-    /// publish it. Answers the commit, or `None` when the log rolled since
-    /// staging (stale: nothing changed, stage again).
+    /// Put a staged compaction into effect and fold its record (which
+    /// erases `subjects` from the mirror) and publish it: the writer begins
+    /// it ([`Log::begin_compaction`]), a thread of its own applies it
+    /// (the journal and the segment copies) while the writer goes on with
+    /// batches, and the writer finishes it ([`Log::finish_compaction`]) on
+    /// [`WriterRequest::CompactionApplied`]. Answers the commit, or `None`
+    /// when the log rolled since staging (stale: nothing changed, stage
+    /// again).
     CommitCompaction {
         staged: spark_log_format::StagedCompaction,
         subjects: Vec<Id>,
         reply: oneshot::Sender<Result<Option<spark_log_format::CompactionCommit>, EngineError>>,
     },
+    /// Sent by the thread that applies a begun compaction when it is done:
+    /// the writer finishes that compaction and answers its
+    /// [`WriterRequest::CommitCompaction`].
+    CompactionApplied,
     /// Finish what came before, then stop the writer thread.
     Stop,
 }
@@ -237,6 +245,7 @@ impl Engine {
             log,
             Arc::clone(&shared),
             receiver,
+            queue.downgrade(),
             clock,
             settings.log.group_commit_max_ops,
         )
@@ -335,9 +344,12 @@ impl Engine {
         })
     }
 
-    /// Puts a staged compaction into effect on the writer thread and folds
-    /// its record, which erases `subjects` (deleted moments) from the
-    /// mirror. `Ok(None)` when the log rolled since staging: nothing
+    /// Puts a staged compaction into effect and folds its record, which
+    /// erases `subjects` (deleted moments) from the mirror. The writer
+    /// thread only begins and finishes it (both brief); the slow part (the
+    /// redo journal, copying the staged segments over the old ones) runs on
+    /// a thread of its own while the writer goes on with batches, which
+    /// meanwhile never roll the active segment. `Ok(None)` when the log rolled since staging: nothing
     /// changed, the staged files are gone, stage again. Errors:
     /// `Unavailable` when the write path is stopped or a step failed
     /// (which stops it; recovery at the next start finishes the commit or
