@@ -39,8 +39,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use spark_log_format::format::{
-    chain_hex, decode_record, parse_segment_file_name, segment_file_name, ChainValue,
-    RecordDecode, HEADER_CHAIN_START_OFFSET, KIND_SEAL, SEAL_RECORD_BYTES,
+    chain_hex, decode_record, parse_segment_file_name, segment_file_name, ChainValue, RecordDecode,
+    HEADER_CHAIN_START_OFFSET, KIND_SEAL, SEAL_RECORD_BYTES,
 };
 use spark_log_format::{Fs, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 

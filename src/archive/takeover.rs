@@ -133,7 +133,15 @@ pub async fn take_over_leased(
         other => {
             // Refuses a local log that is not a prefix of the archive
             // before anything is taken.
-            catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false, false).await?;
+            catch_up(
+                &store,
+                &log_dir,
+                latest.as_ref(),
+                max_record_bytes,
+                false,
+                false,
+            )
+            .await?;
             if let Some((view, clock)) = expired {
                 still_expired(&store, view, lease_ms, clock).await?;
             }
@@ -179,7 +187,15 @@ pub async fn take_over_leased(
                 count_put("manifest", len);
                 // The archive holds still now (the old writer is fenced at
                 // its next manifest put): fetch what the local log lacks.
-                catch_up(&store, &log_dir, Some(&manifest), max_record_bytes, false, false).await?;
+                catch_up(
+                    &store,
+                    &log_dir,
+                    Some(&manifest),
+                    max_record_bytes,
+                    false,
+                    false,
+                )
+                .await?;
                 tracing::info!(
                     epoch,
                     manifest = manifest.number,

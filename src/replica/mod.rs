@@ -452,9 +452,16 @@ async fn from_the_named_manifest(
         return None;
     }
     let manifest = read_manifest(store, named).await.ok()??;
-    catch_up(store, log_dir, Some(&manifest), max_record_bytes, false, false)
-        .await
-        .ok()?;
+    catch_up(
+        store,
+        log_dir,
+        Some(&manifest),
+        max_record_bytes,
+        false,
+        false,
+    )
+    .await
+    .ok()?;
     Some(manifest)
 }
 
@@ -1013,9 +1020,8 @@ impl Follower {
             checkpoints += crate::retention::remove_checkpoints_from(&OsFs, &self.data_dir, first)
                 .map_err(|e| FollowError::Retry(e.to_string()))?;
         }
-        checkpoints +=
-            crate::retention::remove_stale_checkpoints(&OsFs, &self.data_dir, &log_dir)
-                .map_err(|e| FollowError::Retry(e.to_string()))?;
+        checkpoints += crate::retention::remove_stale_checkpoints(&OsFs, &self.data_dir, &log_dir)
+            .map_err(|e| FollowError::Retry(e.to_string()))?;
         tracing::info!(
             manifest = manifest.number,
             erased = erased.len(),
