@@ -29,8 +29,8 @@
 //! as new objects (`archive/ARCHIVE.md`, "Compaction"). On a replica the
 //! compactor does not run (see [`Held`]): the replica follows the
 //! archive's compaction ([`crate::replica`]) and removes the same blobs
-//! and checkpoints with the same rules ([`remove_erased_blobs`],
-//! [`remove_stale_checkpoints`], [`remove_checkpoints_from`]).
+//! and checkpoints with the same rules (`remove_erased_blobs`,
+//! `remove_stale_checkpoints`, `remove_checkpoints_from`).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;

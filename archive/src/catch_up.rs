@@ -264,8 +264,12 @@ pub enum CatchUpError {
         /// The seq after the object before it (1 for the first).
         expected: u64,
     },
-    /// The local log is not a prefix of the manifest's history; nothing
-    /// was fetched or written.
+    /// The local log is not a prefix of the manifest's history; found
+    /// before anything is fetched or written, but for what only the
+    /// fetched object shows ([`Divergence::PrefixDiffers`],
+    /// [`Divergence::InsideChunkDiffers`],
+    /// [`Divergence::RechainedTailDiffers`]: the file it names is left as
+    /// it was).
     #[error(transparent)]
     Diverged(#[from] Divergence),
     /// A local file or directory could not be read or written.

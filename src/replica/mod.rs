@@ -31,6 +31,15 @@
 //! `/readyz`; its lag grows. Keys come from manifests only, so chunks a
 //! fenced writer stored past a take-over point are never read.
 //!
+//! Compactions (SPEC section 13): a manifest that applies one is applied on
+//! its own, right after the one before it; the catch-up replaces the cached
+//! segments it rewrote and the re-chained tail
+//! ([`spark_archive::Options::follow_compactions`]), the fold of its
+//! `log.compact` record erases the moments, and the cached blobs and
+//! checkpoints that held their content are removed with the compactor's
+//! rules ([`crate::retention`]). A restart on a cache made before a
+//! compaction follows it from the manifest the cache file names.
+//!
 //! Lag (`lag_ms` of `/api/log/head`, `spark_replica_lag_seconds`): how long
 //! ago the replica last knew it held everything the archive held: the time
 //! since the send of the last GET that found no manifest after the one
