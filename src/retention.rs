@@ -33,11 +33,14 @@
 //! only for the commit's brief begin and finish. With an `[archive]` the
 //! archive follows: the shipper finds the compaction record and ships the
 //! rewritten segments as new objects (`archive/ARCHIVE.md`, "Compaction").
-//! On a replica the compactor does not run (see [`Held`]).
+//! On a replica the compactor does not run (see [`Held`]): the replica
+//! follows the archive's compaction ([`crate::replica`]) and removes the
+//! same blobs and checkpoints with the same rules (`remove_erased_blobs`,
+//! `remove_stale_checkpoints`, `remove_checkpoints_from`).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -346,26 +349,10 @@ impl Compactor {
     /// mirror holds as erased, unless a moment that is not erased names the
     /// same bytes, then fsyncs the blob directory. Returns how many.
     fn remove_blobs(&self, erased: &HashSet<Id>) -> Result<usize, PassError> {
-        let unneeded = || {
-            self.engine.read(|mirror| {
-                let mut gone = HashSet::new();
-                let mut kept = HashSet::new();
-                for media in mirror.media.values() {
-                    if erased.contains(&media.moment_id) || mirror.is_erased(media.moment_id) {
-                        gone.insert(media.sha256.0);
-                    } else if !mirror.is_erased(media.moment_id) {
-                        kept.insert(media.sha256.0);
-                    }
-                }
-                gone.difference(&kept).copied().collect()
-            })
-        };
-        self.media
-            .remove_erased(unneeded)
-            .map_err(|source| PassError::Io {
-                what: format!("removing the blobs of {} erased moments", erased.len()),
-                source,
-            })
+        remove_erased_blobs(&self.engine, &self.media, erased).map_err(|source| PassError::Io {
+            what: format!("removing the blobs of {} erased moments", erased.len()),
+            source,
+        })
     }
 
     /// Removes the copies recovery kept of cut tails (`<segment>.torn-*`
@@ -419,12 +406,7 @@ impl Compactor {
     /// seq any more (the log was compacted after them), then fsyncs their
     /// directory. Returns how many.
     fn remove_stale_checkpoints(&self) -> Result<usize, PassError> {
-        self.remove_checkpoints_where(|_, path| {
-            matches!(
-                spark_core::checkpoint::peek(path, &self.log_dir),
-                Err(spark_core::checkpoint::CheckpointError::ChainMismatch { .. })
-            )
-        })
+        remove_stale_checkpoints(self.fs.as_ref(), &self.data_dir, &self.log_dir)
     }
 
     /// Removes the checkpoints at or after `first_seq`, the first seq of
@@ -432,35 +414,94 @@ impl Compactor {
     /// erases, and their chain values name the old segments), then fsyncs
     /// their directory. Returns how many.
     fn remove_checkpoints(&self, first_seq: u64) -> Result<usize, PassError> {
-        self.remove_checkpoints_where(|seq, _| seq >= first_seq)
+        remove_checkpoints_from(self.fs.as_ref(), &self.data_dir, first_seq)
     }
+}
 
-    /// Removes the checkpoints `remove` picks (by seq and path), then
-    /// fsyncs their directory. Returns how many.
-    fn remove_checkpoints_where(
-        &self,
-        remove: impl Fn(u64, &std::path::Path) -> bool,
-    ) -> Result<usize, PassError> {
-        let mut removed = 0;
-        for (seq, path) in spark_core::checkpoint::list(&self.data_dir) {
-            if !remove(seq, &path) {
-                continue;
+/// Removes the blobs of the media of `erased` and of every moment the
+/// mirror of `engine` holds as erased, unless a moment that is not erased
+/// names the same bytes (or an upload of `media` holds the digest), then
+/// fsyncs the blob directory. Returns how many. The one rule for the
+/// compactor and for a replica that followed a compaction.
+///
+/// Errors: the first I/O error of a removal or of the directory sync.
+pub(crate) fn remove_erased_blobs(
+    engine: &Engine,
+    media: &MediaStore,
+    erased: &HashSet<Id>,
+) -> std::io::Result<usize> {
+    let unneeded = || {
+        engine.read(|mirror| {
+            let mut gone = HashSet::new();
+            let mut kept = HashSet::new();
+            for media in mirror.media.values() {
+                if erased.contains(&media.moment_id) || mirror.is_erased(media.moment_id) {
+                    gone.insert(media.sha256.0);
+                } else {
+                    kept.insert(media.sha256.0);
+                }
             }
-            self.fs.remove_file(&path).map_err(|source| PassError::Io {
-                what: format!("removing checkpoint {}", path.display()),
-                source,
-            })?;
-            removed += 1;
+            gone.difference(&kept).copied().collect()
+        })
+    };
+    media.remove_erased(unneeded)
+}
+
+/// Removes the checkpoints in `data_dir` whose chain value is not the log's
+/// (in `log_dir`) at their seq any more (the log was compacted after them:
+/// they may hold erased content), then fsyncs their directory. Returns how
+/// many. Errors: [`PassError::Io`] naming the file or directory.
+pub(crate) fn remove_stale_checkpoints(
+    fs: &dyn Fs,
+    data_dir: &Path,
+    log_dir: &Path,
+) -> Result<usize, PassError> {
+    remove_checkpoints_where(fs, data_dir, |_, path| {
+        matches!(
+            spark_core::checkpoint::peek(path, log_dir),
+            Err(spark_core::checkpoint::CheckpointError::ChainMismatch { .. })
+        )
+    })
+}
+
+/// Removes the checkpoints in `data_dir` at or after `first_seq` (they
+/// hold erased content, and their chain values name segments that were
+/// rewritten), then fsyncs their directory. Returns how many. Errors:
+/// [`PassError::Io`] naming the file or directory.
+pub(crate) fn remove_checkpoints_from(
+    fs: &dyn Fs,
+    data_dir: &Path,
+    first_seq: u64,
+) -> Result<usize, PassError> {
+    remove_checkpoints_where(fs, data_dir, |seq, _| seq >= first_seq)
+}
+
+/// Removes the checkpoints `remove` picks (by seq and path), then fsyncs
+/// their directory. Returns how many.
+fn remove_checkpoints_where(
+    fs: &dyn Fs,
+    data_dir: &Path,
+    remove: impl Fn(u64, &Path) -> bool,
+) -> Result<usize, PassError> {
+    let mut removed = 0;
+    for (seq, path) in spark_core::checkpoint::list(data_dir) {
+        if !remove(seq, &path) {
+            continue;
         }
-        if removed > 0 {
-            let dir = spark_core::checkpoint::checkpoint_dir(&self.data_dir);
-            self.fs.sync_dir(&dir).map_err(|source| PassError::Io {
-                what: format!("syncing {}", dir.display()),
-                source,
-            })?;
-        }
-        Ok(removed)
+        fs.remove_file(&path).map_err(|source| PassError::Io {
+            what: format!("removing checkpoint {}", path.display()),
+            source,
+        })?;
+        removed += 1;
     }
+    if removed > 0 {
+        let dir = spark_core::checkpoint::checkpoint_dir(data_dir);
+        fs.sync_dir(&dir).map_err(|source| PassError::Io {
+            what: format!("syncing {}", dir.display()),
+            source,
+        })?;
+    }
+    Ok(removed)
 }
 
 /// The ids that carry content about a set of moments.

@@ -182,8 +182,13 @@ pub async fn start_with_brains(
     let session_clock = Arc::clone(&clock);
     let retention_clock = Arc::clone(&clock);
     let engine = open_engine(&settings, Arc::clone(&fs), clock).await?;
+    let media = open_media(&settings, &engine, Arc::clone(&fs))?;
     let replica = match replica {
-        Some(prepared) => Some(prepared.start(&settings, Arc::clone(&engine)).await?),
+        Some(prepared) => Some(
+            prepared
+                .start(&settings, Arc::clone(&engine), media.clone())
+                .await?,
+        ),
         None => None,
     };
     if let Some(taken_over) = &taken_over {
@@ -194,7 +199,6 @@ pub async fn start_with_brains(
     }
     let archive = start_archive(&settings, &engine, taken_over.as_ref()).await?;
     let (listener, addr) = bind(settings.listen).await?;
-    let media = open_media(&settings, &engine, Arc::clone(&fs))?;
     let seat_names: Vec<String> = brains.iter().map(|(name, _)| name.clone()).collect();
     // A replica asks no brain: its turns end on the writer, and the
     // outcome arrives through the archive.

@@ -19,6 +19,16 @@
 //! segment as one file, the unsealed segment once its chunks are all
 //! fetched (its local bytes, then the chunks' bodies).
 //!
+//! A read replica also follows a compaction in place
+//! ([`Options::follow_compactions`], ARCHIVE.md "Replicas"): a local
+//! segment that a compaction of the manifest lists (`compactions`) and
+//! that still holds the listed old chain (its seal's, or for a segment the
+//! local log held unsealed, the old chain it starts from) is replaced by
+//! the rewritten object, fetched and checked as any other; a local tail
+//! whose header names the old chain start is written anew from the
+//! manifest's chunks, which must hold its records. Without the option
+//! (restore, take-over) such a log is not a prefix and is refused.
+//!
 //! What each caller adds stays its own: the take-over's epoch claim, the
 //! replica's fold, the restore's `--at` cut (a [`Keep`] answer from the
 //! callback of [`Options::keep`], which sees every object once it is
@@ -29,9 +39,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use spark_log_format::format::{
-    chain_hex, parse_segment_file_name, segment_file_name, ChainValue, HEADER_CHAIN_START_OFFSET,
+    chain_hex, decode_record, parse_segment_file_name, segment_file_name, ChainValue, RecordDecode,
+    HEADER_CHAIN_START_OFFSET, KIND_SEAL, SEAL_RECORD_BYTES,
 };
-use spark_log_format::{Fs, HEADER_LEN};
+use spark_log_format::{Fs, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 
 use crate::layout::{
     acknowledged_end, manifest_key, ChunkEntry, Manifest, ObjectError, SegmentEntry,
@@ -174,6 +185,40 @@ pub enum Divergence {
         /// The chunk's `chain_after`.
         archived_chain: ChainValue,
     },
+    /// A local segment a compaction of the manifest lists does not hold
+    /// the chain the compaction says it had before
+    /// ([`Options::follow_compactions`]).
+    #[error(
+        "the local segment {} is not the one the archive's compaction at seq {record_seq} \
+         rewrote: it holds chain {}, the compaction lists {}",
+        .path.display(),
+        chain_hex(.local_chain),
+        chain_hex(.listed_chain)
+    )]
+    NotTheCompacted {
+        /// The local file.
+        path: PathBuf,
+        /// The seq of the `log.compact` record that lists it.
+        record_seq: u64,
+        /// The local chain value (its seal's, or its `chain_start`).
+        local_chain: ChainValue,
+        /// The chain the compaction lists for it.
+        listed_chain: ChainValue,
+    },
+    /// The local tail segment, re-chained by a compaction, holds records
+    /// that the archive's tail (fetched from its start) does not begin
+    /// with ([`Options::follow_compactions`]).
+    #[error(
+        "the local segment {} holds {bytes} bytes of records that the archive's re-chained \
+         segment does not begin with",
+        .path.display()
+    )]
+    RechainedTailDiffers {
+        /// The local file.
+        path: PathBuf,
+        /// The local record bytes (after the header).
+        bytes: usize,
+    },
     /// The local tail ends inside a chunk whose body does not start with
     /// the local bytes.
     #[error(
@@ -219,8 +264,12 @@ pub enum CatchUpError {
         /// The seq after the object before it (1 for the first).
         expected: u64,
     },
-    /// The local log is not a prefix of the manifest's history; nothing
-    /// was fetched or written.
+    /// The local log is not a prefix of the manifest's history; found
+    /// before anything is fetched or written, but for what only the
+    /// fetched object shows ([`Divergence::PrefixDiffers`],
+    /// [`Divergence::InsideChunkDiffers`],
+    /// [`Divergence::RechainedTailDiffers`]: the file it names is left as
+    /// it was).
     #[error(transparent)]
     Diverged(#[from] Divergence),
     /// A local file or directory could not be read or written.
@@ -279,6 +328,14 @@ pub struct Options<'a> {
     /// written (in log order); its answer may stop the catch-up at a point
     /// ([`Keep::Upto`]). Meant for an empty local log (a restore `--at`).
     pub keep: Option<&'a mut KeepFn<'a>>,
+    /// Follow the compactions the manifest applies (its `compactions`,
+    /// relative to the manifest the local log was brought to before): a
+    /// local segment they list that holds the listed old chain is replaced
+    /// by the rewritten object, and a local tail they re-chained is
+    /// written anew from the manifest's chunks (see the module doc). Only
+    /// a read replica sets it: its cache follows the archive manifest by
+    /// manifest. Without it such a log is [`CatchUpError::Diverged`].
+    pub follow_compactions: bool,
 }
 
 /// One segment file [`catch_up`] wrote.
@@ -305,6 +362,10 @@ pub struct CaughtUp {
     /// The merged chunk the local tail ended inside, fetched whole, if any
     /// (the callers log it).
     pub merged_chunk: Option<String>,
+    /// The local segment files replaced because a compaction the manifest
+    /// applies rewrote or re-chained them (their file names, in log order;
+    /// [`Options::follow_compactions`]).
+    pub compacted: Vec<String>,
 }
 
 /// Brings the local log in `log_dir` (which must exist) to what `manifest`
@@ -324,7 +385,19 @@ pub async fn catch_up(
 ) -> Result<CaughtUp, CatchUpError> {
     let empty = Manifest::empty();
     let manifest = manifest.unwrap_or(&empty);
-    let plan = plan(fs, log_dir, manifest, max_record_bytes, options.allow_more)?;
+    let compacted = if options.follow_compactions {
+        Compacted::of(manifest)
+    } else {
+        Compacted::default()
+    };
+    let plan = plan(
+        fs,
+        log_dir,
+        manifest,
+        max_record_bytes,
+        options.allow_more,
+        &compacted,
+    )?;
     let mut wanted: Vec<(String, u64, [u8; 32])> = plan
         .sealed
         .iter()
@@ -457,6 +530,60 @@ fn read_local(
     })
 }
 
+/// The segments the compactions of a manifest list
+/// ([`Options::follow_compactions`]), composed in log order: by first seq,
+/// the chain the first compaction listing it says it had before (the chain
+/// a local copy made before them holds) and that compaction's record seq.
+#[derive(Default)]
+struct Compacted {
+    old: std::collections::HashMap<u64, (ChainValue, u64)>,
+}
+
+impl Compacted {
+    fn of(manifest: &Manifest) -> Compacted {
+        let mut old = std::collections::HashMap::new();
+        for compaction in &manifest.compactions {
+            for segment in &compaction.segments {
+                old.entry(segment.first_seq)
+                    .or_insert((segment.old_chain_end, compaction.record_seq));
+            }
+        }
+        Compacted { old }
+    }
+
+    /// The chain segment `first_seq` had before the compactions, and the
+    /// first one's record seq; `None` when none lists it.
+    fn old(&self, first_seq: u64) -> Option<(ChainValue, u64)> {
+        self.old.get(&first_seq).copied()
+    }
+
+    fn any(&self) -> bool {
+        !self.old.is_empty()
+    }
+}
+
+/// The chain value a local sealed segment's seal holds (its last record),
+/// `None` when its last bytes are not a seal.
+fn seal_chain(local: &LocalSegment) -> Option<ChainValue> {
+    let at = local.end.checked_sub(SEAL_RECORD_BYTES)?;
+    match decode_record(&local.bytes[..local.end], at, DEFAULT_MAX_RECORD_BYTES) {
+        RecordDecode::Record { record, .. } if record.kind == KIND_SEAL => {
+            record.payload.try_into().ok()
+        }
+        _ => None,
+    }
+}
+
+/// The `chain_start` a local segment's header names (zeros when it holds
+/// less than a header).
+fn chain_start_of(local: &LocalSegment) -> ChainValue {
+    local
+        .bytes
+        .get(HEADER_CHAIN_START_OFFSET..HEADER_LEN)
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or([0; 32])
+}
+
 /// What the local log lacks, found before anything is fetched.
 struct Plan<'m> {
     sealed: Vec<SealedStep<'m>>,
@@ -471,6 +598,10 @@ struct SealedStep<'m> {
     here: Option<LocalSegment>,
     /// The seq after the entry before it.
     expected_seq: u64,
+    /// The local file a compaction rewrote or re-chained is replaced
+    /// ([`Options::follow_compactions`]); with `here`, only its records
+    /// (the bytes after the header) must be a prefix of the archive's.
+    compacted: bool,
 }
 
 /// The archive's chunks to append to the local tail segment.
@@ -485,6 +616,10 @@ struct TailStep<'m> {
     bytes: Vec<u8>,
     /// The chunk the local bytes end inside, and the local bytes in it.
     inside: Option<(String, Vec<u8>)>,
+    /// A local tail a compaction re-chained (its header names the old
+    /// chain start): its records (the bytes after the header), which the
+    /// archive's tail, fetched from offset 0, must begin with.
+    rechained: Option<Vec<u8>>,
 }
 
 impl<'m> TailStep<'m> {
@@ -508,10 +643,14 @@ fn plan<'m>(
     manifest: &'m Manifest,
     max_record_bytes: u32,
     allow_more: bool,
+    compacted: &Compacted,
 ) -> Result<Plan<'m>, CatchUpError> {
     let locals = local_segments(fs, log_dir)?;
     let mut locals = locals.iter().copied().peekable();
     let mut chain: ChainValue = [0; 32];
+    // The chain before the compactions the manifest applies (the chain a
+    // local copy made before them holds): `chain` but where they changed it.
+    let mut old_chain: ChainValue = [0; 32];
     let mut next_seq = 1;
     let mut sealed = Vec::new();
     for entry in &manifest.segments {
@@ -519,6 +658,9 @@ fn plan<'m>(
         next_seq = entry.last_seq + 1;
         let chain_before = chain;
         chain = entry.chain_end;
+        let old_chain_before = old_chain;
+        let listed = compacted.old(entry.first_seq);
+        old_chain = listed.map_or(entry.chain_end, |(old, _)| old);
         let here = match locals.peek() {
             Some(&first) if first == entry.first_seq => {
                 locals.next();
@@ -537,13 +679,35 @@ fn plan<'m>(
             if local.sealed {
                 let same = local.end as u64 == entry.bytes
                     && *blake3::hash(&local.bytes[..local.end]).as_bytes() == entry.blake3;
-                if !same {
+                if same {
+                    continue;
+                }
+                // Rewritten by a compaction the manifest applies: the
+                // local copy must be the one it rewrote.
+                let Some((listed_chain, record_seq)) = listed else {
                     return Err(Divergence::SealedDiffers {
                         path: local.path.clone(),
                         key: entry.key.clone(),
                     }
                     .into());
+                };
+                let local_chain = seal_chain(local).unwrap_or([0; 32]);
+                if local_chain != listed_chain {
+                    return Err(Divergence::NotTheCompacted {
+                        path: local.path.clone(),
+                        record_seq,
+                        local_chain,
+                        listed_chain,
+                    }
+                    .into());
                 }
+                sealed.push(SealedStep {
+                    entry,
+                    chain_before,
+                    here: None,
+                    expected_seq,
+                    compacted: true,
+                });
                 continue;
             }
             if locals.peek().is_some() {
@@ -553,11 +717,28 @@ fn plan<'m>(
                 .into());
             }
         }
+        // A local prefix of a segment a compaction sealed and rewrote
+        // (listed: its records may have changed, so it is replaced whole,
+        // as the archive checks it), or one that starts from the chain
+        // before the compactions (re-chained: its records must be a prefix
+        // of the archive's).
+        let start = here
+            .as_ref()
+            .filter(|local| local.has_records)
+            .map(chain_start_of);
+        let rechained = compacted.any()
+            && start.is_some_and(|start| start != chain_before && start == old_chain_before);
+        let (here, compacted_here) = match (here, listed) {
+            (Some(_), Some(_)) if start == Some(chain_before) || rechained => (None, true),
+            (Some(local), None) if rechained => (Some(local), true),
+            (here, _) => (here, false),
+        };
         sealed.push(SealedStep {
             entry,
             chain_before,
             here,
             expected_seq,
+            compacted: compacted_here,
         });
     }
     let Some(first_chunk) = manifest.chunks.first() else {
@@ -595,7 +776,15 @@ fn plan<'m>(
         }
         .into());
     }
-    let tail = plan_tail(log_dir, &manifest.chunks, chain, next_seq, here, allow_more)?;
+    let old_chain_start = compacted.any().then_some(old_chain);
+    let tail = plan_tail(
+        log_dir,
+        &manifest.chunks,
+        (chain, old_chain_start),
+        next_seq,
+        here,
+        allow_more,
+    )?;
     Ok(Plan { sealed, tail })
 }
 
@@ -605,11 +794,15 @@ fn plan<'m>(
 /// whose start they reach with the chain before it and whose body starts
 /// with the local bytes after that (checked once it is fetched); the
 /// chunks after (and that one) are to be fetched. `None`: nothing to do
-/// (with `allow_more`, a local tail that is sealed or longer).
+/// (with `allow_more`, a local tail that is sealed or longer). A local
+/// tail whose header names `old_chain_start` (the chain start before the
+/// compactions the manifest applies, when it applies some that are
+/// followed) is re-chained: the chunks are fetched from offset 0 and must
+/// begin with its records.
 fn plan_tail<'m>(
     log_dir: &Path,
     chunks: &'m [ChunkEntry],
-    chain_start: ChainValue,
+    (chain_start, old_chain_start): (ChainValue, Option<ChainValue>),
     expected_seq: u64,
     here: Option<LocalSegment>,
     allow_more: bool,
@@ -630,6 +823,7 @@ fn plan_tail<'m>(
         path: log_dir.join(segment_file_name(first.segment_first_seq)),
         bytes: Vec::new(),
         inside: None,
+        rechained: None,
     };
     let Some(local) = here.filter(|l| l.has_records || l.sealed) else {
         return Ok(Some(step));
@@ -637,7 +831,9 @@ fn plan_tail<'m>(
     if local.sealed {
         return Err(Divergence::SealedTail { path: local.path }.into());
     }
-    if local.bytes[HEADER_CHAIN_START_OFFSET..HEADER_LEN] != chain_start[..] {
+    let local_start = chain_start_of(&local);
+    let rechained = local_start != chain_start && Some(local_start) == old_chain_start;
+    if local_start != chain_start && !rechained {
         return Err(Divergence::TailChainStart { path: local.path }.into());
     }
     let end = local.end as u64;
@@ -648,6 +844,11 @@ fn plan_tail<'m>(
             archived_end,
         }
         .into());
+    }
+    if rechained {
+        // Written anew from the archive's chunks, all of them.
+        step.rechained = Some(local.bytes[HEADER_LEN..local.end].to_vec());
+        return Ok(Some(step));
     }
     // The listed chunk the local bytes end in (or at the end of): a
     // `sync`-mode writer merges runs of chunks (ARCHIVE.md "Sync mode"), so
@@ -767,7 +968,11 @@ impl<S: futures_util::Stream<Item = Result<Bytes, StoreError>>> Run<'_, '_, S> {
         self.in_order("segment", &entry.key, entry.first_seq, step.expected_seq)?;
         verify_sealed(entry, &archived, &step.chain_before).map_err(|e| damaged(&entry.key, e))?;
         if let Some(local) = &step.here {
-            if local.has_records && archived.get(..local.end) != Some(&local.bytes[..local.end]) {
+            // A re-chained segment's header changed; its records did not.
+            let from = if step.compacted { HEADER_LEN } else { 0 };
+            if local.has_records
+                && archived.get(from..local.end) != local.bytes.get(from..local.end)
+            {
                 return Err(Divergence::PrefixDiffers {
                     path: local.path.clone(),
                     key: entry.key.clone(),
@@ -794,6 +999,9 @@ impl<S: futures_util::Stream<Item = Result<Bytes, StoreError>>> Run<'_, '_, S> {
         }
         let name = segment_file_name(entry.first_seq);
         self.write(&name, &archived[..kept])?;
+        if step.compacted {
+            self.report.compacted.push(name.clone());
+        }
         self.report.segments.push(WrittenSegment {
             name,
             objects: vec![(entry.key.clone(), 0)],
@@ -812,6 +1020,7 @@ impl<S: futures_util::Stream<Item = Result<Bytes, StoreError>>> Run<'_, '_, S> {
             path,
             mut bytes,
             mut inside,
+            rechained,
             ..
         } = step;
         let mut objects = Vec::new();
@@ -861,6 +1070,16 @@ impl<S: futures_util::Stream<Item = Result<Bytes, StoreError>>> Run<'_, '_, S> {
             return Ok(());
         }
         let name = segment_file_name(segment_first_seq);
+        if let Some(records) = &rechained {
+            if bytes.get(HEADER_LEN..HEADER_LEN + records.len()) != Some(&records[..]) {
+                return Err(Divergence::RechainedTailDiffers {
+                    path,
+                    bytes: records.len(),
+                }
+                .into());
+            }
+            self.report.compacted.push(name.clone());
+        }
         self.write(&name, &bytes)?;
         self.report.segments.push(WrittenSegment { name, objects });
         Ok(())
@@ -926,7 +1145,17 @@ mod tests {
     /// A sealed segment of seqs `first..=last` after `chain_start`: its
     /// entry and bytes.
     fn sealed(first: u64, last: u64, chain_start: ChainValue) -> (SegmentEntry, Vec<u8>) {
-        let (mut bytes, _) = segment(first, last, chain_start, b"an op");
+        sealed_with(first, last, chain_start, b"an op")
+    }
+
+    /// [`sealed`] with each op's `payload`.
+    fn sealed_with(
+        first: u64,
+        last: u64,
+        chain_start: ChainValue,
+        payload: &[u8],
+    ) -> (SegmentEntry, Vec<u8>) {
+        let (mut bytes, _) = segment(first, last, chain_start, payload);
         let end = SegmentChain::after(chain_start, &bytes).chain();
         encode_seal(&mut bytes, last, 9, &end);
         let entry = SegmentEntry {
@@ -1148,6 +1377,7 @@ mod tests {
             Options {
                 allow_more: true,
                 keep: None,
+                follow_compactions: false,
             },
         )
         .await
@@ -1309,6 +1539,7 @@ mod tests {
             Options {
                 allow_more: false,
                 keep: Some(&mut keep),
+                follow_compactions: false,
             },
         )
         .await
@@ -1334,6 +1565,7 @@ mod tests {
             Options {
                 allow_more: false,
                 keep: Some(&mut keep),
+                follow_compactions: false,
             },
         )
         .await
@@ -1341,5 +1573,156 @@ mod tests {
         assert!(caught.stopped);
         assert_eq!(files(&fs), vec![1]);
         assert_eq!(caught.segments.len(), 1);
+    }
+
+    /// A one-chunk object of `bytes[..end]` of tail segment `segment`
+    /// (from offset 0, after `chain_start`), stored: its entry.
+    async fn store_chunk(
+        store: &ArchiveStore,
+        bytes: &[u8],
+        end: usize,
+        (segment, last): (u64, u64),
+        chain_start: ChainValue,
+    ) -> ChunkEntry {
+        let body = &bytes[..end];
+        let after = SegmentChain::after(chain_start, body).chain();
+        let object = ChunkHeader {
+            epoch: 1,
+            first_seq: segment,
+            last_seq: last,
+            segment_first_seq: segment,
+            offset: 0,
+            body_bytes: body.len() as u64,
+            body_crc: crc32fast::hash(body),
+            chain_before: chain_start,
+            chain_after: after,
+        }
+        .encode(body);
+        let entry = ChunkEntry {
+            key: chunk_key("p", segment, last, 1),
+            epoch: 1,
+            segment_first_seq: segment,
+            first_seq: segment,
+            last_seq: last,
+            offset: 0,
+            bytes: object.len() as u64,
+            blake3: *blake3::hash(&object).as_bytes(),
+            chain_after: after,
+        };
+        let _ = store.put_create(&entry.key, Bytes::from(object)).await;
+        entry
+    }
+
+    /// A replica's cache of [`archive`] (segments 1, 5 and the tail 9 up
+    /// to seq 10) meets a manifest whose compaction at seq 13 rewrote
+    /// segment 5 (other ops of the same length) and so re-chained the tail
+    /// 9 (now up to seq 13). Without `follow_compactions` (restore, a
+    /// take-over) the cache is refused; with it, segment 5 is replaced by
+    /// the rewritten object and the tail written anew from the chunks,
+    /// and the log is the archive's, byte for byte. A cached segment
+    /// without the listed old chain is refused with nothing written.
+    #[tokio::test]
+    async fn a_compaction_is_followed_in_place_only_when_asked() {
+        let archived = archive().await;
+        let log = Path::new(LOG);
+        let (_, tail_ends) = segment(9, 12, archived.manifest.segments[1].chain_end, b"an op");
+        let cache = |fs: &MemFs| {
+            fs.insert_durable(&log.join(segment_file_name(1)), &archived.files[0].1);
+            fs.insert_durable(&log.join(segment_file_name(5)), &archived.files[1].1);
+            fs.insert_durable(
+                &log.join(segment_file_name(9)),
+                &archived.files[2].1[..tail_ends[1]],
+            );
+        };
+        let first = archived.manifest.segments[0].clone();
+        let old = archived.manifest.segments[1].clone();
+        let (mut rewritten, rewritten_bytes) = sealed_with(5, 8, first.chain_end, b"an Op");
+        rewritten.key = crate::layout::compacted_segment_key("p", 5, 1, 13);
+        archived
+            .store
+            .put_create(&rewritten.key, Bytes::from(rewritten_bytes.clone()))
+            .await
+            .unwrap();
+        let (new_tail, new_ends) = segment(9, 13, rewritten.chain_end, b"an op");
+        let chunk = store_chunk(
+            &archived.store,
+            &new_tail,
+            new_ends[4],
+            (9, 13),
+            rewritten.chain_end,
+        )
+        .await;
+        let manifest = Manifest {
+            number: 2,
+            shipped_seq: 13,
+            shipped_chain: chunk.chain_after,
+            segments: vec![first.clone(), rewritten.clone()],
+            chunks: vec![chunk],
+            compactions: vec![crate::layout::CompactionEntry {
+                record_seq: 13,
+                segments: vec![crate::layout::RewrittenSegment {
+                    first_seq: 5,
+                    last_seq: 8,
+                    old_chain_end: old.chain_end,
+                    new_chain_end: rewritten.chain_end,
+                }],
+            }],
+            ..archived.manifest.clone()
+        };
+        let follow = || Options {
+            follow_compactions: true,
+            ..Options::default()
+        };
+
+        let fs = log_fs();
+        cache(&fs);
+        let err = run(&archived, &fs, &manifest, Options::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(&err, CatchUpError::Diverged(_)), "{err}");
+        assert_eq!(read(&fs, 5), archived.files[1].1);
+
+        let caught = run(&archived, &fs, &manifest, follow()).await.unwrap();
+        assert_eq!(
+            caught.compacted,
+            vec![segment_file_name(5), segment_file_name(9)]
+        );
+        assert_eq!(read(&fs, 1), archived.files[0].1);
+        assert_eq!(read(&fs, 5), rewritten_bytes);
+        assert_eq!(read(&fs, 9), new_tail[..new_ends[4]]);
+        // Again: the cache is the manifest's now; nothing to do.
+        let again = run(&archived, &fs, &manifest, follow()).await.unwrap();
+        assert_eq!(again.objects, 0);
+
+        // A cached segment 5 that is not the one the compaction rewrote.
+        let fs = log_fs();
+        cache(&fs);
+        let (_, other) = sealed_with(5, 8, first.chain_end, b"XX op");
+        fs.insert_durable(&log.join(segment_file_name(5)), &other);
+        let err = run(&archived, &fs, &manifest, follow()).await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                CatchUpError::Diverged(Divergence::NotTheCompacted { record_seq: 13, .. })
+            ),
+            "{err}"
+        );
+        assert_eq!(read(&fs, 5), other);
+
+        // A cached tail whose records the re-chained tail does not begin
+        // with: refused, and the tail is left as it was.
+        let fs = log_fs();
+        cache(&fs);
+        let (odd, odd_ends) = segment(9, 10, old.chain_end, b"an oP");
+        fs.insert_durable(&log.join(segment_file_name(9)), &odd[..odd_ends[1]]);
+        let err = run(&archived, &fs, &manifest, follow()).await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                CatchUpError::Diverged(Divergence::RechainedTailDiffers { .. })
+            ),
+            "{err}"
+        );
+        assert_eq!(read(&fs, 9), odd[..odd_ends[1]]);
     }
 }

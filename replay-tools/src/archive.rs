@@ -309,6 +309,7 @@ async fn write_archived_log(
         spark_archive::Options {
             allow_more: false,
             keep: Some(&mut keep),
+            follow_compactions: false,
         },
     )
     .await

@@ -133,7 +133,15 @@ pub async fn take_over_leased(
         other => {
             // Refuses a local log that is not a prefix of the archive
             // before anything is taken.
-            catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false).await?;
+            catch_up(
+                &store,
+                &log_dir,
+                latest.as_ref(),
+                max_record_bytes,
+                false,
+                false,
+            )
+            .await?;
             if let Some((view, clock)) = expired {
                 still_expired(&store, view, lease_ms, clock).await?;
             }
@@ -157,7 +165,7 @@ pub async fn take_over_leased(
                 // catch-up may not have finished), or this directory held
                 // the prefix already and may hold more (its own ops, not
                 // shipped yet): the usual start checks those against it.
-                catch_up(&store, &log_dir, Some(m), max_record_bytes, true).await?;
+                catch_up(&store, &log_dir, Some(m), max_record_bytes, true, false).await?;
                 return Ok(TakenOver {
                     epoch,
                     manifest: m.number,
@@ -179,7 +187,15 @@ pub async fn take_over_leased(
                 count_put("manifest", len);
                 // The archive holds still now (the old writer is fenced at
                 // its next manifest put): fetch what the local log lacks.
-                catch_up(&store, &log_dir, Some(&manifest), max_record_bytes, false).await?;
+                catch_up(
+                    &store,
+                    &log_dir,
+                    Some(&manifest),
+                    max_record_bytes,
+                    false,
+                    false,
+                )
+                .await?;
                 tracing::info!(
                     epoch,
                     manifest = manifest.number,
@@ -518,15 +534,20 @@ fn diverged(message: String) -> ArchiveStartError {
 /// the local log in `log_dir` brought to what `manifest` names (`None`: an
 /// empty archive), on the real file system, with no cut. `allow_more`:
 /// accept a local log that holds more than the manifest (this directory's
-/// own ops, not shipped yet: the shipper's start checks them). Logs the
-/// merged chunk a local tail ended inside, when one was fetched whole.
+/// own ops, not shipped yet: the shipper's start checks them).
+/// `follow_compactions`: a replica following the archive manifest by
+/// manifest replaces what the manifest's compactions rewrote
+/// ([`spark_archive::Options::follow_compactions`]); the
+/// take-over never sets it. Logs the merged chunk a local tail ended
+/// inside, when one was fetched whole. Returns what was written.
 pub(crate) async fn catch_up(
     store: &ArchiveStore,
     log_dir: &Path,
     manifest: Option<&Manifest>,
     max_record_bytes: u32,
     allow_more: bool,
-) -> Result<(), CatchUpError> {
+    follow_compactions: bool,
+) -> Result<spark_archive::CaughtUp, CatchUpError> {
     let caught = spark_archive::catch_up(
         store,
         &OsFs,
@@ -536,16 +557,17 @@ pub(crate) async fn catch_up(
         CatchUpOptions {
             allow_more,
             keep: None,
+            follow_compactions,
         },
     )
     .await?;
-    if let Some(chunk) = caught.merged_chunk {
+    if let Some(chunk) = &caught.merged_chunk {
         tracing::info!(
             chunk = %chunk,
             "archive: the local tail ended inside a merged chunk; the chunk was fetched whole"
         );
     }
-    Ok(())
+    Ok(caught)
 }
 
 /// A catch-up's failure as the take-over (and a replica's start) reports

@@ -2192,6 +2192,7 @@ async fn fetched_copy(store: &ArchiveStore, erased: &[u64]) -> (String, Vec<bool
         Some(&latest),
         spark_log_format::DEFAULT_MAX_RECORD_BYTES,
         false,
+        false,
     )
     .await
     .unwrap();

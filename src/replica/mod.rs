@@ -31,6 +31,15 @@
 //! `/readyz`; its lag grows. Keys come from manifests only, so chunks a
 //! fenced writer stored past a take-over point are never read.
 //!
+//! Compactions (SPEC section 13): a manifest that applies one is applied on
+//! its own, right after the one before it; the catch-up replaces the cached
+//! segments it rewrote and the re-chained tail
+//! ([`spark_archive::Options::follow_compactions`]), the fold of its
+//! `log.compact` record erases the moments, and the cached blobs and
+//! checkpoints that held their content are removed with the compactor's
+//! rules ([`crate::retention`]). A restart on a cache made before a
+//! compaction follows it from the manifest the cache file names.
+//!
 //! Lag (`lag_ms` of `/api/log/head`, `spark_replica_lag_seconds`): how long
 //! ago the replica last knew it held everything the archive held: the time
 //! since the send of the last GET that found no manifest after the one
@@ -55,7 +64,10 @@ use spark_log_format::{Fs, Head, OsFs};
 use crate::archive::{catch_up, distinct, fetch_blob, ArchiveStartError, BlobFetch};
 use crate::config::Settings;
 use crate::engine::Engine;
+use crate::media::MediaStore;
+use spark_core::ids::Id;
 use spark_core::op::{Op, OpBody};
+use std::collections::HashSet;
 
 /// The file in a replica's data directory that names the archive it
 /// caches and the last manifest applied: JSON `{"url": "s3://…",
@@ -382,17 +394,30 @@ pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError>
     }
     // An empty cache starts from the archive's checkpoint, if any.
     let mut fresh = cached.is_none();
+    let mut latest = latest;
+    let mut caught_up_at_ms = probe_sent_ms;
     crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
-    match catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false)
+    match catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false, false)
         .await
         .map_err(ArchiveStartError::from)
     {
-        Ok(()) => {}
+        Ok(_) => {}
+        Err(ArchiveStartError::Diverged(why))
+            if from_the_named_manifest(&store, cached.as_ref(), latest.as_ref(), &log_dir, max_record_bytes)
+                .await
+                .is_some_and(|named| {
+                    tracing::info!(manifest = named.number, latest = ?latest.as_ref().map(|m| m.number), why = %why,
+                        "replica: the cache is not a prefix of the latest manifest, but is the manifest it names: \
+                         following the archive from there (a compaction since is followed in place)");
+                    latest = Some(named);
+                    caught_up_at_ms = 0;
+                    true
+                }) => {}
         Err(ArchiveStartError::Diverged(why)) => {
             set_cache_aside(&data_dir, &why)?;
             fresh = true;
             crate::engine::create_dir_durably(&log_dir).map_err(|e| local(&log_dir, e))?;
-            catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false)
+            catch_up(&store, &log_dir, latest.as_ref(), max_record_bytes, false, false)
                 .await
                 .map_err(ArchiveStartError::from)?;
         }
@@ -411,9 +436,54 @@ pub async fn prepare(settings: &Settings) -> Result<Prepared, ReplicaStartError>
         manifest: latest,
         number,
         unreachable: None,
-        caught_up_at_ms: probe_sent_ms,
+        caught_up_at_ms,
         max_record_bytes,
     })
+}
+
+/// A cache that is not a prefix of the `latest` manifest may be one made
+/// before a compaction the archive applied since (a replica stopped, then
+/// started after the writer compacted): when the cache file names a
+/// manifest before the latest, that manifest is read and checked, and the
+/// cache brought to it. `Some(it)`: the follower goes on from there,
+/// following each compaction in place ([`Follower::step`]); `None` (no
+/// such manifest, or the cache is not a prefix of it either): the cache is
+/// set aside as before.
+async fn from_the_named_manifest(
+    store: &ArchiveStore,
+    cached: Option<&CacheFile>,
+    latest: Option<&Manifest>,
+    log_dir: &Path,
+    max_record_bytes: u32,
+) -> Option<Manifest> {
+    let named = cached?.manifest;
+    if named == 0 || latest.is_none_or(|l| l.number <= named) {
+        return None;
+    }
+    let manifest = read_manifest(store, named).await.ok()??;
+    catch_up(
+        store,
+        log_dir,
+        Some(&manifest),
+        max_record_bytes,
+        false,
+        false,
+    )
+    .await
+    .ok()?;
+    Some(manifest)
+}
+
+/// Manifest `number` of `store`, checked (frame, number); `None` when no
+/// object has its key.
+async fn read_manifest(store: &ArchiveStore, number: u64) -> Result<Option<Manifest>, StoreError> {
+    let key = manifest_key(store.prefix(), number);
+    let Some(bytes) = store.get(&key).await? else {
+        return Ok(None);
+    };
+    let manifest =
+        Manifest::decode(&bytes, number).map_err(|source| StoreError::Damaged { key, source })?;
+    Ok(Some(manifest))
 }
 
 /// A replica starting on an empty cache (ARCHIVE.md "Replicas"): the
@@ -465,7 +535,9 @@ impl Following {
 impl Prepared {
     /// Once the engine is open on the cache: fetches the blobs its media
     /// name (checked by SHA-256 and size), records the manifest applied,
-    /// and starts following the archive.
+    /// and starts following the archive; `media` is the server's media
+    /// store (the blobs of moments a followed compaction erases are
+    /// removed through it).
     ///
     /// Errors: a blob whose object is damaged (named) or missing with no
     /// marker, the store unreachable while blobs are missing, a local file.
@@ -473,6 +545,7 @@ impl Prepared {
         self,
         settings: &Settings,
         engine: Arc<Engine>,
+        media: MediaStore,
     ) -> Result<Following, ReplicaStartError> {
         if self.unreachable.is_none() {
             fetch_media_blobs(&self.store, &self.data_dir, &engine, None).await?;
@@ -501,6 +574,7 @@ impl Prepared {
             data_dir: self.data_dir,
             max_record_bytes: self.max_record_bytes,
             engine,
+            media,
             status: Arc::clone(&status),
             prev: self.manifest,
             number: self.number,
@@ -599,6 +673,9 @@ impl From<StoreError> for FollowError {
 
 struct Follower {
     store: ArchiveStore,
+    /// The server's media store: blobs of erased moments are removed
+    /// through it ([`Follower::forget`]).
+    media: MediaStore,
     url: String,
     data_dir: PathBuf,
     max_record_bytes: u32,
@@ -705,7 +782,6 @@ impl Follower {
             }
         }
         let mut fork = None;
-        let mut compacted = None;
         let mut good = 0;
         for (i, next) in run.iter().enumerate() {
             let prev = if i == 0 {
@@ -719,15 +795,20 @@ impl Follower {
                     break;
                 }
             }
-            if let Some(compaction) = next.compactions.first() {
-                // Its rewritten segments replace ones this cache holds: a
-                // replica does not follow that in place yet (ARCHIVE.md
-                // "Compaction"); it stays before it, named in /readyz.
-                compacted = Some((next.number, compaction.record_seq));
+            if !next.compactions.is_empty() {
+                // Its compactions are relative to the manifest before it:
+                // it is applied on its own, right after that one (the next
+                // step, at once), so that the cache it finds is that
+                // manifest's ([`Follower::apply`]).
+                if i == 0 {
+                    good = 1;
+                }
                 break;
             }
             good = i + 1;
         }
+        // Manifests read past a compaction are read again by the next step.
+        let more_read = good < run.len() && fork.is_none();
         run.truncate(good);
         if let Some(last) = run.pop() {
             self.apply(&last).await?;
@@ -746,14 +827,8 @@ impl Follower {
                 self.engine.head().seq
             )));
         }
-        if let Some((number, record_seq)) = compacted {
-            return Err(FollowError::Retry(format!(
-                "manifest {number} ({}) applies the compaction at seq {record_seq}, which a \
-                 replica does not follow yet: the replica stays at seq {} (a restart sets its \
-                 cache aside and fetches the compacted archive)",
-                manifest_key(self.store.prefix(), number),
-                self.engine.head().seq
-            )));
+        if more_read {
+            return Ok(true);
         }
         if let Some(failure) = failure {
             return Err(failure);
@@ -786,13 +861,7 @@ impl Follower {
     /// Manifest `number`, checked (frame, number); `None` when no object
     /// has its key.
     async fn read_manifest(&self, number: u64) -> Result<Option<Manifest>, FollowError> {
-        let key = manifest_key(self.store.prefix(), number);
-        let Some(bytes) = self.store.get(&key).await? else {
-            return Ok(None);
-        };
-        let manifest = Manifest::decode(&bytes, number)
-            .map_err(|source| StoreError::Damaged { key, source })?;
-        Ok(Some(manifest))
+        Ok(read_manifest(&self.store, number).await?)
     }
 
     /// The first step after a start on the cache alone (the store was
@@ -811,7 +880,21 @@ impl Follower {
             )));
         };
         if latest.number > self.number {
-            self.apply(&latest).await?;
+            if let Err(e) = self.apply(&latest).await {
+                // A compaction between the manifest the cache names and
+                // the latest is followed manifest by manifest from there.
+                let FollowError::Retry(_) = &e else {
+                    return Err(e);
+                };
+                let Ok(Some(named)) = self.read_manifest(self.number).await else {
+                    return Err(e);
+                };
+                tracing::info!(manifest = self.number, latest = latest.number, error = %e,
+                    "replica: the cache cannot be brought to the latest manifest at once; following \
+                     the archive manifest by manifest from the one it names");
+                self.prev = Some(named);
+                return Ok(true);
+            }
         }
         self.number = latest.number;
         self.status.applied(&latest);
@@ -828,18 +911,43 @@ impl Follower {
     /// Brings the cache's log to `manifest` (fetching and checking what it
     /// lacks), fetches the blobs of the new ops, then folds and publishes
     /// them.
+    ///
+    /// A manifest that applies compactions (applied right after the one
+    /// before it, [`Follower::step`]) is followed in place: the catch-up
+    /// replaces the cached segments they rewrote and the re-chained tail
+    /// ([`spark_archive::Options::follow_compactions`]), the fold of the
+    /// `log.compact` records erases the moments in the mirror, then the
+    /// cached blobs and checkpoints that hold erased content are removed
+    /// ([`Follower::forget`]). No checkpoint is built meanwhile.
+    // The checkpoint hold is taken across the catch-up on purpose (no
+    // checkpoint is built from segments being replaced); the follower runs
+    // on a thread and a runtime of its own.
+    #[allow(clippy::await_holding_lock)]
     async fn apply(&self, manifest: &Manifest) -> Result<(), FollowError> {
         let log_dir = spark_core::layout::log_dir(&self.data_dir);
+        let compacts = !manifest.compactions.is_empty();
+        let _held = compacts.then(|| self.engine.hold_checkpoints());
         match catch_up(
             &self.store,
             &log_dir,
             Some(manifest),
             self.max_record_bytes,
             false,
+            compacts,
         )
         .await
         {
-            Ok(()) => {}
+            Ok(caught) => {
+                if compacts {
+                    tracing::info!(
+                        manifest = manifest.number,
+                        segments = ?caught.compacted,
+                        record_seqs = ?manifest.compactions.iter().map(|c| c.record_seq).collect::<Vec<_>>(),
+                        "replica: the archive applies a compaction; the cached segments it \
+                         rewrote were replaced"
+                    );
+                }
+            }
             Err(CatchUpError::Diverged(why)) => {
                 return Err(FollowError::Retry(format!(
                     "{why}: the archive's history forks from what this replica holds (manifest \
@@ -860,10 +968,23 @@ impl Follower {
         }
         let ops =
             read_ops(&log_dir, after, upto, self.max_record_bytes).map_err(FollowError::Retry)?;
+        // The moments a compaction among the new ops erases: their blobs
+        // are not fetched (the archive may still hold them).
+        let erased: HashSet<Id> = ops
+            .iter()
+            .filter_map(|(op, _)| match &op.body {
+                OpBody::LogCompact(record) => Some(record.subjects.iter()),
+                _ => None,
+            })
+            .flatten()
+            .map(|subject| Id(u128::from_be_bytes(*subject)))
+            .collect();
         let media: Vec<([u8; 32], u64)> = ops
             .iter()
             .filter_map(|(op, _)| match &op.body {
-                OpBody::MediaPut(m) => Some((m.sha256.0, m.size_bytes)),
+                OpBody::MediaPut(m) if !erased.contains(&m.moment_id) => {
+                    Some((m.sha256.0, m.size_bytes))
+                }
                 _ => None,
             })
             .collect();
@@ -876,6 +997,47 @@ impl Follower {
             .apply_replicated(ops, head)
             .map_err(FollowError::Stop)?;
         metrics::get().seq.set(seq as i64);
+        if compacts || !erased.is_empty() {
+            self.forget(manifest, &erased)?;
+        }
+        Ok(())
+    }
+
+    /// After the fold of a compaction (SPEC section 13: replicas delete
+    /// their cached copies of what was erased): removes the blobs of the
+    /// erased moments (unless a moment that is not erased names the same
+    /// bytes) and the checkpoints that hold erased content (at or after the
+    /// first segment a compaction of `manifest` lists, or whose chain value
+    /// is not the log's any more), with the compactor's rules
+    /// ([`crate::retention`]); each directory is fsynced. A failure is
+    /// retried by the next step (the manifest is applied by then: the
+    /// removal runs again at the next compaction or restart at the latest).
+    fn forget(&self, manifest: &Manifest, erased: &HashSet<Id>) -> Result<(), FollowError> {
+        let log_dir = spark_core::layout::log_dir(&self.data_dir);
+        let blobs = crate::retention::remove_erased_blobs(&self.engine, &self.media, erased)
+            .map_err(|e| {
+                FollowError::Retry(format!("removing the blobs of erased moments: {e}"))
+            })?;
+        let first_rewritten = manifest
+            .compactions
+            .iter()
+            .flat_map(|c| c.segments.first())
+            .map(|s| s.first_seq)
+            .min();
+        let mut checkpoints = 0;
+        if let Some(first) = first_rewritten {
+            checkpoints += crate::retention::remove_checkpoints_from(&OsFs, &self.data_dir, first)
+                .map_err(|e| FollowError::Retry(e.to_string()))?;
+        }
+        checkpoints += crate::retention::remove_stale_checkpoints(&OsFs, &self.data_dir, &log_dir)
+            .map_err(|e| FollowError::Retry(e.to_string()))?;
+        tracing::info!(
+            manifest = manifest.number,
+            erased = erased.len(),
+            blobs,
+            checkpoints,
+            "replica: followed the archive's compaction; cached copies of erased content removed"
+        );
         Ok(())
     }
 }

@@ -25,3 +25,4 @@ mod archive_sync;
 mod archive_takeover;
 mod proxy;
 mod replica;
+mod replica_erasure;
