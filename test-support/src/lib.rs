@@ -12,6 +12,7 @@
 
 pub mod replica;
 pub mod s3;
+pub mod search;
 pub mod server;
 pub mod weed;
 

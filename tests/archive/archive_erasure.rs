@@ -13,11 +13,11 @@
 //! so by asserting it.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use spark_archive::{ArchiveStore, StoreConfig};
+use spark_test_support::search::{holds, occurrences};
 use spark_test_support::weed::{KEY_ID, SECRET};
 
 use crate::common::{replay_or_skip, ulid, ServerProcess};
@@ -121,28 +121,6 @@ async fn wait_archived(client: &reqwest::Client, base: &str) -> u64 {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Whether `needle` occurs in `bytes`.
-fn holds(bytes: &[u8], needle: &str) -> bool {
-    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
-}
-
-/// Where `marker` occurs under `dir`, file by file.
-fn occurrences(dir: &Path, marker: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if holds(&std::fs::read(&path).unwrap_or_default(), marker) {
-                found.push(path.display().to_string());
-            }
-        }
-    }
-    found
 }
 
 /// The object keys a manifest names: segments, chunks, checkpoints.

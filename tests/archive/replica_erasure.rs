@@ -20,6 +20,7 @@ use crate::common::replay_or_skip;
 use crate::s3_common::{engine_or_skip, set_credentials, unique_prefix, EngineProcess};
 use crate::weed::Weed;
 use spark_test_support::replica::{client, get, start_replica, wait_ready, WRITER_URL};
+use spark_test_support::search::{holds, occurrences};
 
 /// Hang guard: a wait expected to end (never a speed check).
 const HANG_GUARD: Duration = Duration::from_secs(120);
@@ -158,28 +159,6 @@ fn wait_caught_up(http: &reqwest::blocking::Client, writer: &str, replica: &str)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Whether `needle` occurs in `bytes`.
-fn holds(bytes: &[u8], needle: &str) -> bool {
-    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
-}
-
-/// The files under `dir` that hold `marker`.
-fn occurrences(dir: &Path, marker: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if holds(&std::fs::read(&path).unwrap_or_default(), marker) {
-                found.push(path.display().to_string());
-            }
-        }
-    }
-    found
 }
 
 #[test]

@@ -11,11 +11,11 @@
 
 use crate::common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{ulid, ServerProcess};
 use serde_json::{json, Value};
+use spark_test_support::search::occurrences;
 
 /// How long the test waits for the compactor, at most.
 const ERASURE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -30,38 +30,6 @@ const ENV: &[(&str, &str)] = &[
     ("SPARK_LOG_SEGMENT_SIZE_BYTES", "4096"),
     ("SPARK_LOG_CHECKPOINT_INTERVAL_OPS", "4"),
 ];
-
-/// Every file under `dir`, recursively.
-fn files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
-}
-
-/// Where `marker`'s bytes occur under `dir`: `path:offset` for each.
-fn occurrences(dir: &Path, marker: &str) -> Vec<String> {
-    let needle = marker.as_bytes();
-    let mut found = Vec::new();
-    for path in files(dir) {
-        let bytes = std::fs::read(&path).unwrap_or_default();
-        for (at, window) in bytes.windows(needle.len()).enumerate() {
-            if window == needle {
-                found.push(format!("{}:{at}", path.display()));
-            }
-        }
-    }
-    found
-}
 
 /// `(status, body bytes)` of a GET.
 fn get(client: &reqwest::blocking::Client, url: &str) -> (u16, Vec<u8>) {

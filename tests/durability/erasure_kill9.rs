@@ -21,6 +21,7 @@
 //! prints the figures (`--nocapture`).
 
 use crate::common;
+use spark_test_support::search::files_under;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
@@ -303,23 +304,6 @@ fn compaction_files(data: &Path) -> (bool, usize) {
     (journal, staged)
 }
 
-/// Every file under `dir`, recursively.
-fn files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
-}
-
 /// `path:offset` of every occurrence of one of `markers` under `dir`
 /// (every marker has the same length).
 fn occurrences(dir: &Path, markers: &HashSet<Vec<u8>>) -> Vec<String> {
@@ -328,7 +312,7 @@ fn occurrences(dir: &Path, markers: &HashSet<Vec<u8>>) -> Vec<String> {
     };
     assert!(markers.iter().all(|m| m.len() == len));
     let mut found = Vec::new();
-    for path in files(dir) {
+    for path in files_under(dir) {
         let bytes = std::fs::read(&path).unwrap_or_default();
         for (at, window) in bytes.windows(len).enumerate() {
             if window.starts_with(b"MARK") && markers.contains(window) {
