@@ -242,6 +242,22 @@ pub struct ArchiveSettings {
     /// `SPARK_ARCHIVE_LEASE_MS`.
     #[serde(default)]
     pub lease_ms: u64,
+    /// How long the archive keeps what a compaction superseded, in ms
+    /// (`archive/ARCHIVE.md` "Retention", SPEC section 13): objects that
+    /// hold erased content (superseded segments, chunks, checkpoints, the
+    /// blobs of erased moments) and manifests are deleted by the writer
+    /// once older than this, and `spark-replay restore --at` refuses a
+    /// point before it. Default 604800000 (a week of point-in-time
+    /// restore); must be above 0. Env `SPARK_ARCHIVE_RETENTION_MS`.
+    #[serde(default = "default_archive_retention_ms")]
+    pub retention_ms: u64,
+}
+
+/// The default `[archive] retention_ms`: a week.
+pub const ARCHIVE_RETENTION_MS_DEFAULT: u64 = 604_800_000;
+
+fn default_archive_retention_ms() -> u64 {
+    ARCHIVE_RETENTION_MS_DEFAULT
 }
 
 /// The largest `[archive] lease_ms`: a day.
@@ -683,6 +699,7 @@ impl Settings {
                 ship_interval_ms: default_ship_interval_ms(),
                 mode: ArchiveMode::default(),
                 lease_ms: 0,
+                retention_ms: ARCHIVE_RETENTION_MS_DEFAULT,
             });
             return Ok(());
         }
@@ -860,6 +877,9 @@ impl Settings {
                     "must be 0 (leases off) or from 3 x archive.ship_interval_ms to 86400000",
                 );
             }
+            if archive.retention_ms == 0 {
+                return invalid("archive.retention_ms", "must be above 0");
+            }
         }
         if self.log.disk_reserve_bytes != 0
             && self.log.disk_reserve_bytes < self.log.preallocate_bytes
@@ -961,6 +981,7 @@ mod tests {
             ship_interval_ms: 1000,
             mode: ArchiveMode::Async,
             lease_ms: 0,
+            retention_ms: ARCHIVE_RETENTION_MS_DEFAULT,
         });
         assert_eq!(key(with_archive), "--from");
         let mut fast = Settings::default();

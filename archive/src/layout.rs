@@ -82,6 +82,45 @@ fn join(prefix: &str, rest: String) -> String {
     }
 }
 
+/// The writer epoch a log object's key carries: a sealed segment's
+/// (`NNN.seg` and `NNN-cGGG.seg`: 1; `NNN-EEE.seg`, `NNN-EEE-cGGG.seg`:
+/// EEE), a chunk's (`FFF-LLL-EEE.chunk`) or a checkpoint's
+/// (`NNN-EEE.ckpt`); `None` for any other key (never one the retention
+/// pass deletes, ARCHIVE.md "Retention").
+pub fn key_epoch(key: &str) -> Option<u64> {
+    let (family, name) = key.rsplit_once('/').map_or(("", key), |(dir, name)| {
+        (dir.rsplit('/').next().unwrap_or(dir), name)
+    });
+    let number = |part: &str| {
+        (part.len() == 20)
+            .then(|| part.parse::<u64>().ok())
+            .flatten()
+    };
+    let compaction = |part: &str| part.strip_prefix('c').and_then(number);
+    let parts = |stem: &str| stem.split('-').map(str::to_owned).collect::<Vec<_>>();
+    match family {
+        "segment" => {
+            let parts = parts(name.strip_suffix(".seg")?);
+            match parts.as_slice() {
+                [n] => number(n).map(|_| 1),
+                [n, c] if compaction(c).is_some() => number(n).map(|_| 1),
+                [n, e] => number(n).and(number(e)),
+                [n, e, c] => number(n).and(compaction(c)).and(number(e)),
+                _ => None,
+            }
+        }
+        "chunk" => match parts(name.strip_suffix(".chunk")?).as_slice() {
+            [f, l, e] => number(f).and(number(l)).and(number(e)),
+            _ => None,
+        },
+        "checkpoint" => match parts(name.strip_suffix(".ckpt")?).as_slice() {
+            [n, e] => number(n).and(number(e)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Key of the sealed segment whose first record is `first_seq`, shipped
 /// by writer epoch `epoch`: `<prefix>/segment/<first_seq, 20 digits>.seg`
 /// for epoch 1, `<prefix>/segment/<first_seq>-<epoch>.seg` (each 20 digits)
@@ -565,6 +604,23 @@ pub struct Manifest {
     /// shipped; a renewal or a take-over manifest lists none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub compactions: Vec<CompactionEntry>,
+    /// The retention floor (ARCHIVE.md "Retention"): manifests numbered
+    /// below it may have been deleted by the writer's retention pass, and
+    /// so may every object only they name. The family is gapless from here
+    /// to `number` ("Gaps"); `restore --at` refuses a cut before this
+    /// manifest's `shipped_seq` / `written_ms`. At least 1 and at most
+    /// `number`; `1` (the default) is left out of the JSON, so manifests
+    /// of archives no retention pass touched stay as they were.
+    #[serde(default = "first_manifest", skip_serializing_if = "is_first_manifest")]
+    pub retained_from: u64,
+}
+
+fn first_manifest() -> u64 {
+    1
+}
+
+fn is_first_manifest(value: &u64) -> bool {
+    *value <= 1
 }
 
 /// How many shipped checkpoints a manifest lists at most (the newest);
@@ -590,6 +646,7 @@ impl Manifest {
             lease_ms: 0,
             checkpoints: Vec::new(),
             compactions: Vec::new(),
+            retained_from: 1,
         }
     }
 
@@ -606,6 +663,12 @@ impl Manifest {
             return Err(ObjectError::Mismatch(format!(
                 "manifest body says number {}",
                 m.number
+            )));
+        }
+        if m.retained_from == 0 || m.retained_from > m.number {
+            return Err(ObjectError::Mismatch(format!(
+                "manifest {number} says retained_from {}, not 1 to its own number",
+                m.retained_from
             )));
         }
         Ok(m)
@@ -767,6 +830,18 @@ pub enum Fork {
         /// The later manifest's epoch.
         next: u64,
     },
+    /// The later manifest's retention floor is below the earlier one's
+    /// (manifests a pass may have deleted would count again), or past its
+    /// own number.
+    #[error(
+        "its retained_from {next} is below the previous manifest's {prev} or past its own number"
+    )]
+    RetainedFromWentBack {
+        /// The earlier manifest's `retained_from`.
+        prev: u64,
+        /// The later manifest's `retained_from`.
+        next: u64,
+    },
     /// The later manifest holds fewer ops.
     #[error("its shipped_seq {next} is below the previous manifest's {prev}")]
     ShippedSeqWentBack {
@@ -900,7 +975,8 @@ pub enum Fork {
 /// history): the one rule that says the archive never forked (ARCHIVE.md
 /// "Manifest history"). It holds when
 ///
-/// 1. `next.epoch >= prev.epoch` and `next.shipped_seq >= prev.shipped_seq`;
+/// 1. `next.epoch >= prev.epoch`, `next.shipped_seq >= prev.shipped_seq`,
+///    and `prev.retained_from <= next.retained_from <= next.number`;
 /// 2. `next.segments` starts with exactly `prev.segments`;
 /// 3. `prev.chunks` are either kept (`next.chunks` starts with them, and no
 ///    segment was added) or folded (the first added segment starts where
@@ -926,6 +1002,12 @@ pub fn extends(prev: &Manifest, next: &Manifest) -> Result<(), Fork> {
         return Err(Fork::EpochWentBack {
             prev: prev.epoch,
             next: next.epoch,
+        });
+    }
+    if next.retained_from < prev.retained_from || next.retained_from > next.number.max(1) {
+        return Err(Fork::RetainedFromWentBack {
+            prev: prev.retained_from,
+            next: next.retained_from,
         });
     }
     if next.shipped_seq < prev.shipped_seq {
@@ -1233,6 +1315,7 @@ mod tests {
             lease_ms: 0,
             checkpoints: Vec::new(),
             compactions: Vec::new(),
+            retained_from: 1,
         }
     }
 
@@ -1389,6 +1472,61 @@ mod tests {
             ..epoch
         };
         assert_eq!(EpochDoc::decode(&leased.encode(), 3).unwrap(), leased);
+    }
+
+    #[test]
+    fn key_epoch_reads_every_log_object_key() {
+        for (key, epoch) in [
+            (segment_key("p", 5, 1), Some(1)),
+            (segment_key("p/q", 5, 3), Some(3)),
+            (compacted_segment_key("p", 5, 1, 90), Some(1)),
+            (compacted_segment_key("", 5, 4, 90), Some(4)),
+            (chunk_key("p", 5, 9, 2), Some(2)),
+            (checkpoint_key("p", 5, 7), Some(7)),
+            (manifest_key("p", 5), None),
+            (epoch_key("p", 5), None),
+            (blob_key("p", &[1; 32]), None),
+            ("p/segment/notes.txt".to_owned(), None),
+            ("p/segment/5.seg".to_owned(), None),
+        ] {
+            assert_eq!(key_epoch(&key), epoch, "{key}");
+        }
+    }
+
+    #[test]
+    fn retained_from_is_optional_never_goes_back_and_stays_within_the_number() {
+        let m1 = manifest(4, 1, vec![segment(1, 12)], vec![]);
+        // Absent: 1, and a manifest at 1 is written as before.
+        let bytes = m1.encode();
+        assert!(!String::from_utf8_lossy(&bytes).contains("retained_from"));
+        assert_eq!(Manifest::decode(&bytes, 4).unwrap().retained_from, 1);
+        let m2 = Manifest {
+            number: 5,
+            retained_from: 3,
+            ..m1.clone()
+        };
+        let bytes = m2.encode();
+        assert!(String::from_utf8_lossy(&bytes).contains("\"retained_from\":3"));
+        assert_eq!(Manifest::decode(&bytes, 5).unwrap(), m2);
+        assert_eq!(extends(&m1, &m2), Ok(()));
+        // Going back, or past its own number, forks.
+        let back = Manifest {
+            number: 6,
+            retained_from: 2,
+            ..m2.clone()
+        };
+        assert!(matches!(
+            extends(&m2, &back),
+            Err(Fork::RetainedFromWentBack { prev: 3, next: 2 })
+        ));
+        let past = Manifest {
+            number: 6,
+            retained_from: 7,
+            ..m2.clone()
+        };
+        assert!(extends(&m2, &past).is_err());
+        let error = Manifest::decode(&past.encode(), 6).unwrap_err();
+        assert!(error.to_string().contains("retained_from 7"), "{error}");
     }
 
     #[test]

@@ -338,6 +338,16 @@ impl Credentials {
     }
 }
 
+/// The number of `location` when it is a numbered key of `key_of`'s
+/// family (20 digits that `key_of` gives back), else `None`.
+fn numbered(key_of: &impl Fn(u64) -> String, location: &str) -> Option<u64> {
+    location
+        .rsplit('/')
+        .next()
+        .and_then(|name| name.parse::<u64>().ok())
+        .filter(|&n| key_of(n) == location)
+}
+
 /// Per request: give up after this long (the shipper retries with backoff).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Per connection attempt.
@@ -625,26 +635,151 @@ impl ArchiveStore {
         Ok(low)
     }
 
+    /// The last run of `key_of`'s family: `(low, latest)`, every number
+    /// `low..=latest` existing, `(1, 0)` when the family is empty. Unlike
+    /// [`ArchiveStore::latest`] a hole is no error here: numbers below it
+    /// are left out (`low` is the number after the last hole), and the
+    /// caller decides whether the hole is damage (the manifest family: only
+    /// at or above the latest manifest's `retained_from`, ARCHIVE.md
+    /// "Gaps").
+    ///
+    /// Cost: one LIST page to find the lowest number there, then as
+    /// [`ArchiveStore::latest`] from it: one LIST page per
+    /// [`LIST_RANGE`] numbers from the lowest present one (numbers a
+    /// retention pass deleted cost nothing), planned by the probe past the
+    /// first page.
+    pub async fn latest_run(
+        &self,
+        key_of: impl Fn(u64) -> String,
+    ) -> Result<(u64, u64), StoreError> {
+        let key_of = &key_of;
+        let Some(lowest) = self.first_number(key_of).await? else {
+            return Ok((1, 0));
+        };
+        let base = lowest - 1;
+        let (mut low, mut latest) = self
+            .list_run_lenient(key_of, base, Some(base + LIST_RANGE))
+            .await?;
+        if latest < base + LIST_RANGE {
+            // The listing ended there: nothing after it.
+            return Ok((low, latest));
+        }
+        let probed = self.probe_from(key_of, latest).await?;
+        let bounded = (probed - base) / LIST_RANGE;
+        let ranges = (1..=bounded.max(1)).map(|i| {
+            let upto = (i < bounded).then_some(base + (i + 1) * LIST_RANGE);
+            (base + i * LIST_RANGE, upto)
+        });
+        let mut runs = std::pin::pin!(futures_util::stream::iter(ranges)
+            .map(|(after, upto)| async move {
+                (after, self.list_run_lenient(key_of, after, upto).await)
+            })
+            .buffered(LISTS_AT_ONCE));
+        while let Some((after, run)) = runs.next().await {
+            let (start, end) = run?;
+            if end == after {
+                continue;
+            }
+            if !(latest == after && start == after + 1) {
+                low = start;
+            }
+            latest = end;
+        }
+        Ok((low, latest))
+    }
+
+    /// The lowest number of `key_of`'s family that exists (one LIST page),
+    /// `None` when none does.
+    async fn first_number(
+        &self,
+        key_of: &impl Fn(u64) -> String,
+    ) -> Result<Option<u64>, StoreError> {
+        let first = key_of(1);
+        let dir = first.rsplit_once('/').map(|(dir, _)| StorePath::from(dir));
+        let mut listed = self
+            .store
+            .list_with_offset(dir.as_ref(), &StorePath::from(key_of(0)));
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| Self::unreachable(&first, e))?;
+            if let Some(number) = numbered(key_of, meta.location.as_ref()) {
+                return Ok(Some(number));
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`ArchiveStore::list_run`] that takes a hole as the start of a new
+    /// run: returns the first and last number of the last run listed
+    /// (`(after + 1, after)` when none is).
+    async fn list_run_lenient(
+        &self,
+        key_of: &impl Fn(u64) -> String,
+        after: u64,
+        upto: Option<u64>,
+    ) -> Result<(u64, u64), StoreError> {
+        let first = key_of(1);
+        let dir = first.rsplit_once('/').map(|(dir, _)| StorePath::from(dir));
+        let mut listed = self
+            .store
+            .list_with_offset(dir.as_ref(), &StorePath::from(key_of(after)));
+        let (mut start, mut last) = (after + 1, after);
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| Self::unreachable(&first, e))?;
+            let Some(number) = numbered(key_of, meta.location.as_ref()) else {
+                continue;
+            };
+            if number != last + 1 {
+                start = number;
+            }
+            last = number;
+            if upto.is_some_and(|upto| number >= upto) {
+                break;
+            }
+        }
+        Ok((start, last))
+    }
+
     /// The latest manifest, checked, or `None` for an empty archive: the
-    /// manifest family has no gap ([`ArchiveStore::latest`]), the latest
-    /// and the one before it decode, the latest extends it ([`extends`],
-    /// ARCHIVE.md "Manifest history"), and the epoch that wrote it is on
-    /// record ([`ArchiveStore::latest_epoch`] decodes and is at least
-    /// its epoch). The rule every reader
-    /// and the writer start from; older manifests are read by `verify
-    /// --from` only (a restore's result does not depend on them).
+    /// manifest family has no gap from the latest manifest's
+    /// `retained_from` to it ([`ArchiveStore::latest_run`]; numbers below
+    /// that floor may have been deleted by retention, ARCHIVE.md "Gaps"),
+    /// the latest and the one before it decode, the latest extends it
+    /// ([`extends`], ARCHIVE.md "Manifest history"), and the epoch that
+    /// wrote it is on record ([`ArchiveStore::latest_epoch`] decodes and
+    /// is at least its epoch). The rule every reader and the writer start
+    /// from; older manifests are read by `verify --from` only (a restore's
+    /// result does not depend on them).
     pub async fn latest_manifest(&self) -> Result<Option<Manifest>, StoreError> {
-        let number = self.latest(|n| manifest_key(&self.prefix, n)).await?;
+        Ok(self.latest_manifest_and_low().await?.map(|(m, _)| m))
+    }
+
+    /// [`ArchiveStore::latest_manifest`] and the lowest manifest number
+    /// still stored in the run that ends at it (at most its
+    /// `retained_from`; below-floor manifests a retention pass has not
+    /// deleted yet may be there).
+    pub async fn latest_manifest_and_low(&self) -> Result<Option<(Manifest, u64)>, StoreError> {
+        let (low, number) = self.latest_run(|n| manifest_key(&self.prefix, n)).await?;
         if number == 0 {
             return Ok(None);
         }
         let (latest, prev) = futures_util::future::try_join(self.manifest(number), async {
-            match number {
-                1 => Ok(None),
-                _ => self.manifest(number - 1).await.map(Some),
+            if number > low {
+                self.manifest(number - 1).await.map(Some)
+            } else {
+                Ok(None)
             }
         })
         .await?;
+        if low > latest.retained_from {
+            return Err(StoreError::Gap {
+                key: manifest_key(&self.prefix, low - 1),
+                later: format!(
+                    "{} exists and manifest {number} retains the history from manifest {}",
+                    manifest_key(&self.prefix, low),
+                    latest.retained_from
+                ),
+            });
+        }
         if let Some(prev) = prev {
             extends(&prev, &latest).map_err(|fork| StoreError::Damaged {
                 key: manifest_key(&self.prefix, number),
@@ -652,7 +787,7 @@ impl ArchiveStore {
                     "it does not extend manifest {} ({}): {fork}; the archive's history forks there",
                     prev.number,
                     manifest_key(&self.prefix, prev.number)
-                )),
+                ),),
             })?;
         }
         let epochs = self.latest_epoch().await?.map_or(0, |doc| doc.epoch);
@@ -666,7 +801,51 @@ impl ArchiveStore {
                 ),
             });
         }
-        Ok(Some(latest))
+        Ok(Some((latest, low)))
+    }
+
+    /// Deletes the object under `key`; one that is not there is success
+    /// (every deletion of the retention pass is idempotent, ARCHIVE.md
+    /// "Retention").
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self.store.delete(&StorePath::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Self::unreachable(key, e)),
+        }
+    }
+
+    /// Every object under `PREFIX/<family>/` (e.g. `segment`, `chunk`),
+    /// with its size in bytes, in key order.
+    pub async fn list_family(&self, family: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        Ok(self
+            .list_family_dated(family)
+            .await?
+            .into_iter()
+            .map(|(key, bytes, _)| (key, bytes))
+            .collect())
+    }
+
+    /// [`ArchiveStore::list_family`] with each object's last-modified
+    /// time as the store tells it (Unix ms).
+    pub async fn list_family_dated(
+        &self,
+        family: &str,
+    ) -> Result<Vec<(String, u64, u64)>, StoreError> {
+        let dir = if self.prefix.is_empty() {
+            family.to_owned()
+        } else {
+            format!("{}/{family}", self.prefix)
+        };
+        let path = StorePath::from(dir.as_str());
+        let mut listed = self.store.list(Some(&path));
+        let mut out = Vec::new();
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| Self::unreachable(&dir, e))?;
+            let modified_ms = meta.last_modified.timestamp_millis().max(0) as u64;
+            out.push((meta.location.to_string(), meta.size as u64, modified_ms));
+        }
+        out.sort();
+        Ok(out)
     }
 
     /// Manifest `number`, checked.
@@ -984,5 +1163,67 @@ mod tests {
             text.contains(&key(4)) && text.contains(&key(3)) && text.contains("does not extend"),
             "{text}"
         );
+    }
+
+    /// Numbers below the latest manifest's `retained_from` may be gone
+    /// (deleted by retention, wholly or in part); a hole at or above it
+    /// is still a gap naming the key. The run's paging starts at the
+    /// lowest number there, on long histories too.
+    #[tokio::test]
+    async fn manifests_below_the_retention_floor_may_be_gone() {
+        let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        put_epoch(&store, 1).await;
+        for n in 1..=9 {
+            put_manifest(&store, &manifest(n, 1)).await;
+        }
+        let floor = Manifest {
+            retained_from: 6,
+            ..manifest(10, 1)
+        };
+        put_manifest(&store, &floor).await;
+        let latest = |store: ArchiveStore| async move {
+            store
+                .latest_manifest_and_low()
+                .await
+                .map(|m| m.map(|(m, low)| (m.number, low)))
+        };
+        assert_eq!(latest(store.clone()).await.unwrap(), Some((10, 1)));
+        // A deletion under way (ascending), and a stray one left below a hole.
+        for n in [1, 2] {
+            store.delete(&key(n)).await.unwrap();
+        }
+        store.delete(&key(1)).await.unwrap();
+        assert_eq!(latest(store.clone()).await.unwrap(), Some((10, 3)));
+        put_manifest(&store, &manifest(1, 1)).await;
+        assert_eq!(latest(store.clone()).await.unwrap(), Some((10, 3)));
+        for n in 1..=5 {
+            store.delete(&key(n)).await.unwrap();
+        }
+        assert_eq!(latest(store.clone()).await.unwrap(), Some((10, 6)));
+        // A hole at or above the floor is damage.
+        store.delete(&key(7)).await.unwrap();
+        let error = store.latest_manifest().await.unwrap_err();
+        assert!(
+            matches!(&error, StoreError::Gap { key: k, .. } if *k == key(7)),
+            "{error}"
+        );
+        put_manifest(&store, &manifest(7, 1)).await;
+        store.delete(&key(6)).await.unwrap();
+        let error = store.latest_manifest().await.unwrap_err();
+        assert!(
+            matches!(&error, StoreError::Gap { key: k, .. } if *k == key(6)),
+            "{error}"
+        );
+
+        // A long history whose first numbers are gone: paged from the
+        // lowest one there, holes below it ignored.
+        let long = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        put_numbers(&long, [3]).await;
+        put_numbers(&long, 2500..=4100).await;
+        assert_eq!(long.latest_run(key).await.unwrap(), (2500, 4100));
+        long.delete(&key(3000)).await.unwrap();
+        assert_eq!(long.latest_run(key).await.unwrap(), (3001, 4100));
+        let empty = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        assert_eq!(empty.latest_run(key).await.unwrap(), (1, 0));
     }
 }

@@ -37,6 +37,12 @@ pub struct ArchiveMetrics {
     pub objects_put: Family<Labels, Counter>,
     /// `spark_archive_bytes_put_total`, by kind.
     pub bytes_put: Family<Labels, Counter>,
+    /// `spark_archive_objects_deleted_total`, by kind (`manifest`,
+    /// `segment`, `chunk`, `checkpoint`, `blob`): objects the retention
+    /// pass deleted (ARCHIVE.md "Retention").
+    pub objects_deleted: Family<Labels, Counter>,
+    /// `spark_archive_bytes_deleted_total`, by kind.
+    pub bytes_deleted: Family<Labels, Counter>,
     /// `spark_archive_failures_total`, by kind (`unreachable`, `conflict`,
     /// `damaged`, `missing`, `local`, `blob`, `fenced`).
     pub failures: Family<Labels, Counter>,
@@ -133,6 +139,18 @@ pub fn get() -> &'static ArchiveMetrics {
         );
         let bytes_put = Family::<Labels, Counter>::default();
         registry.register("bytes_put", "Bytes stored, by kind", bytes_put.clone());
+        let objects_deleted = Family::<Labels, Counter>::default();
+        registry.register(
+            "objects_deleted",
+            "Objects the retention pass deleted, by kind",
+            objects_deleted.clone(),
+        );
+        let bytes_deleted = Family::<Labels, Counter>::default();
+        registry.register(
+            "bytes_deleted",
+            "Bytes the retention pass deleted, by kind",
+            bytes_deleted.clone(),
+        );
         let failures = Family::<Labels, Counter>::default();
         registry.register("failures", "Failed ships, by kind", failures.clone());
         let waiting_writes = Gauge::default();
@@ -156,6 +174,8 @@ pub fn get() -> &'static ArchiveMetrics {
             blobs_missing,
             objects_put,
             bytes_put,
+            objects_deleted,
+            bytes_deleted,
             failures,
             waiting_writes,
             ship_seconds,

@@ -45,13 +45,14 @@
 pub mod gate;
 mod lease;
 pub mod metrics;
+mod retention;
 mod shipper;
 mod start;
 mod status;
 mod takeover;
 
 pub use lease::LeaseView;
-pub use start::{start, start_on, start_on_leased};
+pub use start::{start, start_on, start_on_leased, start_on_retained};
 pub use status::{ArchiveStatus, Shipping};
 pub(crate) use takeover::{catch_up, distinct, fetch_blob, BlobFetch};
 pub use takeover::{

@@ -50,7 +50,7 @@ const MERGE_FAN_IN: usize = 16;
 
 /// Why one ship failed.
 #[derive(Debug, thiserror::Error)]
-enum ShipError {
+pub(super) enum ShipError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("local log: {0}")]
@@ -201,6 +201,9 @@ pub(super) struct ShipState {
     /// The compactions the manifest naming this state applies relative to
     /// the stored one (ARCHIVE.md "Compaction"); empty once it is stored.
     pub(super) compactions: Vec<CompactionEntry>,
+    /// The manifest's retention floor (ARCHIVE.md "Retention"): raised
+    /// only by the retention pass, carried by every later manifest.
+    pub(super) retained_from: u64,
 }
 
 /// A checkpoint put in flight, off the ship's path: a large object must
@@ -242,6 +245,8 @@ pub(super) struct Shipper {
     /// they were put for: the ship skips them; forgotten once a manifest
     /// covers that seq.
     pub(super) blobs_ahead: Mutex<std::collections::HashMap<[u8; 32], u64>>,
+    /// The retention pass's state (ARCHIVE.md "Retention").
+    pub(super) retention: super::retention::Retention,
 }
 
 /// The [`Instant`] at which the wall clock read `written_ms` (Unix ms),
@@ -310,6 +315,7 @@ pub(super) fn state_after(
         tail,
         checkpoints: manifest.checkpoints,
         compactions: Vec::new(),
+        retained_from: manifest.retained_from,
     })
 }
 
@@ -621,7 +627,11 @@ impl Shipper {
             .checkpoint_stored
             .as_ref()
             .is_some_and(|c| c.seq <= self.state.shipped_seq);
-        if !moved && !self.renewal_due() && !list_checkpoint {
+        if !moved
+            && !self.renewal_due()
+            && !list_checkpoint
+            && !self.retention.due(self.state.number)
+        {
             return Ok(());
         }
         let mut result = if moved {
@@ -652,6 +662,12 @@ impl Shipper {
                 (Err(e), _) => Err(e),
                 (Ok(()), renewed) => renewed,
             };
+        }
+        // After what this tick had to store: the retention pass (at most
+        // once per its interval; a failure in it is a WARN, a fence ends
+        // shipping as any).
+        if result.is_ok() {
+            result = self.retention_tick().await;
         }
         match &result {
             Ok(()) => {
@@ -747,7 +763,7 @@ impl Shipper {
     /// took the next epoch, this one is fenced before it stores anything
     /// more, so a take-over's manifest put races at most the one manifest
     /// this writer has in flight (ARCHIVE.md "Epoch").
-    async fn check_not_taken_over(&self) -> Result<(), ShipError> {
+    pub(super) async fn check_not_taken_over(&self) -> Result<(), ShipError> {
         let next = epoch_key(self.store.prefix(), self.status.epoch + 1);
         if self.store.exists(&next).await? {
             return Err(ShipError::Fenced(format!(
@@ -1300,7 +1316,11 @@ impl Shipper {
     /// or `renewal` for a lease renewal). Every stored manifest renews the
     /// lease: it carries this writer's `lease_ms`, and the renewal clock
     /// restarts from just before its put.
-    async fn ship_manifest_as(&mut self, kind: &str, mut next: ShipState) -> Result<(), ShipError> {
+    pub(super) async fn ship_manifest_as(
+        &mut self,
+        kind: &str,
+        mut next: ShipState,
+    ) -> Result<(), ShipError> {
         next.number += 1;
         let stale_from = next
             .compactions
@@ -1349,7 +1369,7 @@ impl Shipper {
                 // epoch under its number is one of this writer's whose
                 // answer was lost (a ship's or a renewal's). So does a
                 // manifest that only lists a checkpoint.
-                let renewal = kind == "renewal" || kind == "checkpoint";
+                let renewal = kind == "renewal" || kind == "checkpoint" || kind == "retention";
                 if stored.epoch == self.status.epoch
                     && (renewal || stored.shipped_seq <= next.shipped_seq)
                 {
@@ -1410,6 +1430,7 @@ impl Shipper {
             lease_ms: self.lease.map_or(0, |l| l.as_millis() as u64),
             checkpoints: state.checkpoints.clone(),
             compactions: state.compactions.clone(),
+            retained_from: state.retained_from,
         }
     }
 

@@ -1,5 +1,5 @@
 //! Starting the archive shipper ([`start`], [`start_on`],
-//! [`start_on_leased`]): connects to the store, takes or resumes this data
+//! [`start_on_leased`], [`start_on_retained`]): connects to the store, takes or resumes this data
 //! directory's writer epoch (ARCHIVE.md "Epoch", recorded in the writer
 //! file `<data>/archive-writer`), resumes from the latest manifest once the
 //! local log is found to hold what it names, and spawns the [`Shipper`]
@@ -50,13 +50,14 @@ pub async fn start(
             if sync { "without" } else { "with" }
         )));
     }
-    start_on_leased(
+    start_on_retained(
         store,
         data_dir,
         engine,
         max_record_bytes,
         Duration::from_millis(settings.ship_interval_ms),
         settings.lease_ms,
+        settings.retention_ms,
     )
     .await
 }
@@ -86,7 +87,8 @@ pub async fn start_on(
     start_on_leased(store, data_dir, engine, max_record_bytes, interval, 0).await
 }
 
-/// [`start_on`] with a lease of `lease_ms` ms (`[archive] lease_ms`; 0:
+/// [`start_on`] with a lease of `lease_ms` ms and the default `[archive]
+/// retention_ms` ([`start_on_retained`] sets it) (`[archive] lease_ms`; 0:
 /// off, exactly [`start_on`]): the shipper then stores a manifest at least
 /// every `lease_ms / 3` ms, a renewal when nothing else needs one
 /// (ARCHIVE.md "Lease"), and right after the start when the archive
@@ -100,6 +102,30 @@ pub async fn start_on_leased(
     max_record_bytes: u32,
     interval: Duration,
     lease_ms: u64,
+) -> Result<Shipping, ArchiveStartError> {
+    start_on_retained(
+        store,
+        data_dir,
+        engine,
+        max_record_bytes,
+        interval,
+        lease_ms,
+        crate::config::ARCHIVE_RETENTION_MS_DEFAULT,
+    )
+    .await
+}
+
+/// [`start_on_leased`] with `[archive] retention_ms` = `retention_ms`
+/// (above 0): the shipper's retention pass deletes what is older than it
+/// (ARCHIVE.md "Retention").
+pub async fn start_on_retained(
+    store: ArchiveStore,
+    data_dir: &Path,
+    engine: Arc<Engine>,
+    max_record_bytes: u32,
+    interval: Duration,
+    lease_ms: u64,
+    retention_ms: u64,
 ) -> Result<Shipping, ArchiveStartError> {
     let doc = take_epoch(&store, data_dir, lease_ms).await?;
     let epoch = doc.epoch;
@@ -150,6 +176,7 @@ pub async fn start_on_leased(
         checkpoint_stored: None,
         checkpoint_looked: None,
         blobs_ahead: Mutex::new(std::collections::HashMap::new()),
+        retention: super::retention::Retention::new(retention_ms, interval),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(shipper.run(interval, stopped));
@@ -309,6 +336,7 @@ async fn resume(
             tail: Tail::fresh(1, [0; 32]),
             checkpoints: Vec::new(),
             compactions: Vec::new(),
+            retained_from: 1,
         };
         return Ok((empty, None));
     };

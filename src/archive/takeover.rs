@@ -22,7 +22,7 @@ use spark_log_format::{Fs as _, OsFs};
 
 use super::lease::{still_expired, LeaseView};
 use super::shipper::count_put;
-use super::start::{claim_epoch, connect, read_writer_file, start_on_leased};
+use super::start::{claim_epoch, connect, read_writer_file, start_on_retained};
 use super::status::Shipping;
 use super::ArchiveStartError;
 use crate::clock::Clock;
@@ -399,13 +399,14 @@ impl TakenOver {
         engine: std::sync::Arc<Engine>,
         max_record_bytes: u32,
     ) -> Result<Shipping, ArchiveStartError> {
-        start_on_leased(
+        start_on_retained(
             self.store.clone(),
             data_dir,
             engine,
             max_record_bytes,
             std::time::Duration::from_millis(settings.ship_interval_ms),
             settings.lease_ms,
+            settings.retention_ms,
         )
         .await
     }

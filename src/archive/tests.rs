@@ -64,6 +64,11 @@ struct Flaky {
     stored_seq: AtomicU64,
     /// Each put of an epoch object waits this long first (a race window).
     epoch_put_delay_ms: u64,
+    /// Deletes fail while set (an injected error between the retention
+    /// pass's steps).
+    deletes_down: AtomicBool,
+    /// Keys deleted, in order.
+    deleted: parking_lot::Mutex<Vec<String>>,
 }
 
 fn flaky() -> Flaky {
@@ -145,7 +150,12 @@ impl ObjectStore for Flaky {
     }
 
     async fn delete(&self, location: &StorePath) -> object_store::Result<()> {
-        self.inner.delete(location).await
+        if self.deletes_down.load(Ordering::SeqCst) {
+            return Err(refused());
+        }
+        self.inner.delete(location).await?;
+        self.deleted.lock().push(location.to_string());
+        Ok(())
     }
 
     fn list(
@@ -868,6 +878,7 @@ fn archived_settings(data: &std::path::Path, mode: crate::config::ArchiveMode) -
             ship_interval_ms: 20,
             mode,
             lease_ms: 0,
+            retention_ms: crate::config::ARCHIVE_RETENTION_MS_DEFAULT,
         }),
         ..Settings::default()
     }
@@ -1545,6 +1556,7 @@ fn a_lease_is_read_from_the_holders_last_manifest_or_its_epoch() {
         lease_ms,
         checkpoints: Vec::new(),
         compactions: Vec::new(),
+        retained_from: 1,
     };
     // Before its first manifest: the epoch object's.
     let before = LeaseView::of(&doc, Some(&manifest(1, 50_000, 3000)));
@@ -1942,6 +1954,7 @@ async fn a_manifest_of_this_epoch_the_writer_did_not_store_is_never_adopted() {
                     lease_ms: 0,
                     checkpoints: Vec::new(),
                     compactions: Vec::new(),
+                    retained_from: latest.retained_from,
                 }
             }
         };
@@ -2311,6 +2324,179 @@ async fn sync_mode_ships_a_compaction_and_a_restart_before_its_ship_resumes_it()
     let (digest, erased) = fetched_copy(&store, &[5, 6, 60, 7]).await;
     assert_eq!(digest, engine.read(|m| m.digest()));
     assert_eq!(erased, [true, true, true, false]);
+    shipping.stop().await;
+    engine.shutdown().await;
+}
+
+/// A writer with `[archive] retention_ms` = `retention_ms`, shipping every
+/// 20 ms.
+async fn ship_retained(
+    store: ArchiveStore,
+    data: &std::path::Path,
+    engine: &Arc<Engine>,
+    retention_ms: u64,
+) -> Shipping {
+    start_on_retained(
+        store,
+        data,
+        Arc::clone(engine),
+        spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        Duration::from_millis(20),
+        0,
+        retention_ms,
+    )
+    .await
+    .unwrap()
+}
+
+/// Every key the manifests `from..=to` name (segments, chunks,
+/// checkpoints).
+async fn named_by(store: &ArchiveStore, from: u64, to: u64) -> std::collections::HashSet<String> {
+    let mut named = std::collections::HashSet::new();
+    for n in from..=to {
+        let m = store.manifest(n).await.unwrap();
+        named.extend(m.segments.iter().map(|s| s.key.clone()));
+        named.extend(m.chunks.iter().map(|c| c.key.clone()));
+        named.extend(m.checkpoints.iter().map(|c| c.key.clone()));
+    }
+    named
+}
+
+/// ARCHIVE.md "Retention": with deletes failing, the pass still raises the
+/// floor (its commit point) and the archive reads as before; once deletes
+/// work, the manifests below the floor are gone and so is every log object
+/// no retained manifest names (the chunks folded into sealed segments),
+/// and nothing a retained manifest names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_exactly_what_no_retained_manifest_names() {
+    let flaky = Arc::new(flaky());
+    let store = ArchiveStore::new(flaky.clone(), "p".into());
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    flaky.deletes_down.store(true, Ordering::SeqCst);
+    let retention_ms = 400;
+    let shipping = ship_retained(store.clone(), dir.path(), &engine, retention_ms).await;
+    for n in 1..=40 {
+        engine.submit(create(n)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(retention_ms + 100)).await;
+    for n in 41..=60 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    // The floor is raised even though nothing can be deleted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let raised = loop {
+        let latest = store.latest_manifest().await.unwrap().unwrap();
+        if latest.retained_from > 1 {
+            break latest;
+        }
+        assert!(Instant::now() < deadline, "the floor was never raised");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(flaky.deleted.lock().is_empty());
+    assert!(store.exists(&manifest_key("p", 1)).await.unwrap());
+    let (_, low) = store.latest_manifest_and_low().await.unwrap().unwrap();
+    assert_eq!(low, 1, "nothing deleted: the whole history is there");
+    // Deletes work again: the next pass finishes the job.
+    flaky.deletes_down.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (latest, low) = store.latest_manifest_and_low().await.unwrap().unwrap();
+        let deleted_chunks = flaky.deleted.lock().iter().any(|k| k.contains("/chunk/"));
+        if low == latest.retained_from && low >= raised.retained_from && deleted_chunks {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "below-floor manifests never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shipping.stop().await;
+    let (latest, low) = store.latest_manifest_and_low().await.unwrap().unwrap();
+    let named = named_by(&store, low, latest.number).await;
+    let deleted = flaky.deleted.lock().clone();
+    for key in &deleted {
+        assert!(
+            !named.contains(key),
+            "{key} is named by a retained manifest"
+        );
+    }
+    for n in 1..low {
+        assert!(deleted.contains(&manifest_key("p", n)), "manifest {n}");
+    }
+    // Every old log object that remains is named; every named one is there.
+    let horizon = spark_log_format::system_now_ms() - retention_ms;
+    for family in ["segment", "chunk", "checkpoint"] {
+        for (key, _, modified_ms) in store.list_family_dated(family).await.unwrap() {
+            assert!(
+                named.contains(&key) || modified_ms > horizon,
+                "{key} is named by no retained manifest"
+            );
+        }
+    }
+    for key in &named {
+        assert!(store.exists(key).await.unwrap(), "{key} is gone");
+    }
+    // Epochs and the latest state stay readable.
+    assert!(store.exists(&epoch_key("p", 1)).await.unwrap());
+    assert_eq!(latest.shipped_seq, engine.head().seq);
+    engine.shutdown().await;
+}
+
+/// A writer fenced by a newer epoch deletes nothing: its pass starts with
+/// the fencing HEAD (here the only request an idle writer makes, so the
+/// pass is what finds the fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_writer_deletes_nothing() {
+    let flaky = Arc::new(flaky());
+    let store = ArchiveStore::new(flaky.clone(), "p".into());
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_on(dir.path()).await;
+    // Long enough that no pass finds anything old before the fence.
+    let retention_ms = 1500;
+    let shipping = ship_retained(store.clone(), dir.path(), &engine, retention_ms).await;
+    for n in 1..=40 {
+        engine.submit(create(n)).await.unwrap();
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    let doc = EpochDoc {
+        epoch: 2,
+        writer: "another".into(),
+        taken_ms: spark_log_format::system_now_ms(),
+        lease_ms: 0,
+    };
+    store
+        .put_create(&epoch_key("p", 2), Bytes::from(doc.encode()))
+        .await
+        .unwrap();
+    until("fenced by the retention pass", || engine.fenced().is_some()).await;
+    assert!(
+        flaky.deleted.lock().is_empty(),
+        "{:?}",
+        flaky.deleted.lock()
+    );
+    assert_eq!(
+        store
+            .latest_manifest()
+            .await
+            .unwrap()
+            .unwrap()
+            .retained_from,
+        1
+    );
     shipping.stop().await;
     engine.shutdown().await;
 }

@@ -355,6 +355,7 @@ pub async fn open_archived_from(
         ship_interval_ms: 50,
         mode,
         lease_ms: 0,
+        retention_ms: spark_engine::config::ARCHIVE_RETENTION_MS_DEFAULT,
     };
     settings.archive = Some(archive.clone());
     settings.validate().unwrap();

@@ -100,6 +100,7 @@ async fn archive_lease_a_standby_takes_over_by_itself_once_the_lease_expired() {
         ship_interval_ms: SHIP_INTERVAL_MS,
         mode: ArchiveMode::Async,
         lease_ms: LEASE_MS,
+        retention_ms: spark_engine::config::ARCHIVE_RETENTION_MS_DEFAULT,
     };
     settings.archive = Some(archive.clone());
     settings.validate().unwrap();

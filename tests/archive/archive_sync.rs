@@ -275,6 +275,7 @@ fn server_settings(work: &Path, url: &str, endpoint: &str) -> Settings {
             ship_interval_ms: 1000,
             mode: ArchiveMode::Sync,
             lease_ms: 0,
+            retention_ms: spark_engine::config::ARCHIVE_RETENTION_MS_DEFAULT,
         }),
         ..Settings::default()
     }
@@ -554,6 +555,7 @@ async fn sync_take_overs_under_load_start_over_merged_chunks() {
         ship_interval_ms: 50,
         mode: ArchiveMode::Sync,
         lease_ms: 1_500,
+        retention_ms: spark_engine::config::ARCHIVE_RETENTION_MS_DEFAULT,
     };
     let settings_of = |data: &Path| {
         let mut settings = Settings {
@@ -754,6 +756,7 @@ async fn a_take_over_refuses_a_restore_cut_by_at_wherever_the_cut_falls() {
         ship_interval_ms: 50,
         mode: ArchiveMode::Sync,
         lease_ms: 0,
+        retention_ms: spark_engine::config::ARCHIVE_RETENTION_MS_DEFAULT,
     };
     let store = spark_archive::ArchiveStore::connect(&spark_archive::StoreConfig {
         url: url.clone(),

@@ -76,6 +76,7 @@ fn archive_settings(url: &str, endpoint: &str) -> ArchiveSettings {
         ship_interval_ms: SHIP_INTERVAL_MS,
         mode: ArchiveMode::Async,
         lease_ms: 0,
+        retention_ms: spark_engine::config::ARCHIVE_RETENTION_MS_DEFAULT,
     }
 }
 
