@@ -673,19 +673,36 @@ pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: 
     let store = connect(from)?;
     let existed = data.exists();
     let result = runtime()?.block_on(async {
-        let manifest = latest_manifest(&store).await?;
-        let archived_seq = manifest.shipped_seq;
+        let latest = latest_manifest(&store).await?;
+        let archived_seq = latest.shipped_seq;
         if let Some(At::Seq(seq)) = at {
-            if seq > manifest.shipped_seq {
+            if seq > latest.shipped_seq {
                 return Err(scan::usage(format!(
                     "--at {seq}: the archive holds up to {}",
-                    manifest.shipped_seq
+                    latest.shipped_seq
                 )));
             }
         }
+        let mut manifests = Retained::new(&store, latest);
+        let floor = manifests.floor().await?;
+        if let Some(at) = at {
+            refuse_before_horizon(at, &floor, store.prefix())?;
+        }
         std::fs::create_dir_all(data)
             .map_err(|e| Failure::unreadable(format!("cannot create {}: {e}", data.display())))?;
-        let summary = materialize(&store, manifest, at, data, from_checkpoint).await?;
+        let summary = match at {
+            None => {
+                let latest = manifests.latest.clone();
+                materialize(&store, latest, None, data, from_checkpoint).await?
+            }
+            Some(at) => {
+                let mut summary =
+                    restore_at(&store, &mut manifests, at, data, from_checkpoint).await?;
+                // `manifest` is the one read; the archive holds the latest's.
+                summary["archived_seq"] = json!(archived_seq);
+                summary
+            }
+        };
         if let Some(seq) = summary["seq"].as_u64().filter(|&seq| seq < archived_seq) {
             // The cut left ops out: a take-over of the prefix from here
             // would fetch them back, so it refuses this directory.
@@ -716,15 +733,166 @@ pub fn restore(common: &Common, from: &From, at: Option<&str>, from_checkpoint: 
     Ok(exit::OK)
 }
 
-/// Reads manifests 1..=latest (the latest as every reader finds it:
-/// [`latest_manifest`], which refuses a gap in the numbers, ARCHIVE.md
-/// "Gaps") and checks that each one's epoch is at least the previous
-/// one's and that each extends it ([`extends`], ARCHIVE.md "Manifest
-/// history"). Returns the latest and how many were read.
+/// The retained manifests of an archive (ARCHIVE.md "Retention"): from the
+/// latest manifest's `retained_from` (the horizon) to it, read on demand
+/// and kept.
+struct Retained<'a> {
+    store: &'a ArchiveStore,
+    latest: Manifest,
+    read: std::collections::BTreeMap<u64, Manifest>,
+}
+
+impl<'a> Retained<'a> {
+    fn new(store: &'a ArchiveStore, latest: Manifest) -> Retained<'a> {
+        Retained {
+            store,
+            latest,
+            read: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// Manifest `number` (between the floor and the latest).
+    async fn get(&mut self, number: u64) -> Result<Manifest, Failure> {
+        if number == self.latest.number {
+            return Ok(self.latest.clone());
+        }
+        if let Some(m) = self.read.get(&number) {
+            return Ok(m.clone());
+        }
+        let m = self.store.manifest(number).await.map_err(store_failure)?;
+        self.read.insert(number, m.clone());
+        Ok(m)
+    }
+
+    /// The horizon: the manifest the latest one's `retained_from` names.
+    async fn floor(&mut self) -> Result<Manifest, Failure> {
+        self.get(self.latest.retained_from).await
+    }
+
+    /// The earliest retained manifest for which `reached` holds (it must
+    /// hold from some manifest on: `shipped_seq` and `written_ms` only
+    /// grow along the history), the latest when none: a binary search,
+    /// about log2(retained) GETs.
+    async fn earliest(&mut self, reached: impl Fn(&Manifest) -> bool) -> Result<Manifest, Failure> {
+        let (mut low, mut high) = (self.latest.retained_from, self.latest.number);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if reached(&self.get(mid).await?) {
+                high = mid;
+            } else {
+                low = mid + 1;
+            }
+        }
+        self.get(low).await
+    }
+}
+
+/// Refuses `--at` before the retention horizon (the manifest `floor` the
+/// latest one's `retained_from` names): what a compaction erased before it
+/// may be deleted from the archive, so a restore there could not be exact
+/// (exit 2, naming the horizon and the setting).
+fn refuse_before_horizon(at: At, floor: &Manifest, prefix: &str) -> Result<(), Failure> {
+    let before = match at {
+        At::Seq(seq) => seq < floor.shipped_seq,
+        At::TimeMs(ms) => ms < floor.written_ms,
+    };
+    if !before {
+        return Ok(());
+    }
+    let what = match at {
+        At::Seq(seq) => format!("seq {seq}"),
+        At::TimeMs(ms) => spark_core::time::format_rfc3339_ms(ms as i64),
+    };
+    Err(scan::usage(format!(
+        "--at {what} is before the archive's retention horizon: seq {} at {} (manifest {}, {}); \
+         what is older may have been deleted by the writer's retention pass (`[archive] \
+         retention_ms`), so no restore before it can be exact. Restore at or after the horizon",
+        floor.shipped_seq,
+        spark_core::time::format_rfc3339_ms(floor.written_ms as i64),
+        floor.number,
+        manifest_key(prefix, floor.number),
+    )))
+}
+
+/// How many manifests `--at TIME` tries before it gives up finding one
+/// whose log reaches past TIME (each try fetches the log up to the cut).
+const TIME_TRIES: usize = 8;
+
+/// `restore --at` within the horizon: the ops at or before the cut are
+/// read from a manifest that had not applied a compaction after the cut
+/// (ARCHIVE.md "Restore"): for `--at SEQ` the earliest retained manifest
+/// whose `shipped_seq` reaches SEQ; for `--at TIME` the earliest one
+/// written after TIME whose log reaches past TIME (holds an op stamped
+/// after it: ops are stamped in seq order, so it then holds every op
+/// stamped at or before TIME). When the log of the one tried turns out to
+/// end at or before TIME, the log is written again from the next manifest
+/// that ships more (at most [`TIME_TRIES`] tries; the latest at the end).
+/// A manifest
+/// that itself applies a compaction whose record is after the cut is
+/// refused (exit 2): its log has the cut's ops in their erased form.
+async fn restore_at(
+    store: &ArchiveStore,
+    manifests: &mut Retained<'_>,
+    at: At,
+    data: &Path,
+    from_checkpoint: bool,
+) -> Result<serde_json::Value, Failure> {
+    let mut manifest = match at {
+        At::Seq(seq) => manifests.earliest(|m| m.shipped_seq >= seq).await?,
+        At::TimeMs(ms) => manifests.earliest(|m| m.written_ms > ms).await?,
+    };
+    let latest_number = manifests.latest.number;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let number = manifest.number;
+        let compactions = manifest.compactions.clone();
+        let shipped = manifest.shipped_seq;
+        let summary = materialize(store, manifest, Some(at), data, from_checkpoint).await?;
+        let cut_seq = summary["seq"].as_u64().unwrap_or(0);
+        if let Some(c) = compactions.iter().find(|c| c.record_seq > cut_seq) {
+            return Err(scan::usage(format!(
+                "--at: the archive holds the ops up to seq {cut_seq} only as manifest {number} \
+                 left them, after the compaction at seq {} erased content in them: a restore \
+                 there would not be the state at that point. Restore at or after seq {}",
+                c.record_seq, c.record_seq
+            )));
+        }
+        let reached = summary["cut"].is_object() || shipped > cut_seq;
+        if reached || number == latest_number || tries >= TIME_TRIES {
+            return Ok(summary);
+        }
+        // --at TIME: this manifest's log ends at or before TIME; a later
+        // one holds more.
+        discard_written(data);
+        manifest = manifests.earliest(|m| m.shipped_seq > shipped).await?;
+    }
+}
+
+/// Removes what [`materialize`] wrote into `data` (to write it again from
+/// another manifest).
+fn discard_written(data: &Path) {
+    for dir in [
+        spark_core::layout::log_dir(data),
+        spark_core::checkpoint::checkpoint_dir(data),
+        spark_core::blob::blobs_dir(data),
+    ] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Reads the retained manifests, from the latest one's `retained_from`
+/// to it (the latest as every reader finds it: [`latest_manifest`], which
+/// refuses a gap in those numbers, ARCHIVE.md "Gaps"; older ones may have
+/// been deleted by retention) and checks that each one's epoch is at
+/// least the previous one's and that each extends it ([`extends`],
+/// ARCHIVE.md "Manifest history"). Returns the latest and how many were
+/// read.
 async fn walk_history(store: &ArchiveStore) -> Result<(Manifest, u64), Failure> {
     let prefix = store.prefix().to_owned();
-    let latest = latest_manifest(store).await?.number;
-    let mut fetched = std::pin::pin!(in_order(1..=latest, |number| {
+    let latest = latest_manifest(store).await?;
+    let (from, latest) = (latest.retained_from, latest.number);
+    let mut fetched = std::pin::pin!(in_order(from..=latest, |number| {
         let store = store.clone();
         async move { store.manifest(number).await.map_err(store_failure) }
     }));
@@ -744,8 +912,8 @@ async fn walk_history(store: &ArchiveStore) -> Result<(Manifest, u64), Failure> 
         }
         prev = Some(manifest);
     }
-    let latest_manifest = prev.expect("at least manifest 1 was read");
-    Ok((latest_manifest, latest))
+    let latest_manifest = prev.expect("at least the latest manifest was read");
+    Ok((latest_manifest, latest - from + 1))
 }
 
 /// `verify --from URL`: walks the manifest history, then reads and checks

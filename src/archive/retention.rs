@@ -212,8 +212,11 @@ impl Shipper {
         let floor = floor.max(self.state.retained_from);
         report.floor = floor;
         // 1. The commit point: a manifest of the same entries naming the
-        //    floor. Nothing is deleted before it is stored.
-        if floor > self.state.retained_from {
+        //    floor. Nothing is deleted before it is stored. Not when the
+        //    floor would move by one manifest naming the same objects (an
+        //    idle archive: the manifest the last pass stored), so that an
+        //    idle writer does not store a manifest every retention_ms.
+        if floor > self.state.retained_from && !self.same_objects(floor).await? {
             let mut next = self.state.clone();
             next.retained_from = floor;
             self.ship_manifest_as("retention", next).await?;
@@ -274,6 +277,33 @@ impl Shipper {
             self.retention.quiet = Some((self.state.number, wake_ms));
         }
         Ok(report)
+    }
+
+    /// Whether `floor` is the manifest right after the current floor and
+    /// names the same objects: raising the floor to it deletes nothing
+    /// but one manifest.
+    async fn same_objects(&self, floor: u64) -> Result<bool, ShipError> {
+        let current = self.state.retained_from;
+        if floor != current + 1 {
+            return Ok(false);
+        }
+        let (a, b) = futures_util::future::try_join(
+            self.store.manifest(current),
+            self.store.manifest(floor),
+        )
+        .await?;
+        let keys = |m: &Manifest| {
+            let mut keys: Vec<String> = m
+                .segments
+                .iter()
+                .map(|s| s.key.clone())
+                .chain(m.chunks.iter().map(|c| c.key.clone()))
+                .chain(m.checkpoints.iter().map(|c| c.key.clone()))
+                .collect();
+            keys.sort();
+            keys
+        };
+        Ok(keys(&a) == keys(&b))
     }
 
     /// Reads the manifests from the retention floor (or the last one read)

@@ -844,12 +844,33 @@ impl Follower {
     /// exists either; one missing while a later one exists is a gap
     /// (damage, named; the replica stays where it is). `Ok(true)` when
     /// `N+1` was stored since the GET: step again at once.
-    async fn ended_at_a_missing_key(&self, sent_ms: u64) -> Result<bool, FollowError> {
+    ///
+    /// A missing `N+1` below the latest manifest's `retained_from` is no
+    /// gap: the writer's retention pass deleted it (the replica fell more
+    /// than `[archive] retention_ms` behind, ARCHIVE.md "Retention"); the
+    /// replica then goes to the latest manifest at once, as after a start
+    /// on its cache alone.
+    async fn ended_at_a_missing_key(&mut self, sent_ms: u64) -> Result<bool, FollowError> {
         let prefix = self.store.prefix().to_owned();
-        let nothing_after = self
+        let nothing_after = match self
             .store
             .nothing_after(|n| manifest_key(&prefix, n), self.number)
-            .await?;
+            .await
+        {
+            Err(spark_archive::StoreError::Gap { key, later }) => {
+                let latest = self.store.latest_manifest().await?;
+                if latest.is_some_and(|m| m.retained_from > self.number + 1) {
+                    tracing::info!(
+                        manifest = self.number,
+                        "replica: the manifests after the one applied were deleted by the \
+                         archive's retention; going to the latest at once"
+                    );
+                    return self.step_to_latest(sent_ms).await;
+                }
+                return Err(spark_archive::StoreError::Gap { key, later }.into());
+            }
+            other => other?,
+        };
         if nothing_after {
             self.status
                 .caught_up_at_ms

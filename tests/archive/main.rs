@@ -21,6 +21,7 @@ use spark_test_support::{s3 as s3_common, weed};
 mod archive_erasure;
 mod archive_kill9;
 mod archive_lease;
+mod archive_retention;
 mod archive_sync;
 mod archive_takeover;
 mod proxy;
