@@ -1055,6 +1055,7 @@ mod tests {
             ("us-east-1", 1000, ArchiveMode::Async, 0),
             "docs/archive.md's archive defaults drifted from the code"
         );
+        assert_eq!(archive.retention_ms, ARCHIVE_RETENTION_MS_DEFAULT);
     }
 
     #[test]
@@ -1261,6 +1262,19 @@ mod tests {
         .unwrap();
         leased.validate().unwrap();
         assert_eq!(leased.archive.unwrap().lease_ms, 600);
+        assert_eq!(
+            refused(ArchiveSettings {
+                retention_ms: 0,
+                ..archive.clone()
+            }),
+            "archive.retention_ms"
+        );
+        let retained: Settings = toml::from_str("[archive]\nurl = \"s3://abc/p\"\n").unwrap();
+        assert_eq!(
+            retained.archive.unwrap().retention_ms,
+            ARCHIVE_RETENTION_MS_DEFAULT,
+            "a week by default"
+        );
         assert_eq!(
             refused(ArchiveSettings {
                 endpoint: Some("127.0.0.1:8333".into()),
