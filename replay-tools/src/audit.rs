@@ -84,11 +84,32 @@ pub enum AuditCmd {
     /// `--erase-after-ms` ago), which are erased, and for every due moment
     /// each place where bytes of it remain: its ops with content in the log
     /// that are not erased, checkpoints that hold it not erased, blobs of
-    /// its media, copies of cut tails with its content. Exit 1 when a due
-    /// moment has bytes left anywhere (overdue), 0 otherwise.
+    /// its media, copies of cut tails with its content. With `--from URL`,
+    /// also the archive's objects that still hold it (segments and chunks
+    /// with an op of it that is not erased, checkpoints that hold it not
+    /// erased, blobs of its media): expected within `--retention-ms` of
+    /// the moment falling due, overdue after. Exit 1 when a due moment has
+    /// bytes left anywhere it should not (overdue), 0 otherwise.
     Erasure {
         #[command(flatten)]
         common: Common,
+        /// Also look in this archive (`s3://BUCKET/PREFIX`; reads every
+        /// segment, chunk and checkpoint object it holds).
+        #[arg(long = "from", value_name = "URL")]
+        from: Option<String>,
+        /// The archive store's endpoint (as `restore --endpoint`).
+        #[arg(long, value_name = "URL", env = "SPARK_ARCHIVE_ENDPOINT")]
+        endpoint: Option<String>,
+        /// The archive store's region.
+        #[arg(long, default_value = "us-east-1", env = "SPARK_ARCHIVE_REGION")]
+        region: String,
+        /// The writer's `[archive] retention_ms`
+        /// (`SPARK_ARCHIVE_RETENTION_MS`); the default is the engine's, a
+        /// week. An archive object holding a due moment is expected until
+        /// the moment has been due this long (plus the retention pass's
+        /// interval, a tenth of it, at most an hour), overdue after.
+        #[arg(long, value_name = "MS", default_value_t = crate::erasure::DEFAULT_ARCHIVE_RETENTION_MS)]
+        retention_ms: u64,
         /// How long after its delete a moment's content is due for
         /// erasure, in milliseconds. Give the server's `[retention]
         /// erase_after_ms` (`SPARK_RETENTION_ERASE_AFTER_MS`); the default
@@ -129,7 +150,21 @@ pub fn run(cmd: AuditCmd) -> ToolExit {
         AuditCmd::Erasure {
             common,
             erase_after_ms,
-        } => crate::erasure::audit(&common, erase_after_ms),
+            from,
+            endpoint,
+            region,
+            retention_ms,
+        } => {
+            let archive = from.map(|url| crate::erasure::ArchiveCheck {
+                from: crate::archive::From {
+                    url,
+                    endpoint,
+                    region,
+                },
+                retention_ms,
+            });
+            crate::erasure::audit(&common, erase_after_ms, archive.as_ref())
+        }
         AuditCmd::Archive { common, from } => crate::archive_audit::audit(&common, &from),
     }
 }

@@ -7,7 +7,9 @@
 //! Read-only, beside a running server too: the log is read once through
 //! one reader ([`crate::scan::open`]), first folded into a mirror with the
 //! engine's fold, then walked again for the deletes and the ops with
-//! content.
+//! content. With `--from`, the archive's objects are read too
+//! ([`find_in_archive`]): what the writer's retention pass has still to
+//! delete (ARCHIVE.md "Retention").
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::ControlFlow;
@@ -25,6 +27,28 @@ use crate::{exit, Common, Failure, ToolExit};
 
 /// The engine's default `[retention] erase_after_ms`: a day.
 pub const DEFAULT_ERASE_AFTER_MS: u64 = 86_400_000;
+
+/// The engine's default `[archive] retention_ms`: a week.
+pub const DEFAULT_ARCHIVE_RETENTION_MS: u64 = 604_800_000;
+
+/// `audit erasure --from`: the archive to look in, and its writer's
+/// `[archive] retention_ms`.
+pub struct ArchiveCheck {
+    /// The archive.
+    pub from: crate::archive::From,
+    /// How long after a moment falls due the archive may hold it.
+    pub retention_ms: u64,
+}
+
+/// One archive object that holds a due moment: its key, what it is
+/// (`segment`, `chunk`, `checkpoint`, `blob`), the seq of the op found
+/// (log objects), and whether the writer's retention may still keep it.
+struct InArchive {
+    key: String,
+    kind: &'static str,
+    seq: Option<u64>,
+    within_retention: bool,
+}
 
 /// One deleted moment, as the audit found it.
 struct Deleted {
@@ -50,16 +74,23 @@ struct Elsewhere {
     /// Copies of cut tails that hold its content: file, and the seq of the
     /// op (`None`: a partial record that names it).
     cut_tails: Vec<(PathBuf, Option<u64>)>,
+    /// Archive objects that hold it (with `--from`).
+    archive: Vec<InArchive>,
 }
 
 impl Elsewhere {
+    /// Whether nothing remains where it should not: locally nothing, and
+    /// in the archive nothing past the retention window.
     fn is_empty(&self) -> bool {
-        self.checkpoints.is_empty() && self.blobs.is_empty() && self.cut_tails.is_empty()
+        self.checkpoints.is_empty()
+            && self.blobs.is_empty()
+            && self.cut_tails.is_empty()
+            && self.archive.iter().all(|a| a.within_retention)
     }
 }
 
 /// The audit: exit 1 when a due moment has bytes left anywhere.
-pub fn audit(common: &Common, erase_after_ms: u64) -> ToolExit {
+pub fn audit(common: &Common, erase_after_ms: u64, archive: Option<&ArchiveCheck>) -> ToolExit {
     let now_ms = spark_log_format::system_now_ms();
     let reader = open(common)?;
     let (mirror, _) = replay_reader(&reader)?;
@@ -98,6 +129,17 @@ pub fn audit(common: &Common, erase_after_ms: u64) -> ToolExit {
         find_checkpoints(common, &deleted, &due, &mut elsewhere);
         find_blobs(common, &mirror, &due, &mut elsewhere);
         find_cut_tails(common, &mirror, &due, &mut elsewhere)?;
+        if let Some(check) = archive {
+            let due_at: HashMap<Id, u64> = deleted
+                .values()
+                .filter(|d| due.contains(&d.id))
+                .filter_map(|d| {
+                    d.delete
+                        .map(|(_, at)| (d.id, at.saturating_add(erase_after_ms)))
+                })
+                .collect();
+            find_in_archive(check, &mirror, &due_at, now_ms, &mut elsewhere)?;
+        }
     }
     let mut order: Vec<&Deleted> = deleted.values().collect();
     order.sort_by_key(|d| (d.delete.map_or(u64::MAX, |(seq, _)| seq), d.id));
@@ -116,6 +158,7 @@ pub fn audit(common: &Common, erase_after_ms: u64) -> ToolExit {
         crate::scan::print_json(&json!({
             "now_ms": now_ms,
             "erase_after_ms": erase_after_ms,
+            "retention_ms": archive.map(|a| a.retention_ms),
             "deleted": order.len(),
             "due": due.len(),
             "erased": erased_count,
@@ -363,6 +406,9 @@ fn moment_json(
             "cut_tails": e.cut_tails.iter().map(|(file, seq)| json!({
                 "file": file.display().to_string(), "seq": seq,
             })).collect::<Vec<_>>(),
+            "archive": e.archive.iter().map(|a| json!({
+                "key": a.key, "kind": a.kind, "seq": a.seq, "within_retention": a.within_retention,
+            })).collect::<Vec<_>>(),
         })
     });
     json!({
@@ -416,6 +462,18 @@ fn print_moment(d: &Deleted, elsewhere: Option<&Elsewhere>, erase_after_ms: u64,
     for (file, media, _) in &e.blobs {
         println!("remains: {} blob {} (media {media})", d.id, file.display());
     }
+    for a in &e.archive {
+        let seq = a.seq.map_or(String::new(), |seq| format!(" seq {seq}"));
+        let state = if a.within_retention {
+            "within retention_ms: expected"
+        } else {
+            "past retention_ms: overdue"
+        };
+        println!(
+            "remains: {} archive {} {}{seq} ({state})",
+            d.id, a.kind, a.key
+        );
+    }
     for (file, seq) in &e.cut_tails {
         match seq {
             Some(seq) => println!("remains: {} cut tail {} seq {seq}", d.id, file.display()),
@@ -426,6 +484,126 @@ fn print_moment(d: &Deleted, elsewhere: Option<&Elsewhere>, erase_after_ms: u64,
             ),
         }
     }
+}
+
+/// The archive objects that hold a due moment (`due_at`: each due
+/// moment's due time, Unix ms): every segment and chunk object with an op
+/// with content of it that is not erased, every checkpoint object whose
+/// mirror holds it not erased, and the blob objects of its media (unless
+/// a moment that is not due names the same bytes). Each is within the
+/// retention window while its moment has been due for at most
+/// `retention_ms` plus the retention pass's interval (`retention_ms / 10`,
+/// at most an hour), overdue after. Reads every such object (several at
+/// once); an object that does not decode is skipped (`verify --from`
+/// names damage).
+fn find_in_archive(
+    check: &ArchiveCheck,
+    mirror: &Mirror,
+    due_at: &HashMap<Id, u64>,
+    now_ms: u64,
+    elsewhere: &mut HashMap<Id, Elsewhere>,
+) -> Result<(), Failure> {
+    use futures_util::StreamExt;
+    let store = crate::archive::connect(&check.from)?;
+    let grace = (check.retention_ms / 10).min(3_600_000);
+    let within = |id: &Id| {
+        due_at
+            .get(id)
+            .is_some_and(|at| at.saturating_add(check.retention_ms + grace) > now_ms)
+    };
+    let due: HashSet<Id> = due_at.keys().copied().collect();
+    let kept: HashSet<[u8; 32]> = mirror
+        .media
+        .values()
+        .filter(|m| !due.contains(&m.moment_id))
+        .map(|m| m.sha256.0)
+        .collect();
+    let found = crate::archive::runtime()?.block_on(async {
+        let mut keys = Vec::new();
+        for family in ["segment", "chunk", "checkpoint"] {
+            let listed = store
+                .list_family(family)
+                .await
+                .map_err(crate::archive::store_failure)?;
+            keys.extend(listed.into_iter().map(|(key, _)| (family, key)));
+        }
+        let mut found: Vec<(Id, &'static str, String, Option<u64>)> = Vec::new();
+        let mut fetched = std::pin::pin!(futures_util::stream::iter(keys)
+            .map(|(family, key)| {
+                let store = store.clone();
+                async move {
+                    let bytes = store.get(&key).await;
+                    (family, key, bytes)
+                }
+            })
+            .buffered(crate::archive::FETCH_CONCURRENCY));
+        while let Some((family, key, bytes)) = fetched.next().await {
+            let Some(bytes) = bytes.map_err(crate::archive::store_failure)? else {
+                continue;
+            };
+            if family == "checkpoint" {
+                let Ok((_, held)) = spark_core::checkpoint::decode(&bytes, Mirror::new()) else {
+                    continue;
+                };
+                for id in &due {
+                    if held.moment(*id).is_some_and(|m| !m.erased()) {
+                        found.push((*id, family, key.clone(), None));
+                    }
+                }
+                continue;
+            }
+            let (body, start): (&[u8], usize) = if family == "chunk" {
+                let Ok((header, body)) = spark_archive::layout::ChunkHeader::decode(&bytes) else {
+                    continue;
+                };
+                (body, if header.offset == 0 { HEADER_LEN } else { 0 })
+            } else {
+                (&bytes, HEADER_LEN)
+            };
+            for frame in Frames::new(body, start, u32::MAX) {
+                if frame.kind != FrameKind::Op {
+                    continue;
+                }
+                let Ok(op) = Op::decode(&frame.record) else {
+                    continue;
+                };
+                if op.erased || !op.body.kind().has_content() {
+                    continue;
+                }
+                if let Some(id) = owner(mirror, &op.body).filter(|id| due.contains(id)) {
+                    found.push((id, family, key.clone(), Some(op.seq)));
+                }
+            }
+        }
+        let mut media: Vec<_> = mirror
+            .media
+            .values()
+            .filter(|m| due.contains(&m.moment_id) && !kept.contains(&m.sha256.0))
+            .collect();
+        media.sort_by_key(|m| m.seq);
+        for m in media {
+            let key = spark_archive::layout::blob_key(store.prefix(), &m.sha256.0);
+            if store
+                .exists(&key)
+                .await
+                .map_err(crate::archive::store_failure)?
+            {
+                found.push((m.moment_id, "blob", key, None));
+            }
+        }
+        Ok::<_, Failure>(found)
+    })?;
+    for (id, kind, key, seq) in found {
+        if let Some(e) = elsewhere.get_mut(&id) {
+            e.archive.push(InArchive {
+                key,
+                kind,
+                seq,
+                within_retention: within(&id),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -294,6 +294,18 @@ async fn the_archive_follows_an_erasure_and_a_restore_serves_it() {
                 .is_empty(),
             "the superseded objects still hold the erased text within retention_ms"
         );
+        // `audit erasure --from` lists them as expected within the
+        // window, and as overdue for a writer that keeps nothing.
+        let (code, out, err) = audit_erasure(&data, &url, &endpoint, RETENTION_MS);
+        assert_eq!(code, 0, "audit erasure --from: {out}{err}");
+        let listed = in_archive(&out, &gone.0);
+        assert!(!listed.is_empty(), "{out}");
+        assert!(
+            listed.iter().all(|a| a["within_retention"] == true),
+            "{out}"
+        );
+        let (code, out, err) = audit_erasure(&data, &url, &endpoint, 1);
+        assert_eq!(code, 1, "audit erasure --from --retention-ms 1: {out}{err}");
     } else {
         eprintln!("{test}: note: too slow to see the superseded objects within retention_ms");
     }
@@ -380,6 +392,9 @@ async fn the_archive_follows_an_erasure_and_a_restore_serves_it() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     eprintln!("{test}: after retention: {objects} objects, {bytes} bytes");
+    let (code, out, err) = audit_erasure(&data, &url, &endpoint, 1);
+    assert_eq!(code, 0, "audit erasure --from after retention: {out}{err}");
+    assert_eq!(in_archive(&out, &gone.0), Vec::<Value>::new(), "{out}");
     let latest = store.latest_manifest().await.unwrap().unwrap();
     assert!(latest.retained_from > 1, "the floor moved: {latest:?}");
     assert!(!store
@@ -420,4 +435,45 @@ async fn all_objects(raw: &object_store::aws::AmazonS3, prefix: &str) -> Vec<(St
         out.push((meta.location.to_string(), meta.size as u64));
     }
     out
+}
+
+/// `spark-replay audit erasure --json --erase-after-ms 0 --data DATA
+/// --from URL --retention-ms MS`: exit code, stdout, stderr.
+fn audit_erasure(
+    data: &std::path::Path,
+    url: &str,
+    endpoint: &str,
+    retention_ms: u64,
+) -> (i32, String, String) {
+    let retention = retention_ms.to_string();
+    replay(
+        &[
+            "audit",
+            "erasure",
+            "--json",
+            "--erase-after-ms",
+            "0",
+            "--data",
+            data.to_str().unwrap(),
+            "--from",
+            url,
+            "--retention-ms",
+            &retention,
+        ],
+        endpoint,
+    )
+}
+
+/// The archive objects `audit erasure --json` lists for moment `id`.
+fn in_archive(out: &str, id: &str) -> Vec<Value> {
+    let doc: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    doc["moments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("{id} not in {out}"))["remaining"]["archive"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
