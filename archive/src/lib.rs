@@ -688,6 +688,33 @@ impl ArchiveStore {
         Ok((low, latest))
     }
 
+    /// The numbers of `key_of`'s family below `below` that exist, lowest
+    /// first, with each object's key and size: LIST pages from the lowest
+    /// number up to `below` only (what the retention pass deletes).
+    pub async fn numbered_below(
+        &self,
+        key_of: impl Fn(u64) -> String,
+        below: u64,
+    ) -> Result<Vec<(u64, String, u64)>, StoreError> {
+        let first = key_of(1);
+        let dir = first.rsplit_once('/').map(|(dir, _)| StorePath::from(dir));
+        let mut listed = self
+            .store
+            .list_with_offset(dir.as_ref(), &StorePath::from(key_of(0)));
+        let mut out = Vec::new();
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| Self::unreachable(&first, e))?;
+            let Some(number) = numbered(&key_of, meta.location.as_ref()) else {
+                continue;
+            };
+            if number >= below {
+                break;
+            }
+            out.push((number, meta.location.to_string(), meta.size as u64));
+        }
+        Ok(out)
+    }
+
     /// The lowest number of `key_of`'s family that exists (one LIST page),
     /// `None` when none does.
     async fn first_number(

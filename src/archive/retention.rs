@@ -232,15 +232,10 @@ impl Shipper {
         let prefix = self.store.prefix().to_owned();
         let below: Vec<(String, u64)> = self
             .store
-            .list_family("manifest")
+            .numbered_below(|n| manifest_key(&prefix, n), floor)
             .await?
             .into_iter()
-            .filter(|(key, _)| {
-                key.rsplit('/')
-                    .next()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .is_some_and(|n| n < floor && manifest_key(&prefix, n) == *key)
-            })
+            .map(|(_, key, bytes)| (key, bytes))
             .collect();
         self.delete_all("manifest", below, &mut report).await?;
         // 3. Log objects no retained manifest names, old enough, of this

@@ -2500,3 +2500,129 @@ async fn a_fenced_writer_deletes_nothing() {
     shipping.stop().await;
     engine.shutdown().await;
 }
+
+/// Objects and bytes of the archive, by family.
+async fn archive_size(store: &ArchiveStore) -> Vec<(&'static str, usize, u64)> {
+    let mut out = Vec::new();
+    for family in [
+        "manifest",
+        "segment",
+        "chunk",
+        "checkpoint",
+        "blob",
+        "epoch",
+    ] {
+        let listed = store.list_family(family).await.unwrap();
+        out.push((
+            family,
+            listed.len(),
+            listed.iter().map(|(_, bytes)| bytes).sum::<u64>(),
+        ));
+    }
+    out
+}
+
+fn size_line(sizes: &[(&'static str, usize, u64)]) -> String {
+    let objects: usize = sizes.iter().map(|s| s.1).sum();
+    let bytes: u64 = sizes.iter().map(|s| s.2).sum();
+    let parts: Vec<String> = sizes
+        .iter()
+        .map(|(family, n, b)| format!("{family} {n} ({b} B)"))
+        .collect();
+    format!("{objects} objects, {bytes} bytes: {}", parts.join(", "))
+}
+
+/// The figure of docs/performance/erasure.md ("Archive"): an archive's
+/// size before and after retention for a history where half the moments
+/// were deleted and erased. `cargo test --release -p spark-engine --lib
+/// archive::tests::archive_size_before_and_after_retention -- --ignored
+/// --nocapture` (`SPARK_RETENTION_FIGURE_MOMENTS=N`, default 20000). The
+/// store is in memory: counts and bytes are the store's, whatever it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: prints the figure"]
+async fn archive_size_before_and_after_retention() {
+    let moments: u64 = std::env::var("SPARK_RETENTION_FIGURE_MOMENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let store = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = Settings {
+        data_dir: dir.path().to_owned(),
+        ..Settings::default()
+    };
+    settings.log.segment_size_bytes = 1 << 20;
+    settings.log.preallocate_bytes = 0;
+    settings.log.checkpoint_interval_ops = 0;
+    settings.retention.erase_after_ms = 0;
+    let engine = open_engine(&settings);
+    // Built and compacted under the default retention (a week): nothing
+    // is deleted yet.
+    let shipping = ship_every_20_ms(store.clone(), dir.path(), &engine)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for client in 0..8u64 {
+        let engine = Arc::clone(&engine);
+        tasks.push(tokio::spawn(async move {
+            let mut n = 1 + client;
+            while n <= moments {
+                engine.submit(create(n)).await.unwrap();
+                n += 8;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for n in (1..=moments).step_by(2) {
+        engine.submit(delete(n)).await.unwrap();
+    }
+    until("shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    let built = archive_size(&store).await;
+    let report = compactor(&settings, &engine).pass().await.unwrap();
+    assert_eq!(report.erased.len() as u64, moments.div_ceil(2));
+    until("compaction shipped", || {
+        shipping.status.shipped_seq() == engine.head().seq
+    })
+    .await;
+    let compacted = archive_size(&store).await;
+    shipping.stop().await;
+    // The same writer with retention_ms = 1 s: its first passes delete
+    // what the compaction superseded, the folded chunks and the history.
+    let retention_ms = 1000;
+    tokio::time::sleep(Duration::from_millis(retention_ms + 100)).await;
+    let shipping = ship_retained(store.clone(), dir.path(), &engine, retention_ms).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let after = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (latest, low) = store.latest_manifest_and_low().await.unwrap().unwrap();
+        let sizes = archive_size(&store).await;
+        let chunks_named = latest.chunks.len();
+        let chunk_objects = sizes.iter().find(|s| s.0 == "chunk").unwrap().1;
+        if latest.retained_from > 1 && low == latest.retained_from && chunk_objects == chunks_named
+        {
+            break sizes;
+        }
+        assert!(Instant::now() < deadline, "retention never ran");
+    };
+    shipping.stop().await;
+    let log_bytes: u64 = std::fs::read_dir(spark_core::layout::log_dir(dir.path()))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    println!(
+        "archive retention figure: {moments} moments created, {} deleted and erased, segments of 1 MiB, shipped every 20 ms",
+        moments.div_ceil(2)
+    );
+    println!("built (before the compaction):   {}", size_line(&built));
+    println!("compacted, before retention:     {}", size_line(&compacted));
+    println!("after retention:                 {}", size_line(&after));
+    println!("local log after the compaction:  {log_bytes} bytes");
+    engine.shutdown().await;
+}
