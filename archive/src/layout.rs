@@ -82,6 +82,18 @@ fn join(prefix: &str, rest: String) -> String {
     }
 }
 
+/// The compaction a sealed segment's key names: GGG of `NNN-cGGG.seg` or
+/// `NNN-EEE-cGGG.seg` (the seq of the `log.compact` record that left the
+/// segment so, ARCHIVE.md "Keys"); `None` for any other key. The last
+/// sealed segment of a manifest is rewritten by every compaction, so the
+/// highest of its segments' is the latest compaction its log applies.
+pub fn key_compaction(key: &str) -> Option<Seq> {
+    let name = key.rsplit('/').next()?.strip_suffix(".seg")?;
+    let last = name.rsplit('-').next()?;
+    let digits = last.strip_prefix('c')?;
+    (digits.len() == 20).then(|| digits.parse().ok()).flatten()
+}
+
 /// The writer epoch a log object's key carries: a sealed segment's
 /// (`NNN.seg` and `NNN-cGGG.seg`: 1; `NNN-EEE.seg`, `NNN-EEE-cGGG.seg`:
 /// EEE), a chunk's (`FFF-LLL-EEE.chunk`) or a checkpoint's
@@ -1491,6 +1503,16 @@ mod tests {
         ] {
             assert_eq!(key_epoch(&key), epoch, "{key}");
         }
+        assert_eq!(
+            key_compaction(&compacted_segment_key("p", 5, 1, 90)),
+            Some(90)
+        );
+        assert_eq!(
+            key_compaction(&compacted_segment_key("p", 5, 3, 91)),
+            Some(91)
+        );
+        assert_eq!(key_compaction(&segment_key("p", 5, 3)), None);
+        assert_eq!(key_compaction(&chunk_key("p", 5, 9, 2)), None);
     }
 
     #[test]

@@ -24,8 +24,8 @@ use serde_json::json;
 use sha2::Digest;
 use spark_archive::catch_up::Fetched;
 use spark_archive::layout::{
-    blob_key, extends, manifest_key, missing_key, CheckpointEntry, ChunkEntry, Manifest,
-    MissingBlobDoc, SegmentEntry,
+    blob_key, extends, key_compaction, manifest_key, missing_key, CheckpointEntry, ChunkEntry,
+    Manifest, MissingBlobDoc, SegmentEntry,
 };
 use spark_archive::{ArchiveStore, CatchUpError, Keep, StoreConfig, StoreError};
 use spark_core::mirror::Mirror;
@@ -790,8 +790,13 @@ impl<'a> Retained<'a> {
 /// Refuses `--at` before the retention horizon (the manifest `floor` the
 /// latest one's `retained_from` names): what a compaction erased before it
 /// may be deleted from the archive, so a restore there could not be exact
-/// (exit 2, naming the horizon and the setting).
+/// (exit 2, naming the horizon and the setting). A floor still at manifest
+/// 1 is no horizon: no retention pass moved it, nothing was deleted, and
+/// manifest 1 holds the log from seq 1.
 fn refuse_before_horizon(at: At, floor: &Manifest, prefix: &str) -> Result<(), Failure> {
+    if floor.number <= 1 {
+        return Ok(());
+    }
     let before = match at {
         At::Seq(seq) => seq < floor.shipped_seq,
         At::TimeMs(ms) => ms < floor.written_ms,
@@ -820,7 +825,9 @@ const TIME_TRIES: usize = 8;
 
 /// `restore --at` within the horizon: the ops at or before the cut are
 /// read from a manifest that had not applied a compaction after the cut
-/// (ARCHIVE.md "Restore"): for `--at SEQ` the earliest retained manifest
+/// (ARCHIVE.md "Restore"): the latest when its log applies no compaction
+/// (or, for `--at SEQ`, none after SEQ); else for `--at SEQ` the earliest
+/// retained manifest
 /// whose `shipped_seq` reaches SEQ; for `--at TIME` the earliest one
 /// written after TIME whose log reaches past TIME (holds an op stamped
 /// after it: ops are stamped in seq order, so it then holds every op
@@ -837,7 +844,22 @@ async fn restore_at(
     data: &Path,
     from_checkpoint: bool,
 ) -> Result<serde_json::Value, Failure> {
+    // The latest compaction the latest manifest's log applies (its last
+    // sealed segment carries it in its key): none, or none after a seq
+    // cut, and the latest manifest is exact for the cut.
+    let last_compaction = manifests
+        .latest
+        .segments
+        .iter()
+        .filter_map(|s| key_compaction(&s.key))
+        .max();
+    let latest_exact = match (at, last_compaction) {
+        (_, None) => true,
+        (At::Seq(seq), Some(record_seq)) => record_seq <= seq,
+        (At::TimeMs(_), Some(_)) => false,
+    };
     let mut manifest = match at {
+        _ if latest_exact => manifests.latest.clone(),
         At::Seq(seq) => manifests.earliest(|m| m.shipped_seq >= seq).await?,
         At::TimeMs(ms) => manifests.earliest(|m| m.written_ms > ms).await?,
     };
