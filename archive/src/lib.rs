@@ -710,7 +710,7 @@ impl ArchiveStore {
             if number >= below {
                 break;
             }
-            out.push((number, meta.location.to_string(), meta.size as u64));
+            out.push((number, meta.location.to_string(), meta.size));
         }
         Ok(out)
     }
@@ -869,7 +869,7 @@ impl ArchiveStore {
         while let Some(meta) = listed.next().await {
             let meta = meta.map_err(|e| Self::unreachable(&dir, e))?;
             let modified_ms = meta.last_modified.timestamp_millis().max(0) as u64;
-            out.push((meta.location.to_string(), meta.size as u64, modified_ms));
+            out.push((meta.location.to_string(), meta.size, modified_ms));
         }
         out.sort();
         Ok(out)

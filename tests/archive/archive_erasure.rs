@@ -432,7 +432,7 @@ async fn all_objects(raw: &object_store::aws::AmazonS3, prefix: &str) -> Vec<(St
     let mut out = Vec::new();
     while let Some(meta) = listed.next().await {
         let meta = meta.unwrap();
-        out.push((meta.location.to_string(), meta.size as u64));
+        out.push((meta.location.to_string(), meta.size));
     }
     out
 }
