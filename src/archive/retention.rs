@@ -28,6 +28,9 @@ const DELETES_AT_ONCE: usize = 16;
 const READS_AT_ONCE: usize = 16;
 /// The longest time between two passes.
 const PASS_EVERY_MAX: Duration = Duration::from_secs(3600);
+/// After a pass gave way to shipping, the next one starts this much later
+/// at the earliest (it goes on where this one stopped).
+const RESUME_AFTER: Duration = Duration::from_secs(1);
 
 /// Whether a blob's moments are all erased, and since when the engine
 /// knows it.
@@ -64,6 +67,8 @@ pub(super) struct Retention {
     /// no manifest is stored and that time has not come, no pass runs: an
     /// idle writer makes no request for retention either.
     quiet: Option<(u64, u64)>,
+    /// After a pass that gave way to shipping: when the next one may start.
+    resume_at: Option<Instant>,
 }
 
 /// What one pass deleted, by family.
@@ -76,6 +81,13 @@ pub(super) struct PassReport {
     pub(super) deleted: BTreeMap<&'static str, (u64, u64)>,
     /// Deletes that failed (retried at the next pass).
     pub(super) failed: u64,
+    /// The pass stopped between two batches of deletes to let a ship go
+    /// first (writes wait in `sync` mode, or the head moved and the pass
+    /// has run a ship interval); the next one goes on.
+    pub(super) gave_way: bool,
+    /// Batches of deletes sent (a pass sends at least one before it gives
+    /// way, so that a busy writer still deletes).
+    batches: usize,
 }
 
 impl PassReport {
@@ -98,8 +110,9 @@ impl Retention {
     /// hour for the default week) while a pass, which LISTs the log
     /// families, stays rare.
     pub(super) fn new(retention_ms: u64, ship_interval: Duration) -> Retention {
-        let interval =
-            Duration::from_millis(retention_ms / 10).clamp(ship_interval, PASS_EVERY_MAX);
+        let interval = Duration::from_millis(retention_ms / 10)
+            .min(PASS_EVERY_MAX)
+            .max(ship_interval);
         Retention {
             retention_ms,
             interval,
@@ -109,11 +122,15 @@ impl Retention {
             named: HashMap::new(),
             unneeded: HashMap::new(),
             quiet: None,
+            resume_at: None,
         }
     }
 
     /// Whether a pass is due, the state's manifest being `number`.
     pub(super) fn due(&self, number: u64) -> bool {
+        if let Some(at) = self.resume_at {
+            return Instant::now() >= at;
+        }
         let quiet = self.quiet.is_some_and(|(seen, wake_ms)| {
             seen == number && spark_log_format::system_now_ms() < wake_ms
         });
@@ -150,8 +167,12 @@ impl Shipper {
         }
         self.retention.last_pass = Some(Instant::now());
         self.retention.quiet = None;
+        self.retention.resume_at = None;
         match self.retention_pass().await {
             Ok(report) => {
+                if report.gave_way {
+                    self.retention.resume_at = Some(Instant::now() + RESUME_AFTER);
+                }
                 let (objects, bytes) = report
                     .deleted
                     .values()
@@ -162,6 +183,7 @@ impl Shipper {
                         objects,
                         bytes,
                         failed = report.failed,
+                        gave_way = report.gave_way,
                         by_kind = ?report.deleted,
                         "archive: retention pass deleted what is older than retention_ms"
                     );
@@ -179,6 +201,7 @@ impl Shipper {
     /// One retention pass (ARCHIVE.md "Retention"). Returns what it
     /// deleted; an error stops the pass where it is (what it did is kept).
     pub(super) async fn retention_pass(&mut self) -> Result<PassReport, ShipError> {
+        let started = Instant::now();
         let mut report = PassReport::default();
         if self.state.number == 0 {
             return Ok(report);
@@ -237,13 +260,23 @@ impl Shipper {
             .into_iter()
             .map(|(_, key, bytes)| (key, bytes))
             .collect();
-        self.delete_all("manifest", below, &mut report).await?;
+        self.delete_all("manifest", below, started, &mut report)
+            .await?;
+        if report.gave_way {
+            return Ok(report);
+        }
         // 3. Log objects no retained manifest names, old enough, of this
         //    writer's epoch or an older one (a newer writer's objects are
         //    never touched), and not a checkpoint waiting to be listed.
         let epoch = self.status.epoch;
         let waiting = self.checkpoint_stored.as_ref().map(|c| c.key.clone());
         for family in ["segment", "chunk", "checkpoint"] {
+            if family == "checkpoint" && self.checkpoint_put.is_some() {
+                // A checkpoint put in flight may be stored already and not
+                // listed yet: checkpoints wait for a pass without one.
+                report.gave_way = true;
+                continue;
+            }
             let mut unnamed: Vec<(String, u64)> = Vec::new();
             for (key, bytes, modified_ms) in self.store.list_family_dated(family).await? {
                 let deletable = self.retention.named.get(&key).is_none_or(|n| *n < floor)
@@ -259,16 +292,21 @@ impl Shipper {
                 unnamed.push((key, bytes));
             }
             let label: &'static str = family;
-            let deleted = self.delete_all(label, unnamed, &mut report).await?;
+            let deleted = self
+                .delete_all(label, unnamed, started, &mut report)
+                .await?;
             for key in deleted {
                 self.retention.named.remove(&key);
+            }
+            if report.gave_way {
+                return Ok(report);
             }
         }
         // 4. Blobs only erased moments name, erased as of the floor's log.
         let waiting_blobs = self
-            .delete_erased_blobs(floor_shipped_seq, &mut report)
+            .delete_erased_blobs(floor_shipped_seq, started, &mut report)
             .await?;
-        if report.failed == 0 && !waiting_blobs {
+        if report.failed == 0 && !waiting_blobs && !report.gave_way {
             self.retention.quiet = Some((self.state.number, wake_ms));
         }
         Ok(report)
@@ -320,37 +358,55 @@ impl Shipper {
         Ok(())
     }
 
-    /// Deletes `objects` (key, bytes), [`DELETES_AT_ONCE`] at a time, in
-    /// key order; counts each deleted in `report`, a failed one as a WARN.
-    /// Returns the keys deleted. The fencing HEAD comes first: a writer
-    /// fenced since the pass started deletes nothing more.
+    /// Whether the pass (started at `started`) should stop and let a ship
+    /// go first: in `sync` mode writes wait for one; in `async` mode the
+    /// head moved and the pass has already run a ship interval.
+    fn give_way(&self, started: Instant) -> bool {
+        if let Some(gate) = self.engine.archive_gate() {
+            return gate.waiting_answers() > 0;
+        }
+        started.elapsed() >= self.status.interval && self.engine.head().seq > self.state.shipped_seq
+    }
+
+    /// Deletes `objects` (key, bytes) in key order, in batches of
+    /// [`DELETES_AT_ONCE`] at once; counts each deleted in `report`, a
+    /// failed one as a WARN. Before each batch: the fencing HEAD (a writer
+    /// fenced since the pass started deletes nothing more), and a look at
+    /// whether a ship should go first ([`Shipper::give_way`], once the
+    /// pass sent a batch: then it stops, `report.gave_way`, and the next
+    /// pass goes on). Returns the keys deleted.
     async fn delete_all(
         &self,
         family: &'static str,
         objects: Vec<(String, u64)>,
+        started: Instant,
         report: &mut PassReport,
     ) -> Result<Vec<String>, ShipError> {
-        if objects.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.check_not_taken_over().await?;
         let store = &self.store;
-        let mut results = std::pin::pin!(futures_util::stream::iter(objects)
-            .map(|(key, bytes)| async move {
-                let result = store.delete(&key).await;
-                (key, bytes, result)
-            })
-            .buffered(DELETES_AT_ONCE));
         let mut deleted = Vec::new();
-        while let Some((key, bytes, result)) = results.next().await {
-            match result {
-                Ok(()) => {
-                    report.count(family, bytes);
-                    deleted.push(key);
-                }
-                Err(e) => {
-                    report.failed += 1;
-                    tracing::warn!(%key, error = %e, "archive: retention could not delete an object; trying again at the next pass");
+        for batch in objects.chunks(DELETES_AT_ONCE) {
+            if report.batches > 0 && self.give_way(started) {
+                report.gave_way = true;
+                break;
+            }
+            self.check_not_taken_over().await?;
+            report.batches += 1;
+            let results = futures_util::future::join_all(
+                batch
+                    .iter()
+                    .map(|(key, bytes)| async move { (key, *bytes, store.delete(key).await) }),
+            )
+            .await;
+            for (key, bytes, result) in results {
+                match result {
+                    Ok(()) => {
+                        report.count(family, bytes);
+                        deleted.push(key.clone());
+                    }
+                    Err(e) => {
+                        report.failed += 1;
+                        tracing::warn!(%key, error = %e, "archive: retention could not delete an object; trying again at the next pass");
+                    }
                 }
             }
         }
@@ -368,6 +424,7 @@ impl Shipper {
     async fn delete_erased_blobs(
         &mut self,
         floor_shipped_seq: u64,
+        started: Instant,
         report: &mut PassReport,
     ) -> Result<bool, ShipError> {
         let unneeded: Vec<[u8; 32]> = self.engine.read(|mirror| {
@@ -421,7 +478,7 @@ impl Shipper {
                 }
             }
         }
-        let deleted = self.delete_all("blob", objects, report).await?;
+        let deleted = self.delete_all("blob", objects, started, report).await?;
         for key in deleted {
             if let Some(sha) = due.iter().find(|sha| blob_key(&prefix, sha) == key) {
                 self.retention.unneeded.insert(*sha, Unneeded::Deleted);
