@@ -27,6 +27,9 @@
 //!   starting on it refuses, naming the object).
 //! - [`replica_follows_a_sync_mode_writer_through_chunk_merges`] follows
 //!   a `sync`-mode writer, which merges runs of chunks.
+//! - [`a_replica_further_behind_than_retention_goes_to_the_latest`]: the
+//!   manifests after the one a replica applied are deleted by the
+//!   writer's retention before its next poll; it goes to the latest.
 //!
 //! Without `weed` (or the `spark-engine` binary) the tests print
 //! `skipped: ...`; `SPARK_REQUIRE_S3=1` makes them fail instead. The two
@@ -1075,4 +1078,90 @@ fn replica_keeps_up_with_a_sync_mode_writer_under_load() {
     );
     drop((writer, replica));
     drop(weed);
+}
+
+/// A replica that falls more than `[archive] retention_ms` behind finds
+/// its next manifest deleted by the writer's retention pass (ARCHIVE.md
+/// "Retention", "Replicas"): that is no gap; it goes to the latest
+/// manifest at once and serves what the writer serves.
+#[test]
+fn a_replica_further_behind_than_retention_goes_to_the_latest() {
+    let test = "a_replica_further_behind_than_retention_goes_to_the_latest";
+    let Some((weed_bin, engine)) = engine_or_skip(test) else {
+        return;
+    };
+    set_credentials();
+    let weed = Weed::start(weed_bin);
+    let endpoint = weed.endpoint();
+    let url = unique_prefix("replica-retention");
+    let work = tempfile::tempdir().unwrap();
+    let http = client();
+    let toml = writer_config(work.path(), &url, &endpoint);
+    let mut config = std::fs::read_to_string(&toml).unwrap();
+    config.push_str("retention_ms = 1000\n");
+    std::fs::write(&toml, config).unwrap();
+    let writer = EngineProcess::start(&engine, &work.path().join("writer"), &toml);
+    let r = http
+        .post(format!("{}/api/moments", writer.base))
+        .json(&json!({"text": "first"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    wait_archived(&http, &writer.base);
+    // Polls 8 s apart: the writes below and the retention of their
+    // manifests happen between two polls.
+    let replica_toml = work.path().join("replica.toml");
+    std::fs::write(&replica_toml, "[replica]\npoll_interval_ms = 8000\n").unwrap();
+    let replica_data = work.path().join("replica");
+    let replica = start_replica(&engine, &replica_data, &replica_toml, &url, &endpoint);
+    wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(30));
+    let applied = || -> u64 {
+        let text = std::fs::read_to_string(replica_data.join("replica-manifest")).unwrap();
+        serde_json::from_str::<Value>(&text).unwrap()["manifest"]
+            .as_u64()
+            .unwrap()
+    };
+    let at = applied();
+    let mut written = Written::default();
+    for n in 0..20u128 {
+        let id = ulid_now(70_000 + n);
+        let r = http
+            .post(format!("{}/api/moments", writer.base))
+            .json(&json!({"id": id, "text": format!("behind {n}")}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+        written.moments.push(id);
+        std::thread::sleep(Duration::from_millis(120));
+    }
+    wait_archived(&http, &writer.base);
+    // The manifests after the one the replica applied are deleted.
+    let raw = raw_store(&endpoint);
+    let prefix = spark_archive::ArchiveUrl::parse(&url).unwrap().prefix;
+    let next = object_store::path::Path::from(spark_archive::layout::manifest_key(&prefix, at + 1));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runtime
+        .block_on(object_store::ObjectStore::head(&raw, &next))
+        .is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "manifest {} never deleted",
+            at + 1
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        applied(),
+        at,
+        "the replica polled meanwhile: make the poll slower"
+    );
+    wait_caught_up(&http, &writer.base, &replica.base, Duration::from_secs(40));
+    assert!(every_get(&http, &writer.base, &written) == every_get(&http, &replica.base, &written));
+    let log = std::fs::read_to_string(work.path().join("replica.log")).unwrap();
+    assert!(
+        log.contains("deleted by the archive's retention"),
+        "the replica did not jump: {log}"
+    );
 }
