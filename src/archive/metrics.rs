@@ -32,8 +32,10 @@ pub struct ArchiveMetrics {
     pub blobs_missing: Gauge,
     /// `spark_archive_objects_put_total`, by kind (`segment`, `chunk`,
     /// `manifest`, `renewal` (a manifest stored only to renew the lease,
-    /// ARCHIVE.md "Lease"), `blob`, `missing` (a missing-blob marker),
-    /// `epoch`).
+    /// ARCHIVE.md "Lease"), `checkpoint` (an archived checkpoint, or a
+    /// manifest stored only to list one), `retention` (a manifest stored
+    /// only to raise the retention floor, ARCHIVE.md "Retention"), `blob`,
+    /// `missing` (a missing-blob marker), `epoch`).
     pub objects_put: Family<Labels, Counter>,
     /// `spark_archive_bytes_put_total`, by kind.
     pub bytes_put: Family<Labels, Counter>,
