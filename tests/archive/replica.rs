@@ -27,9 +27,9 @@
 //!   starting on it refuses, naming the object).
 //! - [`replica_follows_a_sync_mode_writer_through_chunk_merges`] follows
 //!   a `sync`-mode writer, which merges runs of chunks.
-//! - [`a_replica_further_behind_than_retention_goes_to_the_latest`]: the
-//!   manifests after the one a replica applied are deleted by the
-//!   writer's retention before its next poll; it goes to the latest.
+//! - [`a_replica_further_behind_than_retention_goes_to_the_latest`]
+//!   finds the manifests after the one it applied deleted by the
+//!   writer's retention at its next poll, and goes to the latest.
 //!
 //! Without `weed` (or the `spark-engine` binary) the tests print
 //! `skipped: ...`; `SPARK_REQUIRE_S3=1` makes them fail instead. The two
