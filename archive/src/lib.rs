@@ -643,40 +643,41 @@ impl ArchiveStore {
     /// at or above the latest manifest's `retained_from`, ARCHIVE.md
     /// "Gaps").
     ///
-    /// Cost: one LIST page to find the lowest number there, then as
-    /// [`ArchiveStore::latest`] from it: one LIST page per
-    /// [`LIST_RANGE`] numbers from the lowest present one (numbers a
-    /// retention pass deleted cost nothing), planned by the probe past the
-    /// first page.
+    /// Cost: as [`ArchiveStore::latest`], counted from the lowest number
+    /// there (numbers a retention pass deleted cost nothing): one LIST
+    /// page for fewer than [`LIST_RANGE`] numbers; past that the probe
+    /// from the first page's last number plans one LIST page per
+    /// [`LIST_RANGE`] numbers, [`LISTS_AT_ONCE`] at a time, the last one
+    /// reaching past what the probe found.
     pub async fn latest_run(
         &self,
         key_of: impl Fn(u64) -> String,
     ) -> Result<(u64, u64), StoreError> {
         let key_of = &key_of;
-        let Some(lowest) = self.first_number(key_of).await? else {
-            return Ok((1, 0));
-        };
-        let base = lowest - 1;
-        let (mut low, mut latest) = self
-            .list_run_lenient(key_of, base, Some(base + LIST_RANGE))
+        let (mut low, mut latest, listed) = self
+            .list_run_lenient(key_of, 0, None, Some(LIST_RANGE))
             .await?;
-        if latest < base + LIST_RANGE {
+        if listed < LIST_RANGE {
             // The listing ended there: nothing after it.
             return Ok((low, latest));
         }
+        let base = latest;
         let probed = self.probe_from(key_of, latest).await?;
         let bounded = (probed - base) / LIST_RANGE;
-        let ranges = (1..=bounded.max(1)).map(|i| {
+        let ranges = (0..=bounded).map(|i| {
             let upto = (i < bounded).then_some(base + (i + 1) * LIST_RANGE);
             (base + i * LIST_RANGE, upto)
         });
         let mut runs = std::pin::pin!(futures_util::stream::iter(ranges)
             .map(|(after, upto)| async move {
-                (after, self.list_run_lenient(key_of, after, upto).await)
+                (
+                    after,
+                    self.list_run_lenient(key_of, after, upto, None).await,
+                )
             })
             .buffered(LISTS_AT_ONCE));
         while let Some((after, run)) = runs.next().await {
-            let (start, end) = run?;
+            let (start, end, _) = run?;
             if end == after {
                 continue;
             }
@@ -715,41 +716,23 @@ impl ArchiveStore {
         Ok(out)
     }
 
-    /// The lowest number of `key_of`'s family that exists (one LIST page),
-    /// `None` when none does.
-    async fn first_number(
-        &self,
-        key_of: &impl Fn(u64) -> String,
-    ) -> Result<Option<u64>, StoreError> {
-        let first = key_of(1);
-        let dir = first.rsplit_once('/').map(|(dir, _)| StorePath::from(dir));
-        let mut listed = self
-            .store
-            .list_with_offset(dir.as_ref(), &StorePath::from(key_of(0)));
-        while let Some(meta) = listed.next().await {
-            let meta = meta.map_err(|e| Self::unreachable(&first, e))?;
-            if let Some(number) = numbered(key_of, meta.location.as_ref()) {
-                return Ok(Some(number));
-            }
-        }
-        Ok(None)
-    }
-
     /// [`ArchiveStore::list_run`] that takes a hole as the start of a new
     /// run: returns the first and last number of the last run listed
-    /// (`(after + 1, after)` when none is).
+    /// (`(after + 1, after)` when none is) and how many numbers it listed,
+    /// stopping at `upto` or after `max_keys` numbers, when given.
     async fn list_run_lenient(
         &self,
         key_of: &impl Fn(u64) -> String,
         after: u64,
         upto: Option<u64>,
-    ) -> Result<(u64, u64), StoreError> {
+        max_keys: Option<u64>,
+    ) -> Result<(u64, u64, u64), StoreError> {
         let first = key_of(1);
         let dir = first.rsplit_once('/').map(|(dir, _)| StorePath::from(dir));
         let mut listed = self
             .store
             .list_with_offset(dir.as_ref(), &StorePath::from(key_of(after)));
-        let (mut start, mut last) = (after + 1, after);
+        let (mut start, mut last, mut count) = (after + 1, after, 0);
         while let Some(meta) = listed.next().await {
             let meta = meta.map_err(|e| Self::unreachable(&first, e))?;
             let Some(number) = numbered(key_of, meta.location.as_ref()) else {
@@ -759,11 +742,12 @@ impl ArchiveStore {
                 start = number;
             }
             last = number;
-            if upto.is_some_and(|upto| number >= upto) {
+            count += 1;
+            if upto.is_some_and(|upto| number >= upto) || max_keys == Some(count) {
                 break;
             }
         }
-        Ok((start, last))
+        Ok((start, last, count))
     }
 
     /// The latest manifest, checked, or `None` for an empty archive: the
@@ -1252,5 +1236,17 @@ mod tests {
         assert_eq!(long.latest_run(key).await.unwrap(), (3001, 4100));
         let empty = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
         assert_eq!(empty.latest_run(key).await.unwrap(), (1, 0));
+        // A long gapless history, and one that ends on a page's last number.
+        let whole = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        put_numbers(&whole, 1..=2 * LIST_RANGE).await;
+        assert_eq!(whole.latest_run(key).await.unwrap(), (1, 2 * LIST_RANGE));
+        put_numbers(&whole, [2 * LIST_RANGE + 1]).await;
+        assert_eq!(
+            whole.latest_run(key).await.unwrap(),
+            (1, 2 * LIST_RANGE + 1)
+        );
+        let page = ArchiveStore::new(Arc::new(InMemory::new()), "p".into());
+        put_numbers(&page, 1..=LIST_RANGE).await;
+        assert_eq!(page.latest_run(key).await.unwrap(), (1, LIST_RANGE));
     }
 }
