@@ -78,6 +78,18 @@ pub struct ScanReport {
 /// two segment rolls misses a segment, and a second listing does not.
 pub const LIVE_OPEN_ATTEMPTS: u32 = 3;
 
+/// How long (ms) [`LogReader::open_live_from`] waits for a compaction
+/// commit in progress before it reports what it reads: while the journal
+/// `log/COMPACTION` exists, the engine is replacing sealed segments and then
+/// patching the active segment's header (FORMAT.md "Compaction"), and a view
+/// taken meanwhile shows a chain that breaks where the old and the new
+/// segments meet. A journal still there after this long is a commit no
+/// engine is finishing: [`LogError::CompactionPending`].
+pub const LIVE_COMPACTION_WAIT_MS: u64 = 60_000;
+
+/// The pause (ms) between two live opens while a compaction commits.
+const LIVE_COMPACTION_POLL_MS: u64 = 20;
+
 /// One mapped segment.
 struct Mapped {
     info: SegmentInfo,
@@ -187,8 +199,14 @@ impl LogReader {
     /// read, when the writer rolls twice meanwhile; that shows as a seq gap
     /// between two segments, so the view is opened again (up to
     /// [`LIVE_OPEN_ATTEMPTS`] times) before a gap is reported as damage.
+    /// Damage seen while a compaction's journal exists (a commit replacing
+    /// segments, then patching the active header) is no damage: the view is
+    /// opened again every few ms until the journal is gone, for up to
+    /// [`LIVE_COMPACTION_WAIT_MS`].
     ///
-    /// Errors: as [`open_live`](Self::open_live), for the segments read.
+    /// Errors: as [`open_live`](Self::open_live), for the segments read;
+    /// [`LogError::CompactionPending`] when damage shows and a journal is
+    /// still there after [`LIVE_COMPACTION_WAIT_MS`].
     pub fn open_live_from(
         dir: &Path,
         fs: Arc<dyn Fs>,
@@ -210,7 +228,12 @@ impl LogReader {
         mut visit: impl FnMut(RecordRef<'_>),
     ) -> Result<LogReader, LogError> {
         let mut attempt = 1;
+        let mut waited_ms = 0;
         loop {
+            // A journal seen before the open or after it means a commit may
+            // have swapped files under this view: the view is taken again
+            // once no journal is left (FORMAT.md "Reading a live log").
+            let journal_before = compaction_journal::journal_exists(fs.as_ref(), dir)?;
             match LogReader::open_from(
                 dir,
                 fs.clone(),
@@ -220,6 +243,19 @@ impl LogReader {
                 &mut visit,
             ) {
                 Err(LogError::Corrupt { .. }) if attempt < LIVE_OPEN_ATTEMPTS => attempt += 1,
+                Err(error @ LogError::Corrupt { .. }) => {
+                    let journal_after = compaction_journal::journal_exists(fs.as_ref(), dir)?;
+                    if !journal_before && !journal_after {
+                        return Err(error);
+                    }
+                    if journal_after && waited_ms >= LIVE_COMPACTION_WAIT_MS {
+                        return Err(LogError::CompactionPending {
+                            journal: dir.join(JOURNAL_NAME),
+                        });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(LIVE_COMPACTION_POLL_MS));
+                    waited_ms += LIVE_COMPACTION_POLL_MS;
+                }
                 opened => return opened,
             }
         }
