@@ -77,6 +77,10 @@ pub struct PassReport {
     pub checkpoints_removed: usize,
     /// Copies of cut tails (`<segment>.torn-*`, kept by recovery) removed.
     pub cut_tails_removed: usize,
+    /// True when moments were due and the pass left them for the next
+    /// one because the scrub had not yet read every segment startup
+    /// deferred (see [`Compactor::pass`]).
+    pub waiting_for_scrub: bool,
     /// The earliest time (Unix ms) a pending moment becomes due, if one is
     /// not due yet.
     pub next_due_ms: Option<u64>,
@@ -181,7 +185,9 @@ impl Compactor {
         }
     }
 
-    /// One pass: erases every deleted moment that is due (module docs).
+    /// One pass: erases every deleted moment that is due (module docs),
+    /// once the scrub has read every segment a checkpointed start deferred
+    /// (until then the due moments wait: `waiting_for_scrub`).
     /// Errors: [`PassError`]; nothing is half done (the log's compaction is
     /// atomic; blobs and checkpoints are retried by the next pass through
     /// `spark-replay audit erasure`'s findings at the latest).
@@ -231,6 +237,14 @@ impl Compactor {
             }
         }
         if due.is_empty() {
+            return Ok(report);
+        }
+        // The scrub checks each sealed segment a checkpointed start
+        // deferred against the chain values startup linked; a rewrite
+        // under it would show it damage that is not there. Erasure waits
+        // for it (it runs once, right after the start).
+        if !self.engine.scrub_status().finished() {
+            report.waiting_for_scrub = true;
             return Ok(report);
         }
         due.sort_unstable();
