@@ -264,13 +264,8 @@ async fn run() {
             tokio::spawn(async move {
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let handle = tokio::runtime::Handle::current();
-                    let compactor = Arc::clone(&compactor);
-                    let report =
-                        tokio::task::spawn_blocking(move || handle.block_on(compactor.pass()))
-                            .await
-                            .unwrap()
-                            .unwrap();
+                    // As the server runs it: on a thread of its own, niced.
+                    let report = compactor.pass_in_background().await.unwrap().unwrap();
                     if report.erased.is_empty() {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     } else {

@@ -619,9 +619,17 @@ impl Settings {
                     message: format!("{text:?} is not {what}"),
                 };
                 *leaf = match leaf {
-                    toml::Value::Integer(_) => {
-                        toml::Value::Integer(text.parse().map_err(|_| bad("a whole number"))?)
-                    }
+                    // Every number setting is unsigned; TOML's integers
+                    // are i64.
+                    toml::Value::Integer(_) => match text.parse::<u64>() {
+                        Ok(n) => toml::Value::Integer(i64::try_from(n).map_err(|_| {
+                            bad(&format!("a whole number of at most {}", i64::MAX))
+                        })?),
+                        Err(_) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+                            return Err(bad(&format!("a whole number of at most {}", i64::MAX)))
+                        }
+                        Err(_) => return Err(bad("a whole number of 0 or more")),
+                    },
                     toml::Value::Boolean(_) => {
                         toml::Value::Boolean(text.parse().map_err(|_| bad("true or false"))?)
                     }
@@ -668,13 +676,23 @@ impl Settings {
                 message: "no such setting (see `spark-engine config print`)".to_owned(),
             });
         }
+        let untouched = tree.clone();
         walk(&mut tree, "SPARK", &vars)?;
-        *self = tree
-            .try_into()
-            .map_err(|e: toml::de::Error| SettingsError::Env {
-                name: "SPARK_*".to_owned(),
-                message: e.to_string(),
-            })?;
+        *self = tree.try_into().map_err(|e: toml::de::Error| {
+            // Name the variable: the first whose value alone does not fit
+            // its setting (a number too large for it, say).
+            let mut set: Vec<&String> = vars.keys().filter(|n| known.contains(*n)).collect();
+            set.sort();
+            let culprit = set.into_iter().find(|name| {
+                let mut one = untouched.clone();
+                let only = std::iter::once(((*name).clone(), vars[*name].clone())).collect();
+                walk(&mut one, "SPARK", &only).is_err() || one.try_into::<Settings>().is_err()
+            });
+            SettingsError::Env {
+                name: culprit.cloned().unwrap_or_else(|| "SPARK_*".to_owned()),
+                message: e.message().trim().to_owned(),
+            }
+        })?;
         Ok(())
     }
 
@@ -1082,6 +1100,27 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("SPARK_LOG_SEGMENT_SIZE_BYTES"));
+    }
+
+    #[test]
+    fn a_number_variable_out_of_range_is_refused_naming_the_variable() {
+        let cases = [
+            ("SPARK_RETENTION_CHECK_INTERVAL_MS", "-1", "of 0 or more"),
+            (
+                "SPARK_RETENTION_ERASE_AFTER_MS",
+                "99999999999999999999",
+                "at most 9223372036854775807",
+            ),
+            ("SPARK_LOG_MAX_RECORD_BYTES", "99999999999", "u32"),
+        ];
+        for (name, value, says) in cases {
+            let mut s = Settings::default();
+            let error = s
+                .apply_env(std::iter::once((name.to_owned(), value.to_owned())))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(name) && error.contains(says), "{error}");
+        }
     }
 
     #[test]

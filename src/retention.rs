@@ -77,10 +77,19 @@ pub struct PassReport {
     pub checkpoints_removed: usize,
     /// Copies of cut tails (`<segment>.torn-*`, kept by recovery) removed.
     pub cut_tails_removed: usize,
+    /// True when moments were due and the pass left them for the next
+    /// one because the scrub had not yet read every segment startup
+    /// deferred (see [`Compactor::pass`]).
+    pub waiting_for_scrub: bool,
     /// The earliest time (Unix ms) a pending moment becomes due, if one is
     /// not due yet.
     pub next_due_ms: Option<u64>,
 }
+
+/// Nice value (Linux, per thread) of a compaction's threads: the pass's
+/// staging and the commit's copies. Below the write path and the HTTP
+/// workers (0), as the checkpoint worker; the scrub (19) yields to both.
+pub const COMPACTOR_NICE: i32 = 10;
 
 /// Why a pass failed. The next pass tries again; a failure of the writer's
 /// part stops the write path (a restart's recovery finishes the job).
@@ -151,14 +160,13 @@ impl Compactor {
         settings.replica_from.is_some().then_some(Held::Replica)
     }
 
-    /// Runs passes every `interval` until `stop` turns true. A failed pass
-    /// is logged and retried at the next interval.
+    /// Runs passes every `interval` until `stop` turns true, each on a
+    /// thread of its own at [`COMPACTOR_NICE`] (SPEC section 13: low
+    /// priority). A failed pass is logged and retried at the next interval.
     pub async fn run(self, interval: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
         let this = Arc::new(self);
         loop {
-            let pass = Arc::clone(&this);
-            let handle = tokio::runtime::Handle::current();
-            let result = tokio::task::spawn_blocking(move || handle.block_on(pass.pass())).await;
+            let result = this.pass_in_background().await;
             match result {
                 Ok(Ok(report)) if !report.erased.is_empty() => tracing::info!(
                     erased = report.erased.len(),
@@ -181,7 +189,34 @@ impl Compactor {
         }
     }
 
-    /// One pass: erases every deleted moment that is due (module docs).
+    /// [`pass`](Self::pass) on a thread of its own at [`COMPACTOR_NICE`],
+    /// as [`run`](Self::run) does at each interval (a thread per pass, one
+    /// a minute by default: the nice value of a pooled thread could not be
+    /// raised again afterwards).
+    ///
+    /// Errors: the pass's own, inside; outside, a thread that did not
+    /// start or ended without a report, in words.
+    pub async fn pass_in_background(
+        self: &Arc<Self>,
+    ) -> Result<Result<PassReport, PassError>, String> {
+        let pass = Arc::clone(self);
+        let handle = tokio::runtime::Handle::current();
+        let (done, result) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("spark-compactor".into())
+            .spawn(move || {
+                crate::engine::lower_thread_priority(COMPACTOR_NICE);
+                let _ = done.send(handle.block_on(pass.pass()));
+            })
+            .map_err(|e| format!("its thread did not start: {e}"))?;
+        result
+            .await
+            .map_err(|_| "its thread ended without a report".to_owned())
+    }
+
+    /// One pass: erases every deleted moment that is due (module docs),
+    /// once the scrub has read every segment a checkpointed start deferred
+    /// (until then the due moments wait: `waiting_for_scrub`).
     /// Errors: [`PassError`]; nothing is half done (the log's compaction is
     /// atomic; blobs and checkpoints are retried by the next pass through
     /// `spark-replay audit erasure`'s findings at the latest).
@@ -231,6 +266,14 @@ impl Compactor {
             }
         }
         if due.is_empty() {
+            return Ok(report);
+        }
+        // The scrub checks each sealed segment a checkpointed start
+        // deferred against the chain values startup linked; a rewrite
+        // under it would show it damage that is not there. Erasure waits
+        // for it (it runs once, right after the start).
+        if !self.engine.scrub_status().finished() {
+            report.waiting_for_scrub = true;
             return Ok(report);
         }
         due.sort_unstable();

@@ -76,7 +76,9 @@ impl ClientClock for SkewedClientClock {
 /// tests. Clones share the time and the record.
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {
-    now_ms: Arc<AtomicU64>,
+    /// The time in Unix microseconds: waits carry microseconds of jitter,
+    /// and a clock that dropped them would run behind the waits it made.
+    now_us: Arc<AtomicU64>,
     sleeps: Arc<Mutex<Vec<Duration>>>,
 }
 
@@ -90,13 +92,14 @@ impl ManualClock {
 
     /// Sets the time, in Unix milliseconds.
     pub fn set_ms(&self, now_ms: u64) {
-        self.now_ms.store(now_ms, Ordering::SeqCst);
+        self.now_us
+            .store(now_ms.saturating_mul(1000), Ordering::SeqCst);
     }
 
     /// Moves the time forward.
     pub fn advance(&self, by: Duration) {
-        let ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
-        self.now_ms.fetch_add(ms, Ordering::SeqCst);
+        let us = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        self.now_us.fetch_add(us, Ordering::SeqCst);
     }
 
     /// Every wait asked for so far, in order.
@@ -107,7 +110,7 @@ impl ManualClock {
 
 impl ClientClock for ManualClock {
     fn now_ms(&self) -> u64 {
-        self.now_ms.load(Ordering::SeqCst)
+        self.now_us.load(Ordering::SeqCst) / 1000
     }
 
     fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {

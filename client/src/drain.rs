@@ -120,7 +120,8 @@ impl Client {
                 .options
                 .max_passes
                 .is_some_and(|max| report.passes >= max);
-            let elapsed = self.clock.now_ms().saturating_sub(started_ms);
+            // The clock reads whole ms: up to 1 ms more may have passed.
+            let elapsed = self.clock.now_ms().saturating_sub(started_ms) + 1;
             let out_of_time = self
                 .options
                 .give_up_after

@@ -515,11 +515,18 @@ pub enum HeadLink {
     SegmentRewritten {
         /// First seq of that segment.
         first_seq: Seq,
-        /// Seq of the (latest) compaction record that rewrote it.
+        /// Seq of the first compaction record that rewrote it (later ones
+        /// may have re-chained it again): the first to change bytes the
+        /// head may have seen.
         record_seq: Seq,
     },
-    /// None of the above (the seq is past the log's end, or the chain
-    /// value matches nothing).
+    /// The seq is past the log's last record: the head saw records this
+    /// log does not hold (lost, or another log's).
+    PastEnd {
+        /// The log's last seq (0 when it holds none).
+        last_seq: Seq,
+    },
+    /// None of the above: the chain value matches nothing.
     NotLinked,
 }
 
@@ -601,7 +608,15 @@ pub fn link_head(reader: &LogReader, seq: Seq, chain: ChainValue) -> Result<Head
             }
         }
     }
-    for (record_seq, record) in compactions.iter().rev() {
+    let last_seq = reader
+        .mapped()
+        .map(|(info, _)| info.last_seq)
+        .max()
+        .unwrap_or(0);
+    if seq > last_seq {
+        return Ok(HeadLink::PastEnd { last_seq });
+    }
+    for (record_seq, record) in &compactions {
         if let Some(s) = record
             .segments
             .iter()

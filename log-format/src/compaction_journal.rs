@@ -171,17 +171,6 @@ impl Journal {
     }
 }
 
-/// A `Corrupt` error about the journal file (not a segment: `segment`
-/// names the journal).
-fn journal_corrupt(offset: u64, reason: String) -> LogError {
-    LogError::Corrupt {
-        segment: JOURNAL_NAME.to_owned(),
-        offset,
-        seq: FaultSeq::After(0),
-        reason,
-    }
-}
-
 /// True when the file at `path` exists with `len` bytes whose BLAKE3 is
 /// `hash`.
 fn file_matches(fs: &dyn Fs, path: &Path, len: u64, hash: &[u8; 32]) -> Result<bool, LogError> {
@@ -304,9 +293,9 @@ pub(crate) struct Prelude {
 /// a `*.seg.tmp` of an interrupted copy). A missing directory is left to
 /// recovery.
 ///
-/// Errors: `Corrupt` naming `COMPACTION` when its checksum (or any field)
-/// does not hold (it was written atomically, so that is damage), or naming
-/// a segment that cannot be redone; `Io`.
+/// Errors: `CompactionJournalDamaged` when its checksum (or any field)
+/// does not hold (it was written atomically, so that is damage);
+/// `Corrupt` naming a segment that cannot be redone; `Io`.
 pub(crate) fn before_recovery(fs: &dyn Fs, dir: &Path) -> Result<Prelude, LogError> {
     let listing = match fs.list(dir) {
         Ok(listing) => listing,
@@ -338,16 +327,15 @@ pub(crate) fn before_recovery(fs: &dyn Fs, dir: &Path) -> Result<Prelude, LogErr
     if names.iter().any(|n| n == JOURNAL_NAME) {
         let path = dir.join(JOURNAL_NAME);
         let map = fs.map(&path).map_err(|e| LogError::io("map", &path, e))?;
-        let journal = Journal::decode((*map).as_ref()).map_err(|e| {
-            journal_corrupt(
-                JOURNAL_CRC_OFFSET as u64,
-                format!(
-                    "the compaction journal does not verify ({}); it was written atomically, \
-                     so this is damage",
-                    e.0
-                ),
-            )
-        })?;
+        let journal =
+            Journal::decode((*map).as_ref()).map_err(|e| LogError::CompactionJournalDamaged {
+                journal: path.clone(),
+                aside: dir
+                    .parent()
+                    .unwrap_or(dir)
+                    .join(format!("{JOURNAL_NAME}.damaged")),
+                reason: e.0,
+            })?;
         drop(map);
         tracing::warn!(
             segments = journal.entries.len(),
@@ -403,10 +391,10 @@ pub(crate) fn remove_journal(fs: &dyn Fs, dir: &Path) -> Result<(), LogError> {
 /// True when a journal exists in `dir` (what [`LogReader`](crate::LogReader) refuses outside
 /// a live read).
 pub(crate) fn journal_exists(fs: &dyn Fs, dir: &Path) -> Result<bool, LogError> {
-    match fs.list(dir) {
-        Ok(listing) => Ok(listing
-            .iter()
-            .any(|p| p.file_name().is_some_and(|n| n == JOURNAL_NAME))),
+    // One metadata call, no listing: a live reader asks before and after
+    // each open.
+    match fs.modified(&dir.join(JOURNAL_NAME)) {
+        Ok(_) => Ok(true),
         // The reader reports a missing directory itself.
         Err(_) => Ok(false),
     }

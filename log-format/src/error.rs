@@ -102,10 +102,28 @@ pub enum LogError {
     /// (`COMPACTION` in the log directory): the segments may be half
     /// replaced, and only the writer finishes the job. Nothing was read or
     /// changed; start the engine ([`Log::open`](crate::Log::open)) once.
-    #[error("an interrupted compaction must be finished first ({journal} exists): start the engine (Log::open) once, then read again")]
+    #[error("an interrupted compaction must be finished first ({journal} exists): start the engine (spark-engine serve) on this data directory once, which finishes it, then read again")]
     CompactionPending {
         /// The journal's path.
         journal: PathBuf,
+    },
+    /// [`Log::open`](crate::Log::open) found a compaction journal
+    /// (`COMPACTION`) that does not verify. It is written whole (temporary
+    /// file, fsync, rename) before any segment is replaced, so this is
+    /// damage from outside the engine; what it recorded cannot be redone.
+    /// Nothing was changed. The way out is in the message: move the file
+    /// out of the log directory and start again; recovery then checks
+    /// every segment's chain and refuses a log the compaction left half
+    /// replaced (restore from the archive then).
+    #[error("the compaction journal {journal} is damaged ({reason}); nothing was changed. Move it out of the log directory (`mv {journal} {aside}`) and start again: the start checks every segment and its chain, and refuses a log the interrupted compaction left half replaced; then restore from the archive (docs/operations.md, \"A damaged log\")")]
+    CompactionJournalDamaged {
+        /// The journal's path.
+        journal: PathBuf,
+        /// Where the message suggests moving it: `COMPACTION.damaged` in
+        /// the log directory's parent (the data directory).
+        aside: PathBuf,
+        /// Why it does not verify.
+        reason: String,
     },
     /// The write path failed earlier (the message says how) and refuses to
     /// write again. Restart: recovery rebuilds the truth from disk.
@@ -271,6 +289,15 @@ impl LogError {
             LogError::CompactionStale => LogError::CompactionStale,
             LogError::CompactionPending { journal } => LogError::CompactionPending {
                 journal: journal.clone(),
+            },
+            LogError::CompactionJournalDamaged {
+                journal,
+                aside,
+                reason,
+            } => LogError::CompactionJournalDamaged {
+                journal: journal.clone(),
+                aside: aside.clone(),
+                reason: reason.clone(),
             },
         }
     }

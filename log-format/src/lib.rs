@@ -86,7 +86,9 @@ pub use format::{
 pub use frames::{Frame, FrameKind, Frames, FramesEnd};
 pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
 pub use memfs::{CutMode, MemFs, PAGE_BYTES};
-pub use reader::{LogReader, ScanOptions, ScanReport, SegmentInfo, LIVE_OPEN_ATTEMPTS};
+pub use reader::{
+    LogReader, ScanOptions, ScanReport, SegmentInfo, LIVE_COMPACTION_WAIT_MS, LIVE_OPEN_ATTEMPTS,
+};
 pub use recovery::{scrub_segment, DeferredSegment, LogPoint, RecoveryReport, TornTail};
 pub use state::{system_now_ms, Head, LogConfig};
 pub use writer::{GroupCommitAppender, Log};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::compaction_journal::{self, JOURNAL_NAME};
 use crate::compaction_record::{self, COMPACTION_KIND_VERSION, KIND_COMPACTION};
 use crate::error::LogError;
-use crate::format::{RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES};
+use crate::format::{RecordRef, SegmentHeader, Seq, DEFAULT_MAX_RECORD_BYTES, HEADER_LEN};
 use crate::fs::{Fs, OsFs};
 use crate::recovery::TornTail;
 use crate::segment::{
@@ -73,15 +73,61 @@ pub struct ScanReport {
     pub torn_tail: Option<TornTail>,
 }
 
-/// How many times [`LogReader::open_live_from`] opens a live log whose
-/// listing shows damage before it reports it: a listing that raced with
-/// two segment rolls misses a segment, and a second listing does not.
-pub const LIVE_OPEN_ATTEMPTS: u32 = 3;
+/// How many openings in a row [`LogReader::open_live_from`] needs to find
+/// the same damage before it reports it: a listing that raced with two
+/// segment rolls misses a segment, and a view that raced a whole
+/// compaction commit (FORMAT.md "Compaction") sees old and new segments
+/// side by side; the next opening does not see the same thing, while real
+/// damage shows identically every time.
+pub const LIVE_OPEN_ATTEMPTS: u32 = 2;
+
+/// The most openings of a live log that keeps showing damage, each time
+/// elsewhere, before the last damage seen is reported.
+const LIVE_OPEN_ATTEMPTS_MAX: u32 = 50;
+
+/// The pause (ms) before a live log that showed damage is opened again.
+const LIVE_OPEN_PAUSE_MS: u64 = 5;
+
+/// How long (ms) [`LogReader::open_live_from`] waits for a compaction
+/// commit in progress before it reports what it reads: while the journal
+/// `log/COMPACTION` exists, the engine is replacing sealed segments and then
+/// patching the active segment's header (FORMAT.md "Compaction"), and a view
+/// taken meanwhile shows a chain that breaks where the old and the new
+/// segments meet. A journal still there after this long is a commit no
+/// engine is finishing: [`LogError::CompactionPending`].
+pub const LIVE_COMPACTION_WAIT_MS: u64 = 60_000;
+
+/// The pause (ms) between two live opens while a compaction commits.
+const LIVE_COMPACTION_POLL_MS: u64 = 20;
 
 /// One mapped segment.
 struct Mapped {
     info: SegmentInfo,
     bytes: Box<dyn AsRef<[u8]> + Send + Sync>,
+    /// A live view's last segment: its header as open read it. A
+    /// compaction commit patches the active segment's header in place
+    /// (FORMAT.md "Compaction"), which the map shows at once; a scan reads
+    /// the segment with this header instead, so that the view stays the log
+    /// as it was at open.
+    header_at_open: Option<[u8; HEADER_LEN]>,
+}
+
+impl Mapped {
+    /// The segment's bytes up to `len` as they were at open (see
+    /// `header_at_open`): borrowed from the map, or, when the header was
+    /// patched since, a copy with the header open read.
+    fn bytes_as_opened(&self, len: usize) -> std::borrow::Cow<'_, [u8]> {
+        let current: &[u8] = (*self.bytes).as_ref();
+        let current = &current[..len.min(current.len())];
+        match &self.header_at_open {
+            Some(header) if current.len() >= HEADER_LEN && current[..HEADER_LEN] != header[..] => {
+                let mut copy = current.to_vec();
+                copy[..HEADER_LEN].copy_from_slice(header);
+                std::borrow::Cow::Owned(copy)
+            }
+            _ => std::borrow::Cow::Borrowed(current),
+        }
+    }
 }
 
 /// A read-only view of a data directory's log: maps each segment at open and
@@ -185,10 +231,18 @@ impl LogReader {
     ///
     /// A listing of the directory can miss a segment created while it is
     /// read, when the writer rolls twice meanwhile; that shows as a seq gap
-    /// between two segments, so the view is opened again (up to
-    /// [`LIVE_OPEN_ATTEMPTS`] times) before a gap is reported as damage.
+    /// between two segments, and a compaction commit that replaces
+    /// segments while they are mapped shows as a broken chain: so damage
+    /// is reported only once [`LIVE_OPEN_ATTEMPTS`] openings in a row found
+    /// the same (at most 50 openings, a few ms apart).
+    /// Damage seen while a compaction's journal exists (a commit replacing
+    /// segments, then patching the active header) is no damage: the view is
+    /// opened again every few ms until the journal is gone, for up to
+    /// [`LIVE_COMPACTION_WAIT_MS`].
     ///
-    /// Errors: as [`open_live`](Self::open_live), for the segments read.
+    /// Errors: as [`open_live`](Self::open_live), for the segments read;
+    /// [`LogError::CompactionPending`] when damage shows and a journal is
+    /// still there after [`LIVE_COMPACTION_WAIT_MS`].
     pub fn open_live_from(
         dir: &Path,
         fs: Arc<dyn Fs>,
@@ -210,7 +264,15 @@ impl LogReader {
         mut visit: impl FnMut(RecordRef<'_>),
     ) -> Result<LogReader, LogError> {
         let mut attempt = 1;
+        let mut waited_ms = 0;
+        // The damage the last opening found, and how many openings in a
+        // row found it.
+        let mut last_damage: Option<(String, u32)> = None;
         loop {
+            // A journal seen before the open or after it means a commit may
+            // have swapped files under this view: the view is taken again
+            // once no journal is left (FORMAT.md "Reading a live log").
+            let journal_before = compaction_journal::journal_exists(fs.as_ref(), dir)?;
             match LogReader::open_from(
                 dir,
                 fs.clone(),
@@ -219,7 +281,35 @@ impl LogReader {
                 from_seq,
                 &mut visit,
             ) {
-                Err(LogError::Corrupt { .. }) if attempt < LIVE_OPEN_ATTEMPTS => attempt += 1,
+                Err(error @ LogError::Corrupt { .. }) => {
+                    let journal_after = compaction_journal::journal_exists(fs.as_ref(), dir)?;
+                    if journal_before || journal_after {
+                        if journal_after && waited_ms >= LIVE_COMPACTION_WAIT_MS {
+                            return Err(LogError::CompactionPending {
+                                journal: dir.join(JOURNAL_NAME),
+                            });
+                        }
+                        last_damage = None;
+                        std::thread::sleep(std::time::Duration::from_millis(
+                            LIVE_COMPACTION_POLL_MS,
+                        ));
+                        waited_ms += LIVE_COMPACTION_POLL_MS;
+                        continue;
+                    }
+                    // Damage stays where it is; a view that raced a roll or
+                    // a whole commit shows it once, or elsewhere next time.
+                    let damage = error.to_string();
+                    let same = match &last_damage {
+                        Some((seen, times)) if *seen == damage => times + 1,
+                        _ => 1,
+                    };
+                    if same >= LIVE_OPEN_ATTEMPTS || attempt >= LIVE_OPEN_ATTEMPTS_MAX {
+                        return Err(error);
+                    }
+                    last_damage = Some((damage, same));
+                    attempt += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(LIVE_OPEN_PAUSE_MS));
+                }
                 opened => return opened,
             }
         }
@@ -348,7 +438,13 @@ impl LogReader {
                     chain_start: chain,
                 };
             }
+            let header_at_open = (live && is_last && bytes.len() >= HEADER_LEN).then(|| {
+                let mut header = [0; HEADER_LEN];
+                header.copy_from_slice(&bytes[..HEADER_LEN]);
+                header
+            });
             segments.push(Mapped {
+                header_at_open,
                 info: SegmentInfo {
                     name: file.name.clone(),
                     first_seq: segment.header.first_seq,
@@ -410,14 +506,17 @@ impl LogReader {
                 chain_at: None,
             };
             let info = &segment.info;
-            let mut bytes: &[u8] = (*segment.bytes).as_ref();
-            if is_last {
-                // What open found valid, and no more: a writer may have
-                // appended since (into pre-allocated bytes the map already
-                // covers), and a scan reports the log as it was at open.
-                // Cast: `info.bytes` is at most the map's length.
-                bytes = &bytes[..(info.bytes as usize).min(bytes.len())];
-            }
+            // The last segment: what open found valid, and no more: a
+            // writer may have appended since (into pre-allocated bytes the
+            // map already covers), and a scan reports the log as it was at
+            // open. Cast: `info.bytes` is at most the map's length.
+            let len = if is_last {
+                info.bytes as usize
+            } else {
+                usize::MAX
+            };
+            let as_opened = segment.bytes_as_opened(len);
+            let bytes: &[u8] = &as_opened;
             let mut bad_compaction = None;
             let decoded = decode_segment(&info.name, bytes, expect, opts, |record| {
                 if record.kind == KIND_COMPACTION && record.kind_version == COMPACTION_KIND_VERSION

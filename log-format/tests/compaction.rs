@@ -733,9 +733,31 @@ fn old_heads_link_directly_through_a_compaction_or_not_at_all() {
     assert_eq!(link(&forged), HeadLink::NotLinked);
     assert_eq!(
         link_head(&reader, 10_000, [0; 32]).unwrap(),
-        HeadLink::NotLinked
+        HeadLink::PastEnd { last_seq: now.seq }
     );
     assert_eq!(link_head(&reader, 0, [0; 32]).unwrap(), HeadLink::Direct);
+    drop(reader);
+
+    // A second compaction (of an earlier segment) rewrites segment 2
+    // again: a head inside it still names the first compaction, the one
+    // that changed the bytes it saw.
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    let earlier: BTreeSet<Seq> = [segs[1].0].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&earlier))
+        .unwrap()
+        .unwrap();
+    let second = log.commit_compaction(staged, Vec::new()).unwrap();
+    assert!(second.record_seq > record_seq);
+    drop(log);
+    let reader = LogReader::open(&dir).unwrap();
+    let inside = in_segment(2).into_iter().find(|h| h.seq != last).unwrap();
+    assert_eq!(
+        link_head(&reader, inside.seq, inside.chain).unwrap(),
+        HeadLink::SegmentRewritten {
+            first_seq: first,
+            record_seq
+        }
+    );
 }
 
 // ---- The compaction record ----------------------------------------------------
@@ -804,15 +826,30 @@ fn a_damaged_journal_is_refused_naming_it_and_stale_staging_is_removed() {
     bytes.extend_from_slice(&[0xAB; 40]);
     fs.insert_durable(&journal, &bytes);
     let e = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap_err();
-    let (segment, _, _) = corrupt_fields(&e);
-    assert_eq!(segment, JOURNAL_NAME, "{e}");
+    match &e {
+        LogError::CompactionJournalDamaged {
+            journal: named,
+            aside,
+            ..
+        } => {
+            assert_eq!(named, &journal);
+            assert_eq!(
+                aside,
+                &mem_dir().parent().unwrap().join("COMPACTION.damaged")
+            );
+        }
+        other => panic!("not a damaged journal: {other}"),
+    }
+    let message = e.to_string();
+    assert!(
+        message.contains("COMPACTION.damaged") && message.contains("start again"),
+        "{message}"
+    );
     assert_eq!(fs.read(&journal), Some(bytes));
-    log = open_collect(&mem_dir(), cfg(), mem.clone())
-        .map(|(log, _, _)| log)
-        .unwrap_or_else(|_| {
-            fs.remove_file(&journal).unwrap();
-            open_collect(&mem_dir(), cfg(), mem.clone()).unwrap().0
-        });
+    // The way out the message gives: the journal moved aside, the start
+    // checks the log, which no segment replacement had touched.
+    fs.remove_file(&journal).unwrap();
+    log = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap().0;
     assert_eq!(log.last_seq(), RECORDS);
 }
 
@@ -856,4 +893,85 @@ fn version_1_segments_stay_version_1() {
     assert_eq!(rest, expected(6, &seqs));
     assert_eq!(compactions.len(), 1);
     assert_eq!(scan_all(&dir, os()), seen);
+}
+
+/// A live view taken while a commit is between apply (segments replaced,
+/// journal present) and finish (active header patched) would see the chain
+/// break where the new segments meet the old active header: the live open
+/// waits for the journal to go and then reads the finished log, damage
+/// free. The same open without the wait (not live) refuses the journal.
+#[test]
+fn a_live_open_during_a_commit_waits_for_it_instead_of_reporting_damage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    fill(&mut log);
+    let (first, _, _) = segments(&dir, os())[1];
+    let seqs: BTreeSet<Seq> = [first].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    let mut ticket = log.begin_compaction(staged, vec![[3; 16]]).unwrap();
+    ticket.apply().unwrap();
+    assert!(matches!(
+        LogReader::open(&dir),
+        Err(LogError::CompactionPending { .. })
+    ));
+    let reader_dir = dir.clone();
+    let live = std::thread::spawn(move || {
+        LogReader::open_live(
+            &reader_dir,
+            os(),
+            spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        )
+    });
+    // Long enough for the live open to have found the broken chain and
+    // waited on the journal at least once.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!live.is_finished(), "the live open returned mid-commit");
+    let commit = log.finish_compaction(ticket, Ok(())).unwrap();
+    let reader = live
+        .join()
+        .unwrap()
+        .expect("the live view after the commit");
+    let mut last = 0;
+    reader
+        .scan(ScanOptions::default(), |_, record| {
+            last = record.seq;
+            ControlFlow::Continue(())
+        })
+        .expect("a clean scan");
+    assert_eq!(last, commit.record_seq);
+}
+
+/// A live view opened before a whole commit scans the log as it was at
+/// open: the commit replaced the sealed segments (the view keeps the old
+/// files mapped) and patched the active header in place (which the map
+/// shows at once); the scan reads the active segment with the header open
+/// read, so the chain holds.
+#[test]
+fn a_live_view_opened_before_a_commit_scans_the_log_as_it_was() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    fill(&mut log);
+    let head = log.head();
+    let view =
+        LogReader::open_live(&dir, os(), spark_log_format::DEFAULT_MAX_RECORD_BYTES).unwrap();
+    let (first, _, _) = segments(&dir, os())[1];
+    let seqs: BTreeSet<Seq> = [first].into_iter().collect();
+    let staged = stage_compaction(&dir, os(), &cfg(), erase(&seqs))
+        .unwrap()
+        .unwrap();
+    log.commit_compaction(staged, Vec::new()).unwrap();
+    let mut seen = Vec::new();
+    let report = view
+        .scan(ScanOptions::default(), |_, record| {
+            seen.push(Owned::from_ref(&record));
+            ControlFlow::Continue(())
+        })
+        .expect("the view as it was at open");
+    assert_eq!(report.head.seq, head.seq);
+    assert_eq!(report.head.chain, head.chain);
+    assert_eq!(seen, expected(RECORDS, &BTreeSet::new()));
 }

@@ -259,7 +259,18 @@ fn head_link(
             Some(first_seq),
             format!(
                 "not linked: the segment holding seq {} (from seq {first_seq}) was rewritten by \
-                 the compaction at seq {record_seq} (its content was erased)",
+                 the compaction at seq {record_seq}, the first after it (content was erased)",
+                head.seq
+            ),
+        ),
+        HeadLink::PastEnd { last_seq } => (
+            false,
+            "past_end",
+            None,
+            None,
+            format!(
+                "not linked: seq {} is past the log's last seq {last_seq} (the head saw records \
+                 this log does not hold: lost, or another log's)",
                 head.seq
             ),
         ),

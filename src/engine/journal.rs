@@ -257,6 +257,9 @@ impl Journal {
         let spawned = std::thread::Builder::new()
             .name("spark-compaction".into())
             .spawn(move || {
+                // Background work: the writer's batches and the HTTP
+                // workers come first.
+                super::lower_thread_priority(crate::retention::COMPACTOR_NICE);
                 let mut ticket = ticket;
                 let applied = ticket.apply();
                 // The queue is gone or closed: the engine is stopping, and

@@ -1026,7 +1026,7 @@ fn segment_of(log_dir: &Path, seq: u64) -> String {
 /// Lowers the calling thread's CPU priority to `nice` (Linux: nice is per
 /// thread), for background workers that must yield to the write path and
 /// the HTTP workers. Elsewhere, does nothing.
-fn lower_thread_priority(nice: i32) {
+pub(crate) fn lower_thread_priority(nice: i32) {
     #[cfg(target_os = "linux")]
     // SAFETY: setpriority on this thread's own id; no memory is passed.
     unsafe {

@@ -614,3 +614,53 @@ fn zeros_over_records_are_refused_also_when_an_older_checkpoint_still_matches() 
     zero_the_tail_below(dir.path(), &at);
     assert_lost(dir.path(), &newest, "the recovered log ends at seq");
 }
+
+/// A compaction rewrites sealed segments; the scrub reads the segments a
+/// checkpointed start deferred against the chain values that start linked.
+/// So a moment due for erasure waits until the scrub has read them all:
+/// no false damage, and then the erasure runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasure_waits_for_the_scrub_of_the_segments_a_checkpointed_start_deferred() {
+    let dir = data_with_checkpoint();
+    let mut settings = settings(dir.path(), true);
+    settings.retention.erase_after_ms = 0;
+    let engine = Arc::new(open(dir.path(), true).unwrap());
+    assert!(!engine.recovery().deferred.is_empty());
+    let id = spark_core::ids::Id::from_parts(synth::BASE_MS + 1, 7919);
+    engine
+        .submit(spark_engine::engine::Command::DeleteMoment(
+            spark_engine::engine::DeleteMoment {
+                id,
+                request_id: None,
+                if_match: None,
+                device: "t".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    let fs: Arc<dyn spark_log_format::Fs> = Arc::new(OsFs);
+    let compactor = spark_engine::retention::Compactor::new(
+        &settings,
+        Arc::clone(&engine),
+        spark_engine::media::MediaStore::open(dir.path(), Arc::clone(&fs)).unwrap(),
+        fs,
+        Arc::new(SystemClock),
+    );
+    let waiting = compactor.pass().await.unwrap();
+    assert!(
+        waiting.waiting_for_scrub && waiting.erased.is_empty(),
+        "{waiting:?}"
+    );
+    assert!(!engine.read(|m| m.is_erased(id)));
+
+    engine.start_scrub().unwrap();
+    let scrubbing = Arc::clone(&engine);
+    tokio::task::spawn_blocking(move || wait_for_scrub(&scrubbing))
+        .await
+        .unwrap();
+    let done = compactor.pass().await.unwrap();
+    assert_eq!(done.erased, vec![id], "{done:?}");
+    assert!(engine.read(|m| m.is_erased(id)));
+    assert!(engine.scrub_status().damage().is_empty());
+    engine.shutdown().await;
+}

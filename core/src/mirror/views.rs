@@ -108,7 +108,9 @@ pub struct TurnView {
     pub mode: TurnMode,
     /// `running`, `done` or `failed`.
     pub status: &'static str,
-    /// The reading, when done.
+    /// The reading, when done; `None` (as are `source` and `error`, but
+    /// for [`MOMENT_DELETED_ERROR`](crate::rules::turns::MOMENT_DELETED_ERROR))
+    /// once the turn's moment was deleted (SPEC section 13).
     pub answer: Option<String>,
     /// Why it failed, when failed.
     pub error: Option<String>,
@@ -164,25 +166,37 @@ impl Mirror {
         self.moment(moment_id).is_some_and(Moment::erased)
     }
 
-    /// A turn as the API shows it; a turn of an erased moment shows no
-    /// answer, source or error (SPEC section 13).
+    /// True when `moment_id` names a deleted moment (erased or not yet):
+    /// from the delete on, the API serves none of its content, its turns'
+    /// readings nor its thread's bodies; the erasure later removes them
+    /// from disk (SPEC section 13: a delete makes a tombstone at once).
+    pub fn is_deleted(&self, moment_id: Id) -> bool {
+        self.moment(moment_id).is_some_and(|m| m.deleted)
+    }
+
+    /// A turn as the API shows it; a turn of a deleted moment shows no
+    /// answer, source or error, except the engine's own
+    /// [`MOMENT_DELETED_ERROR`](crate::rules::turns::MOMENT_DELETED_ERROR),
+    /// which holds nothing of the moment (SPEC section 13).
     pub fn turn_view(&self, turn: &Turn) -> TurnView {
         let mut view = turn.view();
-        if self.is_erased(turn.moment_id) {
+        if self.is_deleted(turn.moment_id) {
             view.answer = None;
             view.source = None;
-            view.error = None;
+            view.error = view
+                .error
+                .filter(|e| e == crate::rules::turns::MOMENT_DELETED_ERROR);
         }
         view
     }
 
-    /// A message as the API shows it; a message in an erased moment's
-    /// thread shows no body (SPEC section 13).
+    /// A message as the API shows it; a message in a deleted moment's
+    /// thread shows no body (`null`; SPEC section 13).
     pub fn message_view(&self, message: &Message) -> MessageView {
         MessageView {
             id: message.id,
             thread_id: message.thread_id,
-            body: (!self.is_erased(message.thread_id)).then(|| message.body.clone()),
+            body: (!self.is_deleted(message.thread_id)).then(|| message.body.clone()),
             // Cast: server times are below i64::MAX ms.
             ts: crate::time::format_rfc3339_ms(message.ts_ms as i64),
             ts_ms: message.ts_ms,
@@ -299,8 +313,8 @@ pub struct MessageView {
     pub id: Id,
     /// The thread (a moment id).
     pub thread_id: Id,
-    /// The text; `null` once the thread's moment was erased (SPEC section
-    /// 13).
+    /// The text; `null` once the thread's moment was deleted (SPEC section
+    /// 13: served without it from the delete, erased from disk later).
     pub body: Option<String>,
     /// Server time of the post (RFC 3339 UTC).
     pub ts: String,

@@ -345,7 +345,7 @@ async fn audit_erasure_verify_head_and_dump_on_a_compacted_log() {
     assert!(
         out.ends_with(&format!(
             "{head}: not linked: the segment holding seq {} (from seq 1) was rewritten by the \
-             compaction at seq {compaction_seq} (its content was erased)\n",
+             compaction at seq {compaction_seq}, the first after it (content was erased)\n",
             early.seq
         )),
         "{out}"

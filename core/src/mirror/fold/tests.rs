@@ -680,3 +680,33 @@ fn an_erased_op_round_trips_through_its_record() {
     assert_eq!(json["erased"], true);
     assert!(json["payload"].get("body").is_none(), "{json}");
 }
+
+#[test]
+fn a_deleted_moment_s_turns_and_thread_show_no_content_before_the_erasure() {
+    let mut mirror = Mirror::new();
+    let history = ops(history());
+    let live_at = history.len();
+    for op in history {
+        mirror.apply(op).unwrap();
+    }
+    // Live: the reading and the body are served.
+    let turn = mirror.turn_view(&mirror.turns[&id(20)]);
+    assert!(turn.answer.is_some() && turn.source.is_some());
+    let message = mirror.message_view(&mirror.messages[&id(30)]);
+    assert_eq!(message.body.as_deref(), Some("hallo"));
+
+    // Deleted, not erased: the log still holds the content, no view shows it.
+    mirror
+        .apply(Op::new(live_at as u64 + 1, NOW_MS + 13, delete_op(1)))
+        .unwrap();
+    assert!(!mirror.moment(id(1)).unwrap().erased());
+    let turn = mirror.turn_view(&mirror.turns[&id(20)]);
+    assert_eq!(
+        (turn.status, turn.answer, turn.source, turn.error),
+        ("done", None, None, None)
+    );
+    let message = mirror.message_view(&mirror.messages[&id(30)]);
+    assert_eq!(message.body, None);
+    // Moment 2's thread and the rest are untouched.
+    assert!(!mirror.is_deleted(id(40)));
+}

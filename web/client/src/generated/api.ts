@@ -518,7 +518,7 @@ export interface components {
             mode: "practical" | "recall";
             /** @enum {string} */
             status: "running" | "done" | "failed";
-            /** @description The reading, when done. */
+            /** @description The reading, when done; null (as are `source` and `error`, but for the engine's own "the moment was deleted" error) once the turn's moment was deleted (SPEC section 13). */
             answer: string | null;
             /** @description Why it failed, when failed. */
             error: string | null;
@@ -542,7 +542,7 @@ export interface components {
         Message: {
             id: components["schemas"]["Ulid"];
             thread_id: components["schemas"]["Ulid"];
-            /** @description The text; null once the thread's moment was erased (SPEC section 13). */
+            /** @description The text; null once the thread's moment was deleted (SPEC section 13: a deleted moment's thread is served without its bodies, and erased from disk later). */
             body: string | null;
             /** @description Server time of the post. */
             ts: components["schemas"]["Time"];
