@@ -2465,13 +2465,17 @@ async fn a_fenced_writer_deletes_nothing() {
     // Long enough that no pass finds anything old before the fence.
     let retention_ms = 1500;
     let shipping = ship_retained(store.clone(), dir.path(), &engine, retention_ms).await;
-    for n in 1..=40 {
-        engine.submit(create(n)).await.unwrap();
+    // Two ships at least: the floor can then move once the second
+    // manifest is old enough, so a pass comes due.
+    for round in 0..2 {
+        for n in 1..=20 {
+            engine.submit(create(round * 20 + n)).await.unwrap();
+        }
+        until("shipped", || {
+            shipping.status.shipped_seq() == engine.head().seq
+        })
+        .await;
     }
-    until("shipped", || {
-        shipping.status.shipped_seq() == engine.head().seq
-    })
-    .await;
     let doc = EpochDoc {
         epoch: 2,
         writer: "another".into(),
