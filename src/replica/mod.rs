@@ -937,9 +937,10 @@ impl Follower {
     /// before it, [`Follower::step`]) is followed in place: the catch-up
     /// replaces the cached segments they rewrote and the re-chained tail
     /// ([`spark_archive::Options::follow_compactions`]), the fold of the
-    /// `log.compact` records erases the moments in the mirror, then the
-    /// cached blobs and checkpoints that hold erased content are removed
-    /// ([`Follower::forget`]). No checkpoint is built meanwhile.
+    /// `log.compact` records erases the moments in the mirror; the cached
+    /// blobs and checkpoints that hold erased content are removed before
+    /// that fold is published ([`Follower::forget`]). No checkpoint is
+    /// built meanwhile.
     // The checkpoint hold is taken across the catch-up on purpose (no
     // checkpoint is built from segments being replaced); the follower runs
     // on a thread and a runtime of its own.
@@ -1012,27 +1013,30 @@ impl Follower {
         if !media.is_empty() {
             fetch_media_blobs(&self.store, &self.data_dir, &self.engine, Some(media)).await?;
         }
+        // Before the new ops are published: a reader that sees the
+        // replica at the manifest's seq finds the erased content gone from
+        // its cache too (the blobs' rule takes `erased` as erased already).
+        if compacts || !erased.is_empty() {
+            self.forget(manifest, &erased)?;
+        }
         let head = head_of(manifest);
         let seq = head.seq;
         self.engine
             .apply_replicated(ops, head)
             .map_err(FollowError::Stop)?;
         metrics::get().seq.set(seq as i64);
-        if compacts || !erased.is_empty() {
-            self.forget(manifest, &erased)?;
-        }
         Ok(())
     }
 
-    /// After the fold of a compaction (SPEC section 13: replicas delete
-    /// their cached copies of what was erased): removes the blobs of the
-    /// erased moments (unless a moment that is not erased names the same
+    /// Once the cache holds a compacted log, before its ops are folded and
+    /// published (SPEC section 13: replicas delete their cached copies of
+    /// what was erased): removes the blobs of the erased moments (unless a moment that is not erased names the same
     /// bytes) and the checkpoints that hold erased content (at or after the
     /// first segment a compaction of `manifest` lists, or whose chain value
     /// is not the log's any more), with the compactor's rules
-    /// ([`crate::retention`]); each directory is fsynced. A failure is
-    /// retried by the next step (the manifest is applied by then: the
-    /// removal runs again at the next compaction or restart at the latest).
+    /// ([`crate::retention`]); each directory is fsynced. A failure fails
+    /// the step, which is tried again after a backoff (its catch-up finds
+    /// the cache already compacted, and nothing was folded yet).
     fn forget(&self, manifest: &Manifest, erased: &HashSet<Id>) -> Result<(), FollowError> {
         let log_dir = spark_core::layout::log_dir(&self.data_dir);
         let blobs = crate::retention::remove_erased_blobs(&self.engine, &self.media, erased)
