@@ -26,9 +26,13 @@ test("a session ended elsewhere: sign-in without stale errors, the feed hidden; 
     await capture(page, photoPng(640, 480, 81), "angemeldet");
     await until(async () => (await page.locator("#feed [data-moment-id]").count()) === 1, "the moment");
 
-    // The token ends every session made with it; the next capture meets a 401.
-    await fetch(`${engine.base}/api/session`, { method: "DELETE", headers: bearer });
+    // A capture waits (its create cannot get through); the token ends every
+    // session made with it; the page notices (the send's 401 or the event stream's).
+    await page.route("**/api/moments", (route) => (route.request().method() === "POST" ? route.abort("connectionfailed") : route.continue()));
     await capture(page, photoPng(640, 480, 82), "abgemeldet");
+    await page.waitForSelector('#feed [data-outbox="pending"]');
+    await fetch(`${engine.base}/api/session`, { method: "DELETE", headers: bearer });
+    await page.unroute("**/api/moments");
     await page.waitForSelector("#signin:not([hidden])", { timeout: 30_000 });
     assert.equal(await page.textContent("#signin-error"), "", "no stale error");
     assert.match(await page.textContent("#signin-why"), /session ended/);
@@ -51,6 +55,26 @@ test("a session ended elsewhere: sign-in without stale errors, the feed hidden; 
     const status = await page.evaluate(() => fetch("/api/log/head", { headers: { "X-Spark-Client": "web" } }).then((r) => r.status));
     assert.equal(status, 401, "the session is ended on the engine");
     assert.ok(!(await context.cookies()).some((c) => c.name === "spark_session" && c.value), "the cookie is cleared");
+  } finally {
+    await context.close();
+    await engine.stop();
+  }
+});
+
+test("a session ended while the page is idle is noticed from the event stream, with no write", { skip, timeout: 60_000 }, async () => {
+  const engine = await startEngine({ config: tokenEntry("browser", TOKEN) });
+  const { context } = await launch();
+  try {
+    const page = await context.newPage();
+    await page.goto(engine.base);
+    await page.waitForSelector("#signin:not([hidden])");
+    await page.fill("#signin-token", TOKEN);
+    await page.click("#signin-form button");
+    await page.waitForSelector("body[data-ready=true]");
+    await until(async () => (await page.textContent("#status")).startsWith("Online"), "Online");
+    await fetch(`${engine.base}/api/session`, { method: "DELETE", headers: { Authorization: `Bearer ${TOKEN}` } });
+    await page.waitForSelector("#signin:not([hidden])", { timeout: 15_000 });
+    assert.match(await page.textContent("#signin-why"), /session ended/);
   } finally {
     await context.close();
     await engine.stop();

@@ -333,6 +333,15 @@ export class SparkClient extends EventTarget {
       if (this.options.token) h["Authorization"] = `Bearer ${this.options.token}`;
       const answer = await this.fetchFn(this.eventsUrl(), { headers: h, credentials: "include", cache: "no-store", signal: abort.signal });
       this.setLink("online");
+      if (answer.status === 401) {
+        // The session ended (or the token is gone): say so, as a send that
+        // met a 401 would, so that the page can ask for a sign-in.
+        // Emitted each time (not only on a change): the same 401 seen before
+        // a sign-in is news after it.
+        this.lastWait = { kind: "passing", status: 401, reason: "HTTP 401 the event stream needs a session" };
+        this.dispatchEvent(new Event("status"));
+        return;
+      }
       if (answer.status !== 409) return;
       const problem = (await answer.json().catch(() => null)) as { code?: string; head_cursor?: string; head_seq?: number } | null;
       if (!problem || !RESYNC_CODES.includes(problem.code ?? "") || typeof problem.head_cursor !== "string") return;
