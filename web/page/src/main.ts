@@ -647,7 +647,8 @@ async function connect(): Promise<void> {
     } catch (e) {
       const delay = Math.min(30_000, 1000 * 2 ** (attempt - 1));
       const message = e instanceof Error ? e.message : String(e);
-      loadTrouble = { reason: /fetch|network/i.test(message) ? "no answer" : message.replace(/Bearer\s+\S+/g, "").slice(0, 80), retryAt: Date.now() + delay };
+      const status = /^(\d{3})\b/.exec(message)?.[1];
+      loadTrouble = { reason: status ? `HTTP ${status}` : "no answer", retryAt: Date.now() + delay };
       document.body.dataset.load = "retrying";
       await new Promise<void>((resolve) => {
         const tick = setInterval(() => void setStatus(), 1000);
