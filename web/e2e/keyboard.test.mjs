@@ -2,7 +2,7 @@
 // opened with Enter; the badges keep a 4.5:1 contrast in light and dark.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { browserOrSkip, capture, contrast, launch, openPage, photoPng, startEngine } from "./harness.mjs";
+import { browserOrSkip, capture, contrast, launch, openPage, photoPng, startEngine, until } from "./harness.mjs";
 
 const skip = browserOrSkip();
 
@@ -39,7 +39,11 @@ for (const scheme of ["light", "dark"]) {
       await capture(page, photoPng(320, 240, 91), "wartet");
       const badge = page.locator("#feed [data-outbox] .badge.pending");
       await badge.waitFor();
-      const { color, background } = await badge.evaluate((b) => ({ color: getComputedStyle(b).color, background: getComputedStyle(b).backgroundColor }));
+      // The row is re-rendered as the outbox changes: read a badge in the page.
+      const { color, background } = await until(async () => {
+        const c = await badge.first().evaluate((b) => (b.isConnected ? { color: getComputedStyle(b).color, background: getComputedStyle(b).backgroundColor } : null)).catch(() => null);
+        return c && c.color && c.background ? c : null;
+      }, "the badge's colours");
       const ratio = contrast(color, background);
       assert.ok(ratio >= 4.5, `${color} on ${background}: ${ratio.toFixed(2)}:1`);
     } finally {

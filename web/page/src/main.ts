@@ -409,6 +409,8 @@ async function openMomentView(id: string): Promise<void> {
   show("moment");
   openMoment = id;
   $("keep-status").textContent = "";
+  $("edit-form").hidden = true;
+  $("edit-status").textContent = "";
   renderMoment();
   $("moment").querySelector<HTMLElement>("h2")?.focus();
   await renderThread();
@@ -426,6 +428,92 @@ function renderMoment(): void {
     el("h3", {}, "Pippa's reading"),
     el("div", { className: "reading", id: "moment-reading", "data-status": t?.status ?? "none" }, readingText(t) || "No reading yet."),
   );
+}
+
+// ---- edit and delete ----------------------------------------------------
+
+/** An `If-Match` on `version`: an edit or delete of another version is refused (`412`), never applied. */
+function ifMatch(version: number | string): Record<string, string> {
+  return { "If-Match": `"${version}"` };
+}
+
+/** The version the open edit form started from (a change heard meanwhile does not move it). */
+let editingVersion: number | string | null = null;
+
+function editNote(text: string, bad = false): void {
+  $("edit-status").className = bad ? "error" : "muted";
+  $("edit-status").textContent = text;
+}
+
+function openEdit(): void {
+  const m = openMoment ? moments.get(openMoment) : undefined;
+  if (!m) return;
+  $<HTMLInputElement>("edit-text").value = m.text ?? "";
+  $<HTMLInputElement>("edit-caption").value = m.caption ?? "";
+  editingVersion = m.version;
+  $("edit-form").hidden = false;
+  editNote("");
+  $("edit-text").focus();
+}
+
+/** Shows `m` as the engine has it now (its row and, when open, its view). */
+function shown(m: Moment): void {
+  moments.set(m.id, m);
+  document.querySelector(`#feed [data-moment-id="${m.id}"]`)?.replaceWith(momentRow(m));
+  if (openMoment === m.id) renderMoment();
+}
+
+/** Saves the edit (`PATCH` with `If-Match`; needs the engine: an edit is not kept in the outbox). */
+async function saveEdit(): Promise<void> {
+  const m = openMoment ? moments.get(openMoment) : undefined;
+  if (!m) return;
+  const text = $<HTMLInputElement>("edit-text").value.trim() || null;
+  const caption = $<HTMLInputElement>("edit-caption").value.trim() || null;
+  let answer: Response;
+  try {
+    answer = await client.request("PATCH", `/api/moments/${m.id}`, { text, caption }, ifMatch(editingVersion ?? m.version));
+  } catch {
+    editNote("Not saved: the engine did not answer (edits are not kept on this device). Try again.", true);
+    return;
+  }
+  const body = await answer.json().catch(() => null);
+  if (answer.ok) {
+    if (body?.moment) shown(body.moment as Moment);
+    $("edit-form").hidden = true;
+    editNote("Saved.");
+  } else if (answer.status === 412) {
+    $("edit-form").hidden = true;
+    await refreshMoment(m.id);
+    editNote("Not saved: the moment was changed elsewhere meanwhile. It is shown as it is now; edit it again.", true);
+  } else {
+    editNote(`Not saved: ${body?.detail ?? `HTTP ${answer.status}`}`, true);
+  }
+}
+
+/** Deletes the moment (`DELETE` with `If-Match`) after asking. */
+async function deleteMoment(): Promise<void> {
+  const m = openMoment ? moments.get(openMoment) : undefined;
+  if (!m) return;
+  if (!confirm("Delete this moment with its photos, reading and thread? This cannot be undone.")) return;
+  let answer: Response;
+  try {
+    answer = await client.request("DELETE", `/api/moments/${m.id}`, undefined, ifMatch(m.version));
+  } catch {
+    editNote("Not deleted: the engine did not answer. Try again.", true);
+    return;
+  }
+  if (answer.ok) {
+    moments.delete(m.id);
+    document.querySelector(`#feed [data-moment-id="${m.id}"]`)?.remove();
+    show("moments");
+    flash("The moment was deleted.");
+  } else if (answer.status === 412) {
+    await refreshMoment(m.id);
+    editNote("Not deleted: the moment was changed elsewhere meanwhile. It is shown as it is now; delete it again if you still want to.", true);
+  } else {
+    const body = await answer.json().catch(() => null);
+    editNote(`Not deleted: ${body?.detail ?? `HTTP ${answer.status}`}`, true);
+  }
 }
 
 async function renderThread(): Promise<void> {
@@ -742,6 +830,13 @@ async function main(): Promise<void> {
     }
   };
   $("recall-start").onclick = () => void startRecall();
+  $("edit-open").onclick = () => openEdit();
+  $("edit-cancel").onclick = () => ($("edit-form").hidden = true);
+  $("edit-form").onsubmit = (e) => {
+    e.preventDefault();
+    void saveEdit();
+  };
+  $("delete-moment").onclick = () => void deleteMoment();
 
   show("moments");
   await renderOutbox();
