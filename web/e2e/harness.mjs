@@ -9,7 +9,7 @@
 // SPARK_REQUIRE_BROWSER=1 (CI), where a missing browser fails.
 import { spawn } from "node:child_process";
 import { existsSync, statSync, mkdtempSync, writeFileSync, mkdirSync, rmSync, readFileSync } from "node:fs";
-import { createHash } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import http from "node:http";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -253,6 +253,45 @@ export function photoPng(width = 1600, height = 1200, seed = 1) {
   return Buffer.concat([sig, chunk("IHDR", ihdr), chunk("IDAT", zlib.deflateSync(raw)), chunk("IEND", Buffer.alloc(0))]);
 }
 
+/** A PNG of `width` x `height` px of random pixels: it does not compress, so its size is about 3 bytes a pixel. */
+export function noisePng(width, height) {
+  const chunk = (type, data) => {
+    const len = Buffer.alloc(4);
+    len.writeUInt32BE(data.length);
+    const body = Buffer.concat([Buffer.from(type), data]);
+    const crc = Buffer.alloc(4);
+    crc.writeUInt32BE(crc32(body));
+    return Buffer.concat([len, body, crc]);
+  };
+  const ihdr = Buffer.alloc(13);
+  ihdr.writeUInt32BE(width, 0);
+  ihdr.writeUInt32BE(height, 4);
+  ihdr[8] = 8; ihdr[9] = 2;
+  const raw = randomBytes((width * 3 + 1) * height);
+  for (let y = 0; y < height; y++) raw[y * (width * 3 + 1)] = 0;
+  const sig = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+  return Buffer.concat([sig, chunk("IHDR", ihdr), chunk("IDAT", zlib.deflateSync(raw, { level: 1 })), chunk("IEND", Buffer.alloc(0))]);
+}
+
+/** Opens the moment `id` from the feed. */
+export async function openMoment(page, id) {
+  await page.locator(`#feed [data-moment-id="${id}"]`).click();
+  await page.waitForSelector("#view-moment:not([hidden])");
+}
+
+/** The WCAG contrast ratio of two CSS `rgb()`/`rgba()` colours (the alpha is ignored). */
+export function contrast(a, b) {
+  const lum = (css) => {
+    const [r, g, bl] = css.match(/[\d.]+/g).slice(0, 3).map(Number).map((v) => {
+      const c = v / 255;
+      return c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * bl;
+  };
+  const [hi, lo] = [lum(a), lum(b)].sort((x, y) => y - x);
+  return (hi + 0.05) / (lo + 0.05);
+}
+
 /** The width and height in a JPEG's first SOF marker. */
 export function jpegSize(bytes) {
   let i = 2;
@@ -276,10 +315,14 @@ export async function openPage(context, base) {
   return page;
 }
 
-/** Captures `photo` through the page's file input, with `text` typed first. */
+/** Captures `photo` through the page as a person does: the photo (the camera's file input), its preview, the text, then Save; resolves once Save took them. */
 export async function capture(page, photo, text, name = "sign.png") {
-  await page.fill("#capture-text", text);
   await page.setInputFiles("#capture-file", { name, mimeType: "image/png", buffer: photo });
+  await page.waitForSelector("#capture-preview img");
+  await page.fill("#capture-text", text);
+  await page.click("#capture-save");
+  await page.waitForSelector("#capture-form[data-photos='0']", { state: "attached" });
+  await until(async () => (await page.inputValue("#capture-text")) === "", "Save to take the text");
 }
 
 /** Waits until `predicate()` (async) is true, polling. */

@@ -63,7 +63,21 @@ export interface PassReport {
   wait: WaitCause | null;
 }
 
-type Broadcast = { type: "change"; notice: ChangeNotice } | { type: "resync"; resync: Resync } | { type: "outbox" } | { type: "kick" } | { type: "sender"; sender: boolean };
+type Broadcast =
+  | { type: "change"; notice: ChangeNotice }
+  | { type: "resync"; resync: Resync }
+  | { type: "outbox" }
+  | { type: "kick" }
+  | { type: "sender"; sender: boolean }
+  | { type: "link"; link: Link };
+
+/**
+ * Whether the engine answers, as this client last saw it: `online` (an
+ * answer came, or the event stream is open), `reconnecting` (the browser
+ * has a network but the engine did not answer), `offline` (the browser has
+ * no network). `unknown` before the first answer or failure.
+ */
+export type Link = "unknown" | "online" | "reconnecting" | "offline";
 
 /** What an `EventSource` constructor takes and gives, as far as the client uses it. */
 export type EventSourceConstructor = new (url: string, init?: EventSourceInit) => EventSource;
@@ -74,9 +88,12 @@ export type EventSourceConstructor = new (url: string, init?: EventSourceInit) =
  * failover to another archive's replica) or ends before what it saw
  * (`409 cursor_ahead`). What the page derived from the stream may hold ops
  * the server does not: refetch it. The stream follows after `head_cursor`.
+ * Also emitted (code `late_start`) when the stream could not open at first
+ * (offline, signed out) and starts from the head when it can: changes
+ * between the page's load and that head were not heard.
  */
 export interface Resync {
-  /** The code of the refusal: `cursor_unknown` or `cursor_ahead`. */
+  /** The code of the refusal (`cursor_unknown` or `cursor_ahead`), or `late_start`. */
   code: string;
   /** The cursor the stream asked for. */
   after: string;
@@ -109,13 +126,22 @@ export class SparkClient extends EventTarget {
   lastSeq = 0;
   /** The cursor of the last change heard (its event's id, `SEQ.CHAIN`; `"0"` before any): where the stream resumes. */
   cursor = "0";
+  /** Whether the engine answers, as last seen (by this tab, or heard from the sending tab); a change emits `status`. */
+  link: Link = "unknown";
 
   private readonly fetchFn: typeof fetch;
   private readonly options: ClientOptions;
   private readonly backoff: Backoff;
   private channel: BroadcastChannel | null = null;
   private source: EventSource | null = null;
+  /** How many times the event stream was opened. */
+  private opens = 0;
   private wake: (() => void) | null = null;
+  /** The run loop's sleep timer, and whether it is a backoff (not the idle pass). */
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  private backingOff = false;
+  /** Waits in a row without progress (the backoff's step). */
+  private waits = 0;
   private closed = false;
   private releaseLock: (() => void) | null = null;
   private chain: Promise<unknown> = Promise.resolve();
@@ -167,7 +193,13 @@ export class SparkClient extends EventTarget {
     } else {
       this.becomeSender();
     }
-    if (typeof window !== "undefined") window.addEventListener("online", () => this.kick());
+    if (typeof window !== "undefined") {
+      window.addEventListener("online", () => {
+        this.setLink("reconnecting");
+        this.kick();
+      });
+      window.addEventListener("offline", () => this.setLink("offline"));
+    }
     this.readyResolve();
     // After open() has resolved, so that listeners added to the client it
     // returns hear it (or await `client.ready`).
@@ -188,10 +220,27 @@ export class SparkClient extends EventTarget {
     else if (message.type === "outbox") this.dispatchEvent(new Event("outbox"));
     else if (message.type === "kick" && this.isSender) this.kick();
     else if (message.type === "sender") this.dispatchEvent(new Event("status"));
+    else if (message.type === "link" && !this.isSender) this.setLink(message.link, false);
   }
 
   private post(message: Broadcast): void {
     this.channel?.postMessage(message);
+  }
+
+  /** Records whether the engine answers; a change emits `status` (and, from the sending tab, tells the others). */
+  private setLink(link: Link, tell = true): void {
+    const offline = typeof navigator !== "undefined" && navigator.onLine === false;
+    const next: Link = link === "reconnecting" && offline ? "offline" : link;
+    if (next === this.link) return;
+    this.link = next;
+    this.dispatchEvent(new Event("status"));
+    if (tell && this.isSender) this.post({ type: "link", link: next });
+  }
+
+  /** Notes what one request's verdict says of the link. */
+  private noteVerdict(verdict: Verdict): void {
+    if (verdict.kind === "wait" && verdict.cause.kind === "link") this.setLink("reconnecting");
+    else this.setLink("online");
   }
 
   private outboxChanged(): void {
@@ -217,11 +266,16 @@ export class SparkClient extends EventTarget {
 
   private async openEvents(): Promise<void> {
     if (this.closed) return;
+    const reopening = this.opens > 0;
+    this.opens += 1;
     if (this.cursor === "0") {
       try {
         const head = (await this.get("/api/log/head")) as Schemas["LogHead"];
         this.cursor = head.cursor;
         this.lastSeq = Math.max(this.lastSeq, head.seq);
+        // The stream could not start at first (offline, signed out): it
+        // follows from this head, later than what the page loaded.
+        if (reopening) this.resynced({ code: "late_start", after: "0", head_cursor: head.cursor, head_seq: head.seq }, true);
       } catch {
         // Offline: follow from the start of what the stream gives.
       }
@@ -229,6 +283,7 @@ export class SparkClient extends EventTarget {
     const Source = this.options.eventSource ?? EventSource;
     const source = new Source(this.eventsUrl(), { withCredentials: true });
     this.source = source;
+    source.onopen = () => this.setLink("online");
     source.onmessage = (e) => {
       try {
         const notice = JSON.parse(e.data) as ChangeNotice;
@@ -257,6 +312,9 @@ export class SparkClient extends EventTarget {
       if (source.readyState === 2 /* CLOSED */) {
         source.close();
         void this.checkCursor().finally(reopen);
+      } else {
+        // CONNECTING: the stream dropped and the browser is trying again.
+        this.setLink("reconnecting");
       }
     };
   }
@@ -274,6 +332,16 @@ export class SparkClient extends EventTarget {
       const h: Record<string, string> = { [CLIENT_HEADER]: "web" };
       if (this.options.token) h["Authorization"] = `Bearer ${this.options.token}`;
       const answer = await this.fetchFn(this.eventsUrl(), { headers: h, credentials: "include", cache: "no-store", signal: abort.signal });
+      this.setLink("online");
+      if (answer.status === 401) {
+        // The session ended (or the token is gone): say so, as a send that
+        // met a 401 would, so that the page can ask for a sign-in.
+        // Emitted each time (not only on a change): the same 401 seen before
+        // a sign-in is news after it.
+        this.lastWait = { kind: "passing", status: 401, reason: "HTTP 401 the event stream needs a session" };
+        this.dispatchEvent(new Event("status"));
+        return;
+      }
       if (answer.status !== 409) return;
       const problem = (await answer.json().catch(() => null)) as { code?: string; head_cursor?: string; head_seq?: number } | null;
       if (!problem || !RESYNC_CODES.includes(problem.code ?? "") || typeof problem.head_cursor !== "string") return;
@@ -282,6 +350,7 @@ export class SparkClient extends EventTarget {
       this.resynced({ code: problem.code!, after, head_cursor: problem.head_cursor, head_seq: problem.head_seq ?? 0 }, true);
     } catch {
       // Offline: the reopen tries again.
+      this.setLink("reconnecting");
     } finally {
       abort.abort();
     }
@@ -296,29 +365,55 @@ export class SparkClient extends EventTarget {
   private async run(): Promise<void> {
     if (this.running) return;
     this.running = true;
-    let waits = 0;
+    this.waits = 0;
     while (!this.closed && this.isSender) {
       const report = await this.drainOnce().catch((e: Error) => ({ requests: 0, stepsDone: 0, wait: { kind: "link", reason: String(e) } as WaitCause }));
       const sleep = new Promise<void>((resolve) => {
-        this.wake = resolve;
+        this.wake = () => {
+          if (this.timer !== null) clearTimeout(this.timer);
+          this.timer = null;
+          this.wake = null;
+          resolve();
+        };
         if (report.wait) {
           // Waits in a row without progress: a pass that got something
           // through starts the backoff again from its first step.
-          waits = report.stepsDone > 0 ? 1 : waits + 1;
-          setTimeout(resolve, backoffDelay(report.wait, waits, this.backoff, this.options.random));
+          this.waits = report.stepsDone > 0 ? 1 : this.waits + 1;
+          this.backingOff = true;
+          this.timer = setTimeout(this.wake, backoffDelay(report.wait, this.waits, this.backoff, this.options.random));
         } else {
-          waits = 0;
+          this.waits = 0;
+          this.backingOff = false;
           // Idle until a capture, a message or `online`; a slow safety pass.
-          setTimeout(resolve, 30_000);
+          this.timer = setTimeout(this.wake, 30_000);
         }
       });
-      if (report.wait?.reason !== this.lastWait?.reason) {
-        this.lastWait = report.wait;
-        this.dispatchEvent(new Event("status"));
-      }
+      this.noteWait(report.wait);
       await sleep;
     }
     this.running = false;
+  }
+
+  /** Records the last passing trouble (or its end) and emits `status` when it changed. */
+  private noteWait(wait: WaitCause | null): void {
+    if (wait?.reason !== this.lastWait?.reason) {
+      this.lastWait = wait;
+      this.dispatchEvent(new Event("status"));
+    }
+  }
+
+  /**
+   * A send outside the run loop (a message sent at once) met passing
+   * trouble: the next pass comes after the backoff's next step, not after
+   * the idle pass. A loop already backing off keeps its (shorter) timer.
+   */
+  private backOffFrom(wait: WaitCause): void {
+    this.noteWait(wait);
+    if (!this.wake || this.backingOff) return;
+    this.waits += 1;
+    this.backingOff = true;
+    if (this.timer !== null) clearTimeout(this.timer);
+    this.timer = setTimeout(this.wake, backoffDelay(wait, this.waits, this.backoff, this.options.random));
   }
 
   /** Runs `work` after every send already queued in this tab (one request at a time). */
@@ -353,7 +448,14 @@ export class SparkClient extends EventTarget {
 
   /** A GET whose 2xx JSON body is returned; anything else throws with the problem's detail. */
   async get(path: string): Promise<unknown> {
-    const response = await this.request("GET", path);
+    let response: Response;
+    try {
+      response = await this.request("GET", path);
+    } catch (e) {
+      this.setLink("reconnecting");
+      throw e;
+    }
+    this.setLink("online");
     const body = await response.json().catch(() => null);
     if (!response.ok) throw new Error(`${response.status} ${(body as { code?: string; detail?: string } | null)?.code ?? ""} ${(body as { detail?: string } | null)?.detail ?? ""}`.trim());
     return body;
@@ -366,7 +468,9 @@ export class SparkClient extends EventTarget {
     } catch (e) {
       result = e instanceof Error ? e : new Error(String(e));
     }
-    return classify(result, this.clock.now());
+    const verdict = await classify(result, this.clock.now());
+    this.noteVerdict(verdict);
+    return verdict;
   }
 
   /**
@@ -411,6 +515,12 @@ export class SparkClient extends EventTarget {
     await this.outbox.saveEntry(entry);
     this.outboxChanged();
     this.kick();
+  }
+
+  /** Removes an entry that is not being sent (parked, or pending in no pass), with its bytes; a moment already made stays. */
+  async removeEntry(id: string): Promise<void> {
+    await this.serial(() => this.outbox.removeEntry(id));
+    this.outboxChanged();
   }
 
   private stepRequest(entry: Entry, step: Step): Promise<Verdict> {
@@ -537,7 +647,9 @@ export class SparkClient extends EventTarget {
       if (!this.isSender) return record;
       const entries = await this.outbox.entries();
       if (entries.some((e) => e.moment_id === record.thread_id && e.state !== "done" && !e.done.includes("create_moment"))) return record;
-      return (await this.sendRecord(record, true)).record;
+      const outcome = await this.sendRecord(record, true);
+      if (outcome.wait) this.backOffFrom(outcome.wait);
+      return outcome.record;
     });
     if (!this.isSender) this.kick();
     return record;

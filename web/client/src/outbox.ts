@@ -157,6 +157,17 @@ export class Outbox {
     await Promise.all([...writes, tx.done]);
   }
 
+  /** Removes an entry and its bytes, in one transaction. */
+  async removeEntry(id: string): Promise<void> {
+    const tx = this.tx(["entries", "blobs"]);
+    await Promise.all([
+      tx.objectStore("entries").delete(id),
+      tx.objectStore("blobs").delete(blobKey(id, "copy")),
+      tx.objectStore("blobs").delete(blobKey(id, "original")),
+      tx.done,
+    ]);
+  }
+
   /** Every message, in outgoing order. */
   async messages(): Promise<MessageRecord[]> {
     return this.db.getAllFromIndex("messages", "order");

@@ -140,3 +140,38 @@ test("a message to a moment still in the outbox waits for the moment's create", 
   assert.equal((await client.outbox.message(message.id)).state, "sent");
   client.close();
 });
+
+test("a message sent at once and hit by a network error or a 503 is sent again after the backoff, not the idle pass", async () => {
+  const { IDBFactory } = await import("fake-indexeddb");
+  const { SparkClient, ManualClock } = await import("../dist/index.js");
+  const { FakeEngine } = await import("./fake-engine.mjs");
+  const clock = new ManualClock(Date.now());
+  const engine = new FakeEngine(() => clock.now());
+  const client = await SparkClient.open({
+    fetch: engine.fetch,
+    clock,
+    indexedDB: new IDBFactory(),
+    dbName: "spark-backoff",
+    tabs: false,
+    events: false,
+    channelName: "test-backoff",
+    backoff: { baseMs: 20, maxMs: 200, retryAfterMaxMs: 1000 },
+  });
+  try {
+    // Let the first (empty) pass end: the loop is idle (its 30 s safety pass).
+    await new Promise((r) => setTimeout(r, 50));
+    const problem503 = () => new Response(JSON.stringify({ status: 503, code: "unavailable", detail: "later" }), { status: 503, headers: { "content-type": "application/problem+json" } });
+    for (const trouble of [() => new TypeError("Failed to fetch"), problem503]) {
+      engine.script.push(trouble);
+      const start = Date.now();
+      const record = await client.sendMessage(THREAD, `nach ${engine.log.length}`);
+      assert.equal(record.state, "pending");
+      for (let i = 0; i < 100 && engine.messages.size === 0; i++) await new Promise((r) => setTimeout(r, 20));
+      assert.equal((await client.outbox.message(record.id))?.state, "sent", "sent again after the backoff");
+      assert.ok(Date.now() - start < 1500, `sent after ${Date.now() - start} ms`);
+      engine.messages.clear();
+    }
+  } finally {
+    client.close();
+  }
+});

@@ -4,7 +4,12 @@
 // moment with its copy, Pippa's reading as it arrives, keeping phrases,
 // quick recall, the message thread with pending and failed messages and a
 // retry, and a log view with the head, the chain value and a live tail.
-import { SparkClient, mintRequestId, type ChangeNotice, type Entry, type MessageRecord, type components } from "../../client/src/index.js";
+//
+// The page works without the engine as far as it can: the outbox is read
+// from this device before any request, a failed load is tried again with
+// backoff (the status says so), and the status says whether the engine
+// answers ("Online", "Reconnecting…", "Offline"), never a raw HTTP line.
+import { SparkClient, mintRequestId, type ChangeNotice, type Entry, type MessageRecord, type Step, type components } from "../../client/src/index.js";
 
 type Moment = components["schemas"]["Moment"];
 type Turn = components["schemas"]["Turn"];
@@ -46,15 +51,41 @@ async function post(method: string, path: string, body?: object): Promise<Respon
 
 // ---- access -------------------------------------------------------------
 
-/** Whether the engine answers us: with tokens configured and no session, it says 401 and the page asks for a token once. */
+/** Whether the engine lets us in: with tokens configured and no session, it says 401. Throws when it does not answer. */
 async function signedIn(): Promise<boolean> {
-  const answer = await fetch("/api/log/head", { credentials: "include", headers: { "X-Spark-Client": "web" } });
+  const answer = await fetch("/api/log/head", { credentials: "include", cache: "no-store", headers: { "X-Spark-Client": "web" } });
   return answer.status !== 401;
 }
 
-function askForToken(): Promise<void> {
+/** The sign-in in progress, shared by everything that found the session missing. */
+let signing: Promise<void> | null = null;
+
+/** How many captures and messages wait on this device, in words ("" when none). */
+async function waitingWords(): Promise<string> {
+  const entries = (await client.outbox.entries()).filter((e) => e.state !== "done").length;
+  const messages = (await client.outbox.messages()).filter((m) => m.state !== "sent").length;
+  const parts = [entries ? `${entries} capture${entries === 1 ? "" : "s"}` : "", messages ? `${messages} message${messages === 1 ? "" : "s"}` : ""].filter(Boolean);
+  return parts.join(" and ");
+}
+
+/**
+ * Hides everything the session showed (the feed, a moment, the phrases)
+ * and asks for a token; resolves once a session is made. The outbox stays
+ * on this device and is sent after the sign-in.
+ */
+function signIn(why: string): Promise<void> {
+  if (signing) return signing;
+  document.body.dataset.signedIn = "false";
+  $("app").hidden = true;
+  $("nav").hidden = true;
+  $("signout").hidden = true;
+  clearShown();
+  $("signin-error").textContent = "";
+  $("signin-why").textContent = why;
   $("signin").hidden = false;
-  return new Promise((resolve) => {
+  void waitingWords().then((w) => ($("signin-waiting").textContent = w ? `${w} wait on this device; they are sent once you are signed in.` : ""));
+  void setStatus();
+  signing = new Promise((resolve) => {
     $("signin-form").onsubmit = async (e) => {
       e.preventDefault();
       const input = $<HTMLInputElement>("signin-token");
@@ -62,16 +93,92 @@ function askForToken(): Promise<void> {
       // The token goes once, in a header, and is not kept: the answer
       // sets an HttpOnly session cookie.
       input.value = "";
-      const answer = await fetch("/api/session", { method: "POST", credentials: "include", headers: { Authorization: `Bearer ${token}`, "X-Spark-Client": "web" } });
+      $("signin-error").textContent = "";
+      let answer: Response;
+      try {
+        answer = await fetch("/api/session", { method: "POST", credentials: "include", headers: { Authorization: `Bearer ${token}`, "X-Spark-Client": "web" } });
+      } catch {
+        $("signin-error").textContent = "Not signed in: the engine did not answer. Try again when it is reachable.";
+        return;
+      }
       if (answer.ok) {
         $("signin").hidden = true;
+        $("app").hidden = false;
+        $("nav").hidden = false;
+        document.body.dataset.signedIn = "true";
+        signing = null;
+        tokensConfigured = true;
+        $("signout").hidden = false;
         resolve();
       } else {
         const problem = await answer.json().catch(() => ({}));
-        $("signin-error").textContent = `Not signed in: ${problem.detail ?? answer.status}`;
+        $("signin-error").textContent = answer.status === 401 ? "Not signed in: this token is not valid." : `Not signed in: ${problem.detail ?? `HTTP ${answer.status}`}`;
       }
     };
   });
+  return signing;
+}
+
+/** Whether the engine has tokens configured (then the page offers to sign out). */
+let tokensConfigured = false;
+
+/**
+ * Asks the engine whether it has tokens configured: `POST /api/session`
+ * with neither token nor new session answers `200` (no tokens: nothing to
+ * exchange) or `400` (a session cookie cannot make a session).
+ */
+async function probeTokens(): Promise<void> {
+  try {
+    const answer = await post("POST", "/api/session", {});
+    tokensConfigured = answer.status !== 200;
+  } catch {
+    // Unknown: leave it as it is.
+  }
+  $("signout").hidden = !tokensConfigured;
+}
+
+/** Ends the session on the engine (`DELETE /api/session`: the cookie is revoked and cleared), then asks for a token. */
+async function signOut(): Promise<void> {
+  let answer: Response;
+  try {
+    answer = await post("DELETE", "/api/session");
+  } catch {
+    flash("Not signed out: the engine did not answer, so the session could not be ended. Try again when it is reachable.");
+    return;
+  }
+  if (!answer.ok && answer.status !== 401) {
+    flash(`Not signed out: the engine answered HTTP ${answer.status}.`);
+    return;
+  }
+  await signIn("You are signed out.");
+  await afterSignIn();
+}
+
+/** After a sign-in: the feed again, and the outbox sent. */
+async function afterSignIn(): Promise<void> {
+  await connect();
+  client.kick();
+}
+
+/** A short note in the status line's place for a few seconds. */
+function flash(text: string): void {
+  $("notice").textContent = text;
+  $("notice").hidden = false;
+  setTimeout(() => ($("notice").hidden = true), 8000);
+}
+
+/** Forgets what the session showed. */
+function clearShown(): void {
+  moments.clear();
+  turns.clear();
+  turnMoment.clear();
+  servedThreads.clear();
+  $("feed").querySelectorAll("[data-moment-id]").forEach((r) => r.remove());
+  $("moment").replaceChildren();
+  $("thread").replaceChildren();
+  $("phrases").replaceChildren();
+  $("recall-out").textContent = "";
+  show("moments");
 }
 
 // ---- views --------------------------------------------------------------
@@ -88,14 +195,50 @@ function show(view: "moments" | "moment" | "recall" | "log"): void {
   if (view === "log") void renderHead();
 }
 
+/** Set while the first load (or a load after a sign-in) fails: why, and when it is tried again (ms since the epoch). */
+let loadTrouble: { reason: string; retryAt: number } | null = null;
+
+/** Whether the engine answers, in words. */
+function connectionWords(): string {
+  if (!navigator.onLine || client?.link === "offline") return "Offline";
+  if (loadTrouble) {
+    const s = Math.max(0, Math.ceil((loadTrouble.retryAt - Date.now()) / 1000));
+    return `Can't reach the engine (${loadTrouble.reason}); trying again ${s > 0 ? `in ${s} s` : "now"}`;
+  }
+  if (!client) return "Starting…";
+  if (signing) return "Signed out";
+  if (client.link === "reconnecting") return "Reconnecting…";
+  if (client.lastWait?.kind === "server") return `The engine has trouble (HTTP ${client.lastWait.status}); trying again`;
+  if (client.lastWait?.status === 429) return "The engine is busy; trying again";
+  if (client.link === "online") return "Online";
+  return "Connecting…";
+}
+
 async function setStatus(): Promise<void> {
-  const entries = (await client.outbox.entries()).filter((e) => e.state !== "done");
-  const messages = (await client.outbox.messages()).filter((m) => m.state === "pending");
-  const parts = [client.isSender ? "sending tab" : "another tab sends", navigator.onLine ? "online" : "offline"];
-  if (entries.length || messages.length) parts.push(`${entries.length + messages.length} waiting`);
-  if (client.lastWait) parts.push(client.lastWait.reason);
+  const parts = [connectionWords()];
+  if (client) {
+    const entries = (await client.outbox.entries()).filter((e) => e.state !== "done");
+    const messages = (await client.outbox.messages()).filter((m) => m.state === "pending");
+    const waiting = entries.filter((e) => e.state === "pending").length + messages.length;
+    const parked = entries.filter((e) => e.state === "parked").length;
+    if (waiting) parts.push(`${waiting} waiting to send`);
+    if (parked) parts.push(`${parked} need${parked === 1 ? "s" : ""} you`);
+    $("status").dataset.sender = String(client.isSender);
+    $("status").dataset.link = client.link;
+  }
   $("status").textContent = parts.join(" · ");
-  $("status").dataset.sender = String(client.isSender);
+}
+
+/** A passing trouble of the outbox (a string the client stored) in plain words. */
+function waitWords(reason: string | null): string {
+  if (!reason) return "";
+  if (reason.startsWith("network")) return "Waiting for the connection to the engine.";
+  const status = Number(/^HTTP (\d{3})/.exec(reason)?.[1] ?? 0);
+  if (status === 401) return "Waiting for you to sign in.";
+  if (status === 403) return "Waiting: the engine refused access for now.";
+  if (status === 429) return "Waiting: the engine is busy.";
+  if (status >= 500) return `Waiting: the engine has trouble (HTTP ${status}).`;
+  return "Waiting to be sent.";
 }
 
 // ---- the feed -----------------------------------------------------------
@@ -119,7 +262,16 @@ function readingText(t: Turn | undefined): string {
 function momentRow(m: Moment): HTMLLIElement {
   const url = copyUrl(m);
   const t = reading(m);
-  const row = el("li", { "data-moment-id": m.id, "data-version": m.version, "data-reading": t?.status ?? "none", onclick: () => void openMomentView(m.id) },
+  const row = el("li", {
+    "data-moment-id": m.id, "data-version": m.version, "data-reading": t?.status ?? "none", tabIndex: 0, role: "link",
+    onclick: () => void openMomentView(m.id),
+    onkeydown: (e: KeyboardEvent) => {
+      if (e.key === "Enter" || e.key === " ") {
+        e.preventDefault();
+        void openMomentView(m.id);
+      }
+    },
+  },
     url ? el("img", { src: url, alt: "", loading: "lazy" }) : el("div", { className: "thumb" }),
     el("div", {},
       el("div", { className: "title" }, m.text || m.caption || "A sign"),
@@ -130,15 +282,45 @@ function momentRow(m: Moment): HTMLLIElement {
   return row;
 }
 
-function entryRow(e: Entry): HTMLLIElement {
+const STEP_WORDS: Record<Step, string> = { create_moment: "the moment", upload_copy: "the small copy", start_turn: "the reading", upload_original: "the original photo" };
+
+/** Object URLs of waiting captures' copies, by entry id. */
+const thumbs = new Map<string, string>();
+
+async function thumbUrl(e: Entry): Promise<string | null> {
+  if (thumbs.has(e.id)) return thumbs.get(e.id)!;
+  const bytes = await client.outbox.bytes(e.id, "copy").catch(() => undefined);
+  if (!bytes) return null;
+  const url = URL.createObjectURL(new Blob([bytes], { type: e.copy.content_type }));
+  thumbs.set(e.id, url);
+  return url;
+}
+
+function entryRow(e: Entry, thumb: string | null): HTMLLIElement {
   const state = e.state === "parked" ? "parked" : "pending";
-  const detail = e.parked ? `${e.parked.status} ${e.parked.code ?? ""}: ${e.parked.detail}` : e.last_error ?? `sending (${e.done.length}/4)`;
+  let detail: string;
+  if (e.parked) {
+    const made = e.done.includes("create_moment") ? "The moment is saved, but the engine refused " : "The engine refused ";
+    detail = `${made}${STEP_WORDS[e.parked.step]}: ${e.parked.detail} (HTTP ${e.parked.status}${e.parked.code ? ` ${e.parked.code}` : ""}).`;
+  } else {
+    detail = waitWords(e.last_error) || (e.done.length ? `Sending (${e.done.length} of 4 steps done)…` : "Waiting to be sent.");
+  }
+  const button = (label: string, action: () => Promise<void>) =>
+    el("button", { type: "button", onclick: (ev: Event) => { ev.stopPropagation(); void action(); } }, label);
   return el("li", { "data-entry-id": e.id, "data-outbox": state },
-    el("div", { className: "thumb" }),
+    thumb ? el("img", { src: thumb, alt: "" }) : el("div", { className: "thumb" }),
     el("div", {},
-      el("div", { className: "title" }, e.text || "A sign", el("span", { className: `badge ${state}` }, state)),
-      el("div", { className: "snippet" }, detail),
-      e.state === "parked" ? el("button", { onclick: (ev: Event) => { ev.stopPropagation(); void client.retryEntry(e.id); } }, "Retry") : null,
+      el("div", { className: "title" }, e.text || "A sign", el("span", { className: `badge ${state}` }, state === "parked" ? "not sent" : "waiting")),
+      el("div", { className: "snippet", "data-detail": "" }, detail),
+      e.state === "parked"
+        ? el("div", { className: "row actions" },
+            button("Retry", () => client.retryEntry(e.id)),
+            button("Remove", async () => {
+              if (!confirm(e.done.includes("create_moment") ? "Remove what is left of this capture from this device? The moment stays." : "Remove this capture from this device? It was not sent.")) return;
+              await client.removeEntry(e.id);
+            }),
+          )
+        : null,
     ),
   );
 }
@@ -204,10 +386,20 @@ async function loadFeed(): Promise<void> {
 
 async function renderOutbox(): Promise<void> {
   const feed = $("feed");
+  // Waiting captures until their moment shows; parked ones always (a
+  // capture parked after its moment was made still needs the person).
+  const shown = (await client.outbox.entries()).filter((e) => e.state === "parked" || (e.state === "pending" && !moments.has(e.moment_id)));
+  const rows = await Promise.all(shown.map(async (e) => entryRow(e, await thumbUrl(e))));
   feed.querySelectorAll("[data-entry-id]").forEach((r) => r.remove());
-  const waiting = (await client.outbox.entries()).filter((e) => e.state !== "done" && !moments.has(e.moment_id));
-  for (const e of waiting.reverse()) feed.prepend(entryRow(e));
-  if (waiting.length) $("feed-empty").hidden = true;
+  for (const row of rows.reverse()) feed.prepend(row);
+  const live = new Set(shown.map((e) => e.id));
+  for (const [id, url] of thumbs) {
+    if (!live.has(id)) {
+      URL.revokeObjectURL(url);
+      thumbs.delete(id);
+    }
+  }
+  $("feed-empty").hidden = moments.size > 0 || shown.length > 0;
 }
 
 // ---- one moment ---------------------------------------------------------
@@ -216,7 +408,11 @@ async function openMomentView(id: string): Promise<void> {
   openMoment = id;
   show("moment");
   openMoment = id;
+  $("keep-status").textContent = "";
+  $("edit-form").hidden = true;
+  $("edit-status").textContent = "";
   renderMoment();
+  $("moment").querySelector<HTMLElement>("h2")?.focus();
   await renderThread();
 }
 
@@ -227,11 +423,97 @@ function renderMoment(): void {
   const t = reading(m);
   $("moment").replaceChildren(
     url ? el("img", { src: url, alt: "the copy of the photo" }) : el("div", { className: "thumb" }),
-    el("h2", {}, m.text || m.caption || "A sign"),
+    el("h2", { tabIndex: -1 }, m.text || m.caption || "A sign"),
     el("p", { className: "muted" }, `captured ${m.captured_at ? new Date(m.captured_at).toLocaleString() : "—"} · ${m.media.length} media · version ${m.version}`),
     el("h3", {}, "Pippa's reading"),
     el("div", { className: "reading", id: "moment-reading", "data-status": t?.status ?? "none" }, readingText(t) || "No reading yet."),
   );
+}
+
+// ---- edit and delete ----------------------------------------------------
+
+/** An `If-Match` on `version`: an edit or delete of another version is refused (`412`), never applied. */
+function ifMatch(version: number | string): Record<string, string> {
+  return { "If-Match": `"${version}"` };
+}
+
+/** The version the open edit form started from (a change heard meanwhile does not move it). */
+let editingVersion: number | string | null = null;
+
+function editNote(text: string, bad = false): void {
+  $("edit-status").className = bad ? "error" : "muted";
+  $("edit-status").textContent = text;
+}
+
+function openEdit(): void {
+  const m = openMoment ? moments.get(openMoment) : undefined;
+  if (!m) return;
+  $<HTMLInputElement>("edit-text").value = m.text ?? "";
+  $<HTMLInputElement>("edit-caption").value = m.caption ?? "";
+  editingVersion = m.version;
+  $("edit-form").hidden = false;
+  editNote("");
+  $("edit-text").focus();
+}
+
+/** Shows `m` as the engine has it now (its row and, when open, its view). */
+function shown(m: Moment): void {
+  moments.set(m.id, m);
+  document.querySelector(`#feed [data-moment-id="${m.id}"]`)?.replaceWith(momentRow(m));
+  if (openMoment === m.id) renderMoment();
+}
+
+/** Saves the edit (`PATCH` with `If-Match`; needs the engine: an edit is not kept in the outbox). */
+async function saveEdit(): Promise<void> {
+  const m = openMoment ? moments.get(openMoment) : undefined;
+  if (!m) return;
+  const text = $<HTMLInputElement>("edit-text").value.trim() || null;
+  const caption = $<HTMLInputElement>("edit-caption").value.trim() || null;
+  let answer: Response;
+  try {
+    answer = await client.request("PATCH", `/api/moments/${m.id}`, { text, caption }, ifMatch(editingVersion ?? m.version));
+  } catch {
+    editNote("Not saved: the engine did not answer (edits are not kept on this device). Try again.", true);
+    return;
+  }
+  const body = await answer.json().catch(() => null);
+  if (answer.ok) {
+    if (body?.moment) shown(body.moment as Moment);
+    $("edit-form").hidden = true;
+    editNote("Saved.");
+  } else if (answer.status === 412) {
+    $("edit-form").hidden = true;
+    await refreshMoment(m.id);
+    editNote("Not saved: the moment was changed elsewhere meanwhile. It is shown as it is now; edit it again.", true);
+  } else {
+    editNote(`Not saved: ${body?.detail ?? `HTTP ${answer.status}`}`, true);
+  }
+}
+
+/** Deletes the moment (`DELETE` with `If-Match`) after asking. */
+async function deleteMoment(): Promise<void> {
+  const m = openMoment ? moments.get(openMoment) : undefined;
+  if (!m) return;
+  if (!confirm("Delete this moment with its photos, reading and thread? This cannot be undone.")) return;
+  let answer: Response;
+  try {
+    answer = await client.request("DELETE", `/api/moments/${m.id}`, undefined, ifMatch(m.version));
+  } catch {
+    editNote("Not deleted: the engine did not answer. Try again.", true);
+    return;
+  }
+  if (answer.ok) {
+    moments.delete(m.id);
+    document.querySelector(`#feed [data-moment-id="${m.id}"]`)?.remove();
+    show("moments");
+    flash("The moment was deleted.");
+  } else if (answer.status === 412) {
+    await refreshMoment(m.id);
+    editNote("Not deleted: the moment was changed elsewhere meanwhile. It is shown as it is now; delete it again if you still want to.", true);
+  } else {
+    const body = await answer.json().catch(() => null);
+    editNote(`Not deleted: ${body?.detail ?? `HTTP ${answer.status}`}`, true);
+  }
 }
 
 async function renderThread(): Promise<void> {
@@ -351,10 +633,129 @@ function onChange(notice: ChangeNotice): void {
   }
 }
 
+// ---- capture ------------------------------------------------------------
+
+/** The photos chosen for the next Save, each with its preview's object URL. */
+let chosen: { file: File; url: string }[] = [];
+/** The checks of files being chosen (a Save waits for them). */
+let checking: Promise<void> = Promise.resolve();
+
+/** Whether the browser can decode `file` as an image: null when it can, else why not. */
+async function unreadable(file: File): Promise<string | null> {
+  if (file.type && !file.type.startsWith("image/")) return `“${file.name}” is not a photo (${file.type})`;
+  try {
+    const bitmap = await createImageBitmap(file);
+    bitmap.close();
+    return null;
+  } catch {
+    return `“${file.name}” could not be read as a photo (damaged, or a format this browser cannot show)`;
+  }
+}
+
+function renderChosen(): void {
+  $("capture-preview").replaceChildren(
+    ...chosen.map((c, i) =>
+      el("li", {},
+        el("img", { src: c.url, alt: `photo ${i + 1}: ${c.file.name}` }),
+        el("button", { type: "button", className: "remove", "aria-label": `Remove photo ${i + 1}`, onclick: () => { URL.revokeObjectURL(c.url); chosen.splice(i, 1); renderChosen(); } }, "×"),
+      ),
+    ),
+  );
+  $("capture-form").dataset.photos = String(chosen.length);
+  $<HTMLButtonElement>("capture-save").textContent = chosen.length > 1 ? `Save ${chosen.length} photos` : "Save";
+}
+
+/** Takes the files of a file input: readable photos join the preview; a bad file is refused with its reason. Nothing is stored. */
+function choose(input: HTMLInputElement): void {
+  const files = [...(input.files ?? [])];
+  input.value = "";
+  $("capture-error").textContent = "";
+  checking = checking.then(async () => {
+    const refused: string[] = [];
+    for (const file of files) {
+      const why = await unreadable(file);
+      if (why) refused.push(why);
+      else chosen.push({ file, url: URL.createObjectURL(file) });
+    }
+    renderChosen();
+    if (refused.length) $("capture-error").textContent = `Not added: ${refused.join("; ")}. What you typed is kept.`;
+  });
+}
+
+/** Save: each chosen photo becomes one capture with the typed text, stored in the outbox (and sent from there). */
+async function save(): Promise<void> {
+  await checking;
+  const text = $<HTMLInputElement>("capture-text");
+  if (!chosen.length) {
+    $("capture-error").textContent = "Take or choose a photo first. What you typed is kept.";
+    return;
+  }
+  // Take the photos and the text, and clear both, before the first
+  // await: the next capture may be started while this one is stored.
+  const photos = chosen;
+  const caption = text.value.trim() || null;
+  chosen = [];
+  text.value = "";
+  renderChosen();
+  $("capture-error").textContent = "";
+  const failed: { file: File; url: string }[] = [];
+  for (const photo of photos) {
+    try {
+      await client.capture({ photo: photo.file, text: caption });
+      URL.revokeObjectURL(photo.url);
+    } catch (e) {
+      failed.push(photo);
+      $("capture-error").textContent = `Not saved: ${e instanceof Error ? e.message : String(e)}.`;
+    }
+  }
+  if (failed.length) {
+    // Give back what was not stored.
+    chosen = [...failed, ...chosen];
+    if (!text.value && caption) text.value = caption;
+    renderChosen();
+  }
+}
+
 // ---- start --------------------------------------------------------------
 
+/** Loads what needs the engine (sign-in, then the feed), trying again with backoff until it works; the status says what happens meanwhile. */
+async function connect(): Promise<void> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      if (!(await signedIn())) {
+        loadTrouble = null;
+        await signIn("This engine needs a token.");
+        continue;
+      }
+      await loadFeed();
+      loadTrouble = null;
+      await renderOutbox();
+      void setStatus();
+      return;
+    } catch (e) {
+      const delay = Math.min(30_000, 1000 * 2 ** (attempt - 1));
+      const message = e instanceof Error ? e.message : String(e);
+      const status = /^(\d{3})\b/.exec(message)?.[1];
+      loadTrouble = { reason: status ? `HTTP ${status}` : "no answer", retryAt: Date.now() + delay };
+      document.body.dataset.load = "retrying";
+      await new Promise<void>((resolve) => {
+        const tick = setInterval(() => void setStatus(), 1000);
+        const done = () => {
+          clearInterval(tick);
+          clearTimeout(timer);
+          window.removeEventListener("online", done);
+          resolve();
+        };
+        const timer = setTimeout(done, delay);
+        window.addEventListener("online", done);
+        void setStatus();
+      });
+    }
+  }
+}
+
 async function main(): Promise<void> {
-  if (!(await signedIn())) await askForToken();
+  // This device's outbox first: it needs no engine.
   client = await SparkClient.open();
   client.addEventListener("change", (e) => onChange((e as CustomEvent<ChangeNotice>).detail));
   // The server's log is another history than the stream followed (a
@@ -373,34 +774,30 @@ async function main(): Promise<void> {
   for (const name of ["sender", "status"]) client.addEventListener(name, () => void setStatus());
   // A session that expired or was ended: the sender's requests answer 401
   // (they wait, as SPEC section 6 says); ask for the token again, then go on.
-  let asking = false;
   client.addEventListener("status", async () => {
-    if (client.lastWait?.status !== 401 || asking) return;
-    asking = true;
-    if (!(await signedIn())) await askForToken();
-    asking = false;
-    client.kick();
+    if (client.lastWait?.status !== 401 || signing) return;
+    const inside = await signedIn().catch(() => true);
+    if (inside || signing) return;
+    await signIn("Your session ended: sign in again to go on.");
+    await afterSignIn();
   });
   window.addEventListener("online", () => void setStatus());
   window.addEventListener("offline", () => void setStatus());
 
   for (const b of document.querySelectorAll<HTMLButtonElement>("nav button")) b.onclick = () => show(b.dataset.view as "moments");
   $("back").onclick = () => show("moments");
-  $<HTMLInputElement>("capture-file").onchange = async (e) => {
-    const input = e.target as HTMLInputElement;
-    const text = $<HTMLInputElement>("capture-text");
-    // Take the photos and the text, and clear both, before the first
-    // await: a person (or a test) may type the next capture's text while
-    // this one is stored, and clearing the field afterwards would erase it.
-    const photos = [...(input.files ?? [])];
-    const caption = text.value.trim() || null;
-    input.value = "";
-    text.value = "";
-    for (const photo of photos) {
-      await client.capture({ photo, text: caption });
-    }
+  $("signout").onclick = () => void signOut();
+  for (const id of ["capture-file", "capture-pick"]) $<HTMLInputElement>(id).onchange = (e) => choose(e.target as HTMLInputElement);
+  $("capture-form").onsubmit = (e) => {
+    e.preventDefault();
+    void save();
   };
-  $("capture-form").onsubmit = (e) => e.preventDefault();
+  $("capture-clear").onclick = () => {
+    for (const c of chosen) URL.revokeObjectURL(c.url);
+    chosen = [];
+    renderChosen();
+    $("capture-error").textContent = "";
+  };
   $("message-form").onsubmit = async (e) => {
     e.preventDefault();
     const input = $<HTMLInputElement>("message-body");
@@ -411,18 +808,43 @@ async function main(): Promise<void> {
   $("keep-form").onsubmit = async (e) => {
     e.preventDefault();
     const input = $<HTMLInputElement>("keep-phrase");
-    const answer = await post("POST", "/api/phrases", { phrase: input.value, moment_id: openMoment });
-    if (answer.ok) input.value = "";
-    input.setCustomValidity(answer.ok ? "" : ((await answer.json()).detail ?? "refused"));
-    input.reportValidity();
+    const note = $("keep-status");
+    const phrase = input.value;
+    note.className = "muted";
+    note.textContent = "Keeping…";
+    let answer: Response;
+    try {
+      answer = await post("POST", "/api/phrases", { phrase, moment_id: openMoment });
+    } catch {
+      note.className = "error";
+      note.textContent = "Not kept: the engine did not answer. Try again.";
+      return;
+    }
+    if (answer.ok) {
+      if (input.value === phrase) input.value = "";
+      note.textContent = `Kept “${phrase.trim()}”.`;
+    } else {
+      const problem = await answer.json().catch(() => ({}));
+      note.className = "error";
+      note.textContent = `Not kept: ${problem.detail ?? `HTTP ${answer.status}`}`;
+    }
   };
   $("recall-start").onclick = () => void startRecall();
+  $("edit-open").onclick = () => openEdit();
+  $("edit-cancel").onclick = () => ($("edit-form").hidden = true);
+  $("edit-form").onsubmit = (e) => {
+    e.preventDefault();
+    void saveEdit();
+  };
+  $("delete-moment").onclick = () => void deleteMoment();
 
   show("moments");
-  await loadFeed();
   await renderOutbox();
   await setStatus();
+  await connect();
+  await probeTokens();
   document.body.dataset.ready = "true";
+  document.body.dataset.load = "done";
 }
 
 void main();
