@@ -224,6 +224,26 @@ fn walk_log(
     Ok(())
 }
 
+/// The due moment whose content `frame` still holds, with the op's seq: a
+/// whole op that is not erased, of a kind with content, about a moment in
+/// `due`. The one test of a log's bytes, local or archived.
+fn due_content(
+    mirror: &Mirror,
+    due: &HashSet<Id>,
+    frame: &spark_log_format::Frame<'_>,
+) -> Option<(Id, u64)> {
+    if frame.kind != FrameKind::Op {
+        return None;
+    }
+    let op = Op::decode(&frame.record).ok()?;
+    if op.erased || !op.body.kind().has_content() {
+        return None;
+    }
+    owner(mirror, &op.body)
+        .filter(|id| due.contains(id))
+        .map(|id| (id, op.seq))
+}
+
 /// The moment an op with content is about: a create's or edit's moment, a
 /// message's thread, a turn outcome's moment (by the turn in `mirror`).
 fn owner(mirror: &Mirror, body: &OpBody) -> Option<Id> {
@@ -352,18 +372,9 @@ fn find_cut_tails(
         for &start in starts {
             let mut frames = Frames::new(&bytes, start, u32::MAX);
             for frame in frames.by_ref() {
-                if frame.kind != FrameKind::Op {
-                    continue;
-                }
-                let Ok(op) = Op::decode(&frame.record) else {
-                    continue;
-                };
-                if op.erased || !op.body.kind().has_content() {
-                    continue;
-                }
-                if let Some(id) = owner(mirror, &op.body).filter(|id| due.contains(id)) {
-                    if !found.contains(&(id, Some(op.seq))) {
-                        found.push((id, Some(op.seq)));
+                if let Some((id, seq)) = due_content(mirror, due, &frame) {
+                    if !found.contains(&(id, Some(seq))) {
+                        found.push((id, Some(seq)));
                     }
                 }
             }
@@ -561,17 +572,8 @@ fn find_in_archive(
                 (&bytes, HEADER_LEN)
             };
             for frame in Frames::new(body, start, u32::MAX) {
-                if frame.kind != FrameKind::Op {
-                    continue;
-                }
-                let Ok(op) = Op::decode(&frame.record) else {
-                    continue;
-                };
-                if op.erased || !op.body.kind().has_content() {
-                    continue;
-                }
-                if let Some(id) = owner(mirror, &op.body).filter(|id| due.contains(id)) {
-                    found.push((id, family, key.clone(), Some(op.seq)));
+                if let Some((id, seq)) = due_content(mirror, &due, &frame) {
+                    found.push((id, family, key.clone(), Some(seq)));
                 }
             }
         }

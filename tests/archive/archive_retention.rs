@@ -14,7 +14,7 @@ use spark_archive::{ArchiveStore, StoreConfig};
 use spark_test_support::weed::{KEY_ID, SECRET};
 
 use crate::archive_erasure::{get, json_of, plant, wait_archived};
-use crate::common::{replay_or_skip, ServerProcess};
+use crate::common::{copy_dir, replay_or_skip, ServerProcess};
 use crate::s3_common::{digest_of, json, replay, restore, unique_prefix, weed_or_skip};
 
 /// `[archive] retention_ms` of the test's engine: long enough for the
@@ -27,19 +27,6 @@ const HANG_GUARD: Duration = Duration::from_secs(120);
 fn start(data: &std::path::Path, env: &[(&str, String)]) -> ServerProcess {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     ServerProcess::start_with_env(data, &env)
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
