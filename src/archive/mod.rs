@@ -46,6 +46,7 @@ pub mod gate;
 mod lease;
 pub mod metrics;
 mod retention;
+mod retention_state;
 mod shipper;
 mod start;
 mod status;

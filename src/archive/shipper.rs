@@ -246,7 +246,7 @@ pub(super) struct Shipper {
     /// covers that seq.
     pub(super) blobs_ahead: Mutex<std::collections::HashMap<[u8; 32], u64>>,
     /// The retention pass's state (ARCHIVE.md "Retention").
-    pub(super) retention: super::retention::Retention,
+    pub(super) retention: super::retention_state::Retention,
 }
 
 /// The [`Instant`] at which the wall clock read `written_ms` (Unix ms),

@@ -176,7 +176,7 @@ pub async fn start_on_retained(
         checkpoint_stored: None,
         checkpoint_looked: None,
         blobs_ahead: Mutex::new(std::collections::HashMap::new()),
-        retention: super::retention::Retention::new(retention_ms, interval),
+        retention: super::retention_state::Retention::new(retention_ms, interval),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(shipper.run(interval, stopped));
