@@ -170,7 +170,7 @@ pub struct RetentionSettings {
 impl Default for RetentionSettings {
     fn default() -> RetentionSettings {
         RetentionSettings {
-            erase_after_ms: 86_400_000,
+            erase_after_ms: spark_core::op::ERASE_AFTER_MS_DEFAULT,
             check_interval_ms: 60_000,
         }
     }
@@ -254,7 +254,7 @@ pub struct ArchiveSettings {
 }
 
 /// The default `[archive] retention_ms`: a week.
-pub const ARCHIVE_RETENTION_MS_DEFAULT: u64 = 604_800_000;
+pub const ARCHIVE_RETENTION_MS_DEFAULT: u64 = spark_archive::RETENTION_MS_DEFAULT;
 
 fn default_archive_retention_ms() -> u64 {
     ARCHIVE_RETENTION_MS_DEFAULT

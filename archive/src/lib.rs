@@ -235,6 +235,11 @@ pub struct StoreConfig {
     pub region: String,
 }
 
+/// The default `[archive] retention_ms` (SPEC section 13, ARCHIVE.md
+/// "Retention"): a week of point-in-time restore, in milliseconds. The one
+/// value the engine's setting and `spark-replay audit erasure` share.
+pub const RETENTION_MS_DEFAULT: u64 = 604_800_000;
+
 /// Numbers per LIST request when [`ArchiveStore::latest`] checks a
 /// family for gaps (one S3 LIST page holds 1000 keys).
 pub const LIST_RANGE: u64 = 1000;

@@ -416,6 +416,11 @@ pub struct MessagePost {
 /// times, sizes and digests stay.
 pub const ERASED_BIT: u16 = 0x8000;
 
+/// The default `[retention] erase_after_ms` (SPEC section 13): a day after
+/// its delete, in milliseconds, a moment's content is due for erasure. The
+/// one value the engine's setting and `spark-replay audit erasure` share.
+pub const ERASE_AFTER_MS_DEFAULT: u64 = 86_400_000;
+
 /// The payload members an erased op's JSON (`spark-replay dump`) leaves
 /// out: the content [`OpBody::erased`] empties.
 pub const ERASED_MEMBERS: &[&str] = &[

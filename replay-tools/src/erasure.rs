@@ -26,10 +26,10 @@ use crate::scan::{open, replay_reader, scan};
 use crate::{exit, Common, Failure, ToolExit};
 
 /// The engine's default `[retention] erase_after_ms`: a day.
-pub const DEFAULT_ERASE_AFTER_MS: u64 = 86_400_000;
+pub const DEFAULT_ERASE_AFTER_MS: u64 = spark_core::op::ERASE_AFTER_MS_DEFAULT;
 
 /// The engine's default `[archive] retention_ms`: a week.
-pub const DEFAULT_ARCHIVE_RETENTION_MS: u64 = 604_800_000;
+pub const DEFAULT_ARCHIVE_RETENTION_MS: u64 = spark_archive::RETENTION_MS_DEFAULT;
 
 /// `audit erasure --from`: the archive to look in, and its writer's
 /// `[archive] retention_ms`.
@@ -224,6 +224,25 @@ fn walk_log(
     Ok(())
 }
 
+/// The media of due moments whose bytes no moment that is not due names
+/// (those blobs stay: they are that moment's too), in upload order: the
+/// blobs that must be gone, locally and in the archive.
+fn due_media<'m>(mirror: &'m Mirror, due: &HashSet<Id>) -> Vec<&'m spark_core::mirror::Media> {
+    let kept: HashSet<[u8; 32]> = mirror
+        .media
+        .values()
+        .filter(|m| !due.contains(&m.moment_id))
+        .map(|m| m.sha256.0)
+        .collect();
+    let mut media: Vec<_> = mirror
+        .media
+        .values()
+        .filter(|m| due.contains(&m.moment_id) && !kept.contains(&m.sha256.0))
+        .collect();
+    media.sort_by_key(|m| m.seq);
+    media
+}
+
 /// The due moment whose content `frame` still holds, with the op's seq: a
 /// whole op that is not erased, of a kind with content, about a moment in
 /// `due`. The one test of a log's bytes, local or archived.
@@ -303,19 +322,7 @@ fn find_blobs(
     elsewhere: &mut HashMap<Id, Elsewhere>,
 ) {
     let blobs = spark_core::blob::blobs_dir(&common.data);
-    let kept: HashSet<[u8; 32]> = mirror
-        .media
-        .values()
-        .filter(|m| !due.contains(&m.moment_id))
-        .map(|m| m.sha256.0)
-        .collect();
-    let mut media: Vec<_> = mirror
-        .media
-        .values()
-        .filter(|m| due.contains(&m.moment_id) && !kept.contains(&m.sha256.0))
-        .collect();
-    media.sort_by_key(|m| m.seq);
-    for m in media {
+    for m in due_media(mirror, due) {
         let path = spark_core::blob::blob_path(&blobs, &m.sha256.0);
         if path.exists() {
             if let Some(e) = elsewhere.get_mut(&m.moment_id) {
@@ -523,12 +530,6 @@ fn find_in_archive(
             .is_some_and(|at| at.saturating_add(check.retention_ms + grace) > now_ms)
     };
     let due: HashSet<Id> = due_at.keys().copied().collect();
-    let kept: HashSet<[u8; 32]> = mirror
-        .media
-        .values()
-        .filter(|m| !due.contains(&m.moment_id))
-        .map(|m| m.sha256.0)
-        .collect();
     let found = crate::archive::runtime()?.block_on(async {
         let mut keys = Vec::new();
         for family in ["segment", "chunk", "checkpoint"] {
@@ -577,13 +578,7 @@ fn find_in_archive(
                 }
             }
         }
-        let mut media: Vec<_> = mirror
-            .media
-            .values()
-            .filter(|m| due.contains(&m.moment_id) && !kept.contains(&m.sha256.0))
-            .collect();
-        media.sort_by_key(|m| m.seq);
-        for m in media {
+        for m in due_media(mirror, &due) {
             let key = spark_archive::layout::blob_key(store.prefix(), &m.sha256.0);
             if store
                 .exists(&key)
