@@ -177,15 +177,7 @@ async fn the_archive_follows_an_erasure_and_a_restore_serves_it() {
         ("AWS_ACCESS_KEY_ID", KEY_ID),
         ("AWS_SECRET_ACCESS_KEY", SECRET),
     ];
-    let server = {
-        let (data, env) = (data.clone(), env.map(|(k, v)| (k, v.to_owned())));
-        tokio::task::spawn_blocking(move || {
-            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            ServerProcess::start_with_env(&data, &env)
-        })
-        .await
-        .unwrap()
-    };
+    let server = start_server(&data, &env).await;
     let base = server.base.clone();
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -352,15 +344,7 @@ async fn the_archive_follows_an_erasure_and_a_restore_serves_it() {
     // Once retention_ms has passed, the writer's retention pass deletes
     // every object that held the erased content: none of the archive's
     // objects, listed through the store's own API, holds a marker.
-    let server = {
-        let (data, env) = (data.clone(), env.map(|(k, v)| (k, v.to_owned())));
-        tokio::task::spawn_blocking(move || {
-            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            ServerProcess::start_with_env(&data, &env)
-        })
-        .await
-        .unwrap()
-    };
+    let server = start_server(&data, &env).await;
     let base = server.base.clone();
     let prefix = spark_archive::ArchiveUrl::parse(&url).unwrap().prefix;
     let raw = spark_test_support::weed::raw_store(&endpoint);
@@ -424,6 +408,22 @@ async fn the_archive_follows_an_erasure_and_a_restore_serves_it() {
 
 /// Every object under `prefix` of the test bucket, through the store's S3
 /// API: key and size.
+/// The real binary on `data` with `env`, started off the runtime's threads
+/// (it waits for the server's ready line).
+async fn start_server(data: &std::path::Path, env: &[(&str, &str)]) -> ServerProcess {
+    let data = data.to_owned();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        ServerProcess::start_with_env(&data, &env)
+    })
+    .await
+    .unwrap()
+}
+
 async fn all_objects(raw: &object_store::aws::AmazonS3, prefix: &str) -> Vec<(String, u64)> {
     use futures_util::StreamExt;
     let path = object_store::path::Path::from(prefix);

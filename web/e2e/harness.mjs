@@ -223,16 +223,18 @@ function crc32(buf) {
   return (crc ^ 0xffffffff) >>> 0;
 }
 
+/** One PNG chunk: its length, type, data and CRC-32. */
+function chunk(type, data) {
+  const len = Buffer.alloc(4);
+  len.writeUInt32BE(data.length);
+  const body = Buffer.concat([Buffer.from(type), data]);
+  const crc = Buffer.alloc(4);
+  crc.writeUInt32BE(crc32(body));
+  return Buffer.concat([len, body, crc]);
+}
+
 /** A PNG photo of `width` x `height` px with a pattern seeded by `seed` (so every photo has its own bytes). */
 export function photoPng(width = 1600, height = 1200, seed = 1) {
-  const chunk = (type, data) => {
-    const len = Buffer.alloc(4);
-    len.writeUInt32BE(data.length);
-    const body = Buffer.concat([Buffer.from(type), data]);
-    const crc = Buffer.alloc(4);
-    crc.writeUInt32BE(crc32(body));
-    return Buffer.concat([len, body, crc]);
-  };
   const ihdr = Buffer.alloc(13);
   ihdr.writeUInt32BE(width, 0);
   ihdr.writeUInt32BE(height, 4);
@@ -255,14 +257,6 @@ export function photoPng(width = 1600, height = 1200, seed = 1) {
 
 /** A PNG of `width` x `height` px of random pixels: it does not compress, so its size is about 3 bytes a pixel. */
 export function noisePng(width, height) {
-  const chunk = (type, data) => {
-    const len = Buffer.alloc(4);
-    len.writeUInt32BE(data.length);
-    const body = Buffer.concat([Buffer.from(type), data]);
-    const crc = Buffer.alloc(4);
-    crc.writeUInt32BE(crc32(body));
-    return Buffer.concat([len, body, crc]);
-  };
   const ihdr = Buffer.alloc(13);
   ihdr.writeUInt32BE(width, 0);
   ihdr.writeUInt32BE(height, 4);
