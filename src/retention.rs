@@ -176,6 +176,14 @@ impl Compactor {
                     checkpoints = report.checkpoints_removed,
                     "erased the content of deleted moments"
                 ),
+                // Said at every check while it lasts: a scrub that never
+                // ends (its thread failed to start) must not hold erasure
+                // back unseen.
+                Ok(Ok(report)) if report.waiting_for_scrub => tracing::warn!(
+                    pending = report.pending,
+                    "deleted moments are due for erasure, and wait until the scrub has read the \
+                     segments a start from a checkpoint deferred (see /readyz, scrub)"
+                ),
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => {
                     tracing::error!(%error, "an erasure pass failed; it is tried again at the next check")
