@@ -18,6 +18,9 @@
 //!    `erase_after_ms` 0, the time from a delete's answer to its moment
 //!    answering erased, over a few deletes.
 //!
+//! `SPARK_ERASURE_PACE_BYTES_PER_S` sets the pace of parts 2 and 3 (default
+//! the server's, `[retention] compaction_write_bytes_per_s`; 0 unpaced).
+//!
 //! The archive's figures (its size before and after, delete to gone in
 //! the archive) wait for the deletion of superseded archive objects (the
 //! archive follows a compaction, but keeps the objects it held before).
@@ -39,9 +42,9 @@ use spark_log_format::{Fs, OsFs};
 /// Concurrent creators in part 2.
 const CLIENTS: usize = 32;
 /// Seconds of one round of part 2.
-const PHASE_SECS: u64 = 4;
+const PHASE_SECS: u64 = 3;
 /// Rounds of part 2 (each: one without, one with compaction).
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 6;
 
 fn moments() -> usize {
     std::env::var("SPARK_ERASURE_MOMENTS")
@@ -60,19 +63,45 @@ fn log_bytes(data: &Path) -> u64 {
         .sum()
 }
 
-fn settings(data: &Path, check_interval_ms: u64) -> Settings {
+/// The bench's settings: 8 MiB segments, no checkpoints, erasure at the
+/// next check every `check_interval_ms`. `sizes` (part 1) writes whole
+/// files, so that sizes compare (no zero fill ahead), and compacts unpaced
+/// (the pass's full rate); otherwise the log and the compactor run as the
+/// server's defaults run them (zero fill ahead, the default pace).
+fn settings(data: &Path, check_interval_ms: u64, sizes: bool) -> Settings {
     let mut settings = Settings {
         data_dir: data.to_owned(),
         ..Settings::default()
     };
-    // Whole files, so the sizes compare: no zero fill ahead.
-    settings.log.preallocate_bytes = 0;
+    if sizes {
+        settings.log.preallocate_bytes = 0;
+        settings.retention.compaction_write_bytes_per_s = 0;
+    } else if let Some(pace) = std::env::var("SPARK_ERASURE_PACE_BYTES_PER_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        settings.retention.compaction_write_bytes_per_s = pace;
+    }
     settings.log.segment_size_bytes = 8 << 20;
     settings.log.disk_reserve_bytes = 0;
     settings.log.checkpoint_interval_ops = 0;
     settings.retention.erase_after_ms = 0;
     settings.retention.check_interval_ms = check_interval_ms;
     settings
+}
+
+/// Opens the engine on `settings` (off the runtime's threads).
+async fn open(settings: &Settings, fs: &Arc<dyn Fs>) -> Arc<Engine> {
+    let settings = settings.clone();
+    let fs = Arc::clone(fs);
+    Arc::new(
+        tokio::task::spawn_blocking(move || {
+            Engine::open(&settings, fs, Arc::new(SystemClock) as Arc<dyn Clock>)
+        })
+        .await
+        .unwrap()
+        .unwrap(),
+    )
 }
 
 fn create(n: usize) -> Command {
@@ -197,21 +226,10 @@ fn main() {
 async fn run() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let settings = settings(&data, 1_000);
+    let sizing = settings(&data, 1_000, true);
     let fs: Arc<dyn Fs> = Arc::new(OsFs);
-    let engine = {
-        let settings = settings.clone();
-        let fs = Arc::clone(&fs);
-        Arc::new(
-            tokio::task::spawn_blocking(move || {
-                Engine::open(&settings, fs, Arc::new(SystemClock) as Arc<dyn Clock>)
-            })
-            .await
-            .unwrap()
-            .unwrap(),
-        )
-    };
-    let shared = Arc::new(compactor(&settings, &engine, &fs));
+    let engine = open(&sizing, &fs).await;
+    let shared = Arc::new(compactor(&sizing, &engine, &fs));
     let pass = |compactor: &Arc<Compactor>| {
         let compactor = Arc::clone(compactor);
         let handle = tokio::runtime::Handle::current();
@@ -238,7 +256,7 @@ async fn run() {
         deleted.len()
     );
     println!(
-        "log: {:.1} MB before, {:.1} MB after ({:+.1} %); one pass rewrote {} segments, {:.1} MB written in {:.2} s: {:.0} MB/s",
+        "log: {:.1} MB before, {:.1} MB after ({:+.1} %); one unpaced pass rewrote {} segments, {:.1} MB written in {:.2} s: {:.0} MB/s",
         before as f64 / 1e6,
         after as f64 / 1e6,
         (after as f64 / before as f64 - 1.0) * 100.0,
@@ -248,10 +266,18 @@ async fn run() {
         report.bytes_written as f64 / 1e6 / took.as_secs_f64()
     );
 
-    // 2. Creates with and without compaction, side by side.
+    // 2. Creates with and without compaction, side by side, on the
+    // server's defaults: the same log reopened with zero fill ahead, and
+    // the compactor's writes at the default pace.
+    engine.shutdown().await;
+    drop(shared);
+    drop(engine);
+    let settings = settings(&data, 1_000, false);
+    let engine = open(&settings, &fs).await;
+    let shared = Arc::new(compactor(&settings, &engine, &fs));
     let mut without = Vec::new();
     let mut with = Vec::new();
-    let mut passes = 0;
+    let (mut passes, mut passed_bytes, mut passing_time) = (0, 0, Duration::ZERO);
     for round in 0..ROUNDS {
         without.extend(load(&engine, (round * 2 + 1) * 100_000_000).await);
         // A fresh batch to erase: every pass of this round has work.
@@ -262,17 +288,20 @@ async fn run() {
             let stop = Arc::clone(&stop);
             let compactor = Arc::clone(&shared);
             tokio::spawn(async move {
-                let mut n = 0;
+                let (mut n, mut bytes, mut busy) = (0, 0, Duration::ZERO);
                 while !stop.load(Ordering::Relaxed) {
                     // As the server runs it: on a thread of its own, niced.
+                    let started = Instant::now();
                     let report = compactor.pass_in_background().await.unwrap().unwrap();
                     if report.erased.is_empty() {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     } else {
                         n += 1;
+                        bytes += report.bytes_written;
+                        busy += started.elapsed();
                     }
                 }
-                n
+                (n, bytes, busy)
             })
         };
         // Deletes keep coming during the phase, so passes keep running.
@@ -292,7 +321,10 @@ async fn run() {
         with.extend(load(&engine, (round * 2 + 4) * 100_000_000).await);
         stop.store(true, Ordering::Relaxed);
         deleting.await.unwrap();
-        passes += passing.await.unwrap();
+        let (n, bytes, busy) = passing.await.unwrap();
+        passes += n;
+        passed_bytes += bytes;
+        passing_time += busy;
     }
     without.sort_unstable();
     with.sort_unstable();
@@ -308,6 +340,15 @@ async fn run() {
         ms(p50_with),
         ms(p99_with),
         ms(p99_with) / ms(p99_without)
+    );
+    println!(
+        "passes during the creates (zero fill ahead {} bytes, compaction paced at {} bytes/s in {} KiB steps): {:.1} MB written in {:.1} s of passes: {:.1} MB/s",
+        settings.log.preallocate_bytes,
+        settings.retention.compaction_write_bytes_per_s,
+        spark_log_format::WritePace::DEFAULT_STEP_BYTES / 1024,
+        passed_bytes as f64 / 1e6,
+        passing_time.as_secs_f64(),
+        passed_bytes as f64 / 1e6 / passing_time.as_secs_f64().max(1e-9)
     );
 
     // 3. Delete to gone, with the compactor running as the server runs it.

@@ -165,13 +165,25 @@ pub struct RetentionSettings {
     /// 60,000 (a minute); must be above 0. Env
     /// `SPARK_RETENTION_CHECK_INTERVAL_MS`.
     pub check_interval_ms: u64,
+    /// Most bytes per second a compaction writes (its rewritten segments,
+    /// then the commit's copies of them), in 64 KiB steps each written
+    /// back before the next ([`spark_log_format::WritePace`]): the
+    /// compactor runs at low priority (SPEC section 13) and this keeps its
+    /// writeback from queueing ahead of the log's syncs. Default
+    /// 8,388,608 (8 MiB/s; docs/performance/erasure.md); `0` writes
+    /// unpaced. Env `SPARK_RETENTION_COMPACTION_WRITE_BYTES_PER_S`.
+    pub compaction_write_bytes_per_s: u64,
 }
+
+/// The default `[retention] compaction_write_bytes_per_s`: 8 MiB/s.
+pub const COMPACTION_WRITE_BYTES_PER_S_DEFAULT: u64 = 8 << 20;
 
 impl Default for RetentionSettings {
     fn default() -> RetentionSettings {
         RetentionSettings {
             erase_after_ms: spark_core::op::ERASE_AFTER_MS_DEFAULT,
             check_interval_ms: 60_000,
+            compaction_write_bytes_per_s: COMPACTION_WRITE_BYTES_PER_S_DEFAULT,
         }
     }
 }
@@ -963,6 +975,9 @@ impl Settings {
             segment_size_bytes: self.log.segment_size_bytes,
             max_record_bytes: self.log.max_record_bytes,
             preallocate_bytes: self.log.preallocate_bytes,
+            compaction_pace: spark_log_format::WritePace::per_second(
+                self.retention.compaction_write_bytes_per_s,
+            ),
             ..Default::default()
         }
     }

@@ -51,7 +51,7 @@ use crate::format::{
     CommitMark, RecordIn, RecordRef, SegmentHeader, Seq, HEADER_LEN,
 };
 use crate::frames::{FrameKind, Frames};
-use crate::fs::Fs;
+use crate::fs::{write_paced, Fs, WritePace};
 use crate::reader::LogReader;
 use crate::segment::{
     decode_segment, map_segment, segment_files, DecodeOptions, Decoded, Expect, Role, SegmentEnd,
@@ -168,6 +168,9 @@ pub struct CompactionTicket {
     /// Set when begin committed the compaction whole (a version-1 active
     /// segment): apply does nothing and finish returns it.
     pub(crate) done: Option<CompactionCommit>,
+    /// The pace of apply's copies (the log's
+    /// [`LogConfig::compaction_pace`]).
+    pub(crate) pace: Option<WritePace>,
 }
 
 impl std::fmt::Debug for CompactionTicket {
@@ -194,7 +197,8 @@ impl CompactionTicket {
     /// 2. writes the redo journal `COMPACTION` durably
     ///    ([`Fs::write_file_durably`]): **the commit point**;
     /// 3. puts each staged file's bytes in place of its segment (each a
-    ///    durable copy renamed over the segment, the directory synced),
+    ///    durable copy renamed over the segment, the directory synced,
+    ///    written at the log's [`LogConfig::compaction_pace`]),
     ///    then removes the staged files (directory synced): the segments
     ///    now hold their bytes durably, and redo checks a segment before it
     ///    looks for its staged copy;
@@ -218,7 +222,7 @@ impl CompactionTicket {
         let journal_path = self.dir.join(JOURNAL_NAME);
         fs.write_file_durably(&journal_path, &self.journal.encode())
             .map_err(|e| LogError::io("write_file_durably", &journal_path, e))?;
-        put_in_place(fs, &self.dir, &self.journal.entries)?;
+        put_in_place(fs, &self.dir, &self.journal.entries, self.pace)?;
         // The segments hold the staged bytes durably: redo would not need
         // the staged copies any more (it checks the segment first).
         remove_staged(fs, &self.dir, &self.journal.entries)
@@ -266,8 +270,8 @@ impl CompactionTicket {
 /// the same seq, `ts_ms` and `kind`), in a version-2 segment each batch
 /// closed by a commit mark with the same record count and `ts_ms` (its
 /// byte count and CRC32 recomputed), then the seal (same `ts_ms`, the new
-/// chain value), no zero fill. Each file is fsynced, then the directory
-/// once. Returns `None` (nothing written) when no record is replaced.
+/// chain value), no zero fill. Each file is written at
+/// `config.compaction_pace` and fsynced, then the directory once. Returns `None` (nothing written) when no record is replaced.
 ///
 /// Errors: what recovery reports for damage (`Corrupt`, ...); `Io`;
 /// `RecordTooLarge` for a replacement over `config.max_record_bytes`;
@@ -381,7 +385,7 @@ fn stage_into(
         .encode_version(segment.format_version);
         let (out, new_seal) = rebuild(&file.name, &bytes[..end], header, &replaced, max)?;
         drop(map);
-        let entry = write_staged(fs, &dir, &file.name, &out)?;
+        let entry = write_staged(fs, &dir, &file.name, &out, config.compaction_pace)?;
         staged.rewritten_records += replaced.len() as u64;
         staged.bytes_written += entry.len;
         staged.entries.push(entry);
@@ -460,12 +464,13 @@ fn rebuild(
 }
 
 /// Writes `bytes` as the staged copy of segment `final_name` (a stale copy
-/// removed first), fsynced.
+/// removed first) at `pace` ([`write_paced`]), fsynced.
 fn write_staged(
     fs: &dyn Fs,
     dir: &Path,
     final_name: &str,
     bytes: &[u8],
+    pace: Option<WritePace>,
 ) -> Result<StagedEntry, LogError> {
     let staged_name = format!("{final_name}{STAGED_SUFFIX}");
     let path = dir.join(&staged_name);
@@ -478,8 +483,7 @@ fn write_staged(
     let mut file = fs
         .create_new(&path)
         .map_err(|e| LogError::io("create_new", &path, e))?;
-    file.write_all_at(0, bytes)
-        .map_err(|e| LogError::io("write", &path, e))?;
+    write_paced(file.as_mut(), 0, bytes, pace).map_err(|e| LogError::io("write", &path, e))?;
     file.sync_all()
         .map_err(|e| LogError::io("sync_all", &path, e))?;
     Ok(StagedEntry {

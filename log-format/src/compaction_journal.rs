@@ -19,7 +19,7 @@ use crate::compaction_record::{
 };
 use crate::error::{FaultSeq, LogError};
 use crate::format::{le_u16, le_u32, parse_segment_file_name, Seq, HEADER_LEN};
-use crate::fs::Fs;
+use crate::fs::{Fs, WritePace};
 
 /// What a staged segment's file name adds to the segment's: a staged copy of
 /// `00000000000000000001.seg` is `00000000000000000001.seg.compact`. Not
@@ -188,8 +188,8 @@ fn file_matches(fs: &dyn Fs, path: &Path, len: u64, hash: &[u8; 32]) -> Result<b
 /// Commit step 3 and its redo: puts each staged file's bytes in place of
 /// its segment, unless the segment already holds them. The staged file
 /// stays (it is removed with the journal): its bytes are written to the
-/// segment's name with [`Fs::write_file_durably`] (a copy, renamed over the
-/// segment, the directory synced), so that no power cut can lose both the
+/// segment's name with [`Fs::write_file_durably_paced`] at `pace` (a copy,
+/// renamed over the segment, the directory synced), so that no power cut can lose both the
 /// staged name and the new segment (a rename's two directory entries need
 /// not change together before the directory sync).
 ///
@@ -200,6 +200,7 @@ pub(crate) fn put_in_place(
     fs: &dyn Fs,
     dir: &Path,
     entries: &[StagedEntry],
+    pace: Option<WritePace>,
 ) -> Result<(), LogError> {
     for entry in entries {
         let final_path = dir.join(&entry.final_name);
@@ -239,7 +240,7 @@ pub(crate) fn put_in_place(
                 ),
             ));
         }
-        fs.write_file_durably(&final_path, bytes)
+        fs.write_file_durably_paced(&final_path, bytes, pace)
             .map_err(|e| LogError::io("write_file_durably", &final_path, e))?;
     }
     Ok(())
@@ -341,7 +342,8 @@ pub(crate) fn before_recovery(fs: &dyn Fs, dir: &Path) -> Result<Prelude, LogErr
             segments = journal.entries.len(),
             "finishing a compaction a crash interrupted"
         );
-        put_in_place(fs, dir, &journal.entries)?;
+        // A recovery's redo: nothing else is writing, no pace.
+        put_in_place(fs, dir, &journal.entries, None)?;
         if let Some((name, header)) = &journal.active {
             patch_active_header(fs, dir, name, header)?;
         }

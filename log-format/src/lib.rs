@@ -84,7 +84,7 @@ pub use format::{
     SEGMENT_SUFFIX,
 };
 pub use frames::{Frame, FrameKind, Frames, FramesEnd};
-pub use fs::{Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs};
+pub use fs::{write_paced, Fault, FaultOp, FaultyFs, Fs, LogFile, OsFs, WritePace};
 pub use memfs::{CutMode, MemFs, PAGE_BYTES};
 pub use reader::{
     LogReader, ScanOptions, ScanReport, SegmentInfo, LIVE_COMPACTION_WAIT_MS, LIVE_OPEN_ATTEMPTS,

@@ -48,6 +48,13 @@ pub struct LogConfig {
     /// 0, the default, writes nothing but records: every file then ends at
     /// its last record or seal.
     pub preallocate_bytes: u64,
+    /// The pace of a compaction's writes (its staged segments, and the
+    /// commit's copies of them over the old ones): in small steps, each
+    /// written back before the next, at a bounded rate
+    /// ([`WritePace`](crate::WritePace)), so that the appender's syncs
+    /// never wait behind a large writeback. `None`, the default, writes
+    /// unpaced (a recovery's redo always does).
+    pub compaction_pace: Option<crate::WritePace>,
 }
 
 impl Default for LogConfig {
@@ -57,6 +64,7 @@ impl Default for LogConfig {
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             now_ms: system_now_ms,
             preallocate_bytes: 0,
+            compaction_pace: None,
         }
     }
 }

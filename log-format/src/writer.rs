@@ -467,6 +467,13 @@ impl Log {
             active_len: active.len,
             prefix: None,
             done: None,
+            // A whole commit runs on the writer: unpaced, as briefly as it
+            // can.
+            pace: if whole {
+                None
+            } else {
+                self.config.compaction_pace
+            },
         };
         self.compaction = Some(id);
         if whole {
@@ -483,6 +490,7 @@ impl Log {
                 active_len: 0,
                 prefix: None,
                 done: Some(commit),
+                pace: None,
             });
         }
         tracing::info!(

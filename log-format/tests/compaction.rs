@@ -15,7 +15,7 @@ use common::*;
 use spark_log_format::{
     link_head, stage_compaction, CompactionRecord, CutMode, Fs, Head, HeadLink, Log, LogConfig,
     LogError, LogReader, MemFs, OsFs, RecordIn, Rewrite, ScanOptions, SegmentRewrite, Seq,
-    JOURNAL_NAME, KIND_COMPACTION,
+    WritePace, JOURNAL_NAME, KIND_COMPACTION,
 };
 
 /// Small segments: a roll every few batches.
@@ -328,11 +328,11 @@ fn mem_dir() -> PathBuf {
     PathBuf::from("/data/log")
 }
 
-/// A MemFs holding the filled test log (everything durable), and the open
-/// Log.
-fn mem_log() -> (MemFs, Log) {
+/// A MemFs holding the filled test log (everything durable), and the Log
+/// open on it with `config`.
+fn mem_log(config: &LogConfig) -> (MemFs, Log) {
     let fs = MemFs::new();
-    let (mut log, _, _) = open_collect(&mem_dir(), cfg(), Arc::new(fs.clone())).unwrap();
+    let (mut log, _, _) = open_collect(&mem_dir(), config.clone(), Arc::new(fs.clone())).unwrap();
     fill(&mut log);
     (fs, log)
 }
@@ -344,10 +344,38 @@ fn cut_seqs(fs: &MemFs) -> BTreeSet<Seq> {
     [first, last].into_iter().collect()
 }
 
+/// The test log's configuration with the compaction's writes paced in
+/// steps of 128 bytes (several per staged segment and per copy), at a rate
+/// no test waits for.
+fn paced_cfg() -> LogConfig {
+    LogConfig {
+        compaction_pace: Some(WritePace {
+            bytes_per_s: u64::MAX,
+            step_bytes: 128,
+        }),
+        ..cfg()
+    }
+}
+
 #[test]
 fn a_power_cut_at_every_call_of_stage_and_commit_leaves_the_old_or_the_new_log() {
+    power_cut_at_every_call_of_stage_and_commit(cfg());
+}
+
+#[test]
+fn a_power_cut_at_every_call_of_a_paced_stage_and_commit_leaves_the_old_or_the_new_log() {
+    let paced = power_cut_at_every_call_of_stage_and_commit(paced_cfg());
+    // The pace split the writes: more calls, each one a cut point.
+    let plain = power_cut_at_every_call_of_stage_and_commit(cfg());
+    assert!(paced > plain, "paced {paced} calls, unpaced {plain}");
+}
+
+/// A power cut after every number of file-system calls of stage and
+/// commit (in one call), with the log and the staging on `config`.
+/// Returns the number of calls stage and commit made.
+fn power_cut_at_every_call_of_stage_and_commit(config: LogConfig) -> u64 {
     let seqs = {
-        let (fs, _log) = mem_log();
+        let (fs, _log) = mem_log(&cfg());
         cut_seqs(&fs)
     };
     let old = expected(RECORDS, &BTreeSet::new());
@@ -358,10 +386,10 @@ fn a_power_cut_at_every_call_of_stage_and_commit_leaves_the_old_or_the_new_log()
         let mut completed = false;
         for mode in CutMode::ALL {
             for seed in 0..4 {
-                let (fs, mut log) = mem_log();
+                let (fs, mut log) = mem_log(&config);
                 let mem: Arc<dyn Fs> = Arc::new(fs.clone());
                 fs.crash_after(n);
-                let result = stage_compaction(&mem_dir(), mem.clone(), &cfg(), erase(&seqs))
+                let result = stage_compaction(&mem_dir(), mem.clone(), &config, erase(&seqs))
                     .and_then(|staged| {
                         log.commit_compaction(staged.expect("staged"), vec![[1; 16]])
                     });
@@ -379,7 +407,7 @@ fn a_power_cut_at_every_call_of_stage_and_commit_leaves_the_old_or_the_new_log()
                         "{point}: {e:?}"
                     );
                 }
-                let (mut log, report, seen) = open_collect(&mem_dir(), cfg(), mem.clone())
+                let (mut log, report, seen) = open_collect(&mem_dir(), config.clone(), mem.clone())
                     .unwrap_or_else(|e| panic!("{point}: recovery failed: {e}"));
                 // Only the copy of a cut tail (the compaction record's
                 // torn write) may stay beside the segments.
@@ -414,7 +442,8 @@ fn a_power_cut_at_every_call_of_stage_and_commit_leaves_the_old_or_the_new_log()
                 log.append_batch(&[sample(next).as_in()])
                     .unwrap_or_else(|e| panic!("{point}: append after recovery: {e}"));
                 drop(log);
-                let (_, report, seen2) = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap();
+                let (_, report, seen2) =
+                    open_collect(&mem_dir(), config.clone(), mem.clone()).unwrap();
                 assert!(report.compaction_finished.is_none(), "{point}");
                 assert_eq!(seen2.len(), all.len() + 1, "{point}");
             }
@@ -423,7 +452,7 @@ fn a_power_cut_at_every_call_of_stage_and_commit_leaves_the_old_or_the_new_log()
             break;
         }
         n += 1;
-        assert!(n < 500, "stage + commit never completed");
+        assert!(n < 2000, "stage + commit never completed");
     }
     // Every outcome happened: the old log, a commit finished by recovery,
     // and a commit complete before the cut.
@@ -431,6 +460,7 @@ fn a_power_cut_at_every_call_of_stage_and_commit_leaves_the_old_or_the_new_log()
         outcomes.0 > 0 && outcomes.1 > 0 && outcomes.2 > 0,
         "{outcomes:?}"
     );
+    n
 }
 
 /// The split commit: begin, a batch, apply, a batch, finish (the batches
@@ -457,8 +487,19 @@ fn split_commit(
 
 #[test]
 fn a_power_cut_at_every_call_of_a_split_commit_keeps_the_batches_appended_meanwhile() {
+    power_cut_at_every_call_of_a_split_commit(cfg());
+}
+
+#[test]
+fn a_power_cut_at_every_call_of_a_paced_split_commit_keeps_the_batches_appended_meanwhile() {
+    power_cut_at_every_call_of_a_split_commit(paced_cfg());
+}
+
+/// A power cut after every number of file-system calls of stage and a
+/// split commit with batches appended meanwhile, on `config`.
+fn power_cut_at_every_call_of_a_split_commit(config: LogConfig) {
     let seqs = {
-        let (fs, _log) = mem_log();
+        let (fs, _log) = mem_log(&cfg());
         cut_seqs(&fs)
     };
     let old = expected(RECORDS, &BTreeSet::new());
@@ -469,11 +510,11 @@ fn a_power_cut_at_every_call_of_a_split_commit_keeps_the_batches_appended_meanwh
         let mut completed = false;
         for mode in CutMode::ALL {
             for seed in 0..4 {
-                let (fs, mut log) = mem_log();
+                let (fs, mut log) = mem_log(&config);
                 let mem: Arc<dyn Fs> = Arc::new(fs.clone());
                 fs.crash_after(n);
                 let mut acked = Vec::new();
-                let result = stage_compaction(&mem_dir(), mem.clone(), &cfg(), erase(&seqs))
+                let result = stage_compaction(&mem_dir(), mem.clone(), &config, erase(&seqs))
                     .and_then(|staged| split_commit(&mut log, staged.expect("staged"), &mut acked));
                 let ok = result.is_ok();
                 completed |= ok && !fs.crashed();
@@ -485,7 +526,7 @@ fn a_power_cut_at_every_call_of_a_split_commit_keeps_the_batches_appended_meanwh
                 fs.power_cut(mode, seed);
                 let point = format!("crash after {n} calls, {mode:?}, seed {seed}");
 
-                let (mut log, report, seen) = open_collect(&mem_dir(), cfg(), mem.clone())
+                let (mut log, report, seen) = open_collect(&mem_dir(), config.clone(), mem.clone())
                     .unwrap_or_else(|e| panic!("{point}: recovery failed: {e}"));
                 let left: Vec<String> = other_files(&fs, &mem_dir())
                     .into_iter()
@@ -531,7 +572,8 @@ fn a_power_cut_at_every_call_of_a_split_commit_keeps_the_batches_appended_meanwh
                         .unwrap_or_else(|e| panic!("{point}: append after recovery: {e}"));
                 }
                 drop(log);
-                let (_, report, seen2) = open_collect(&mem_dir(), cfg(), mem.clone()).unwrap();
+                let (_, report, seen2) =
+                    open_collect(&mem_dir(), config.clone(), mem.clone()).unwrap();
                 assert!(report.compaction_finished.is_none(), "{point}");
                 assert_eq!(seen2.len(), all.len() + 4, "{point}");
             }
@@ -540,7 +582,7 @@ fn a_power_cut_at_every_call_of_a_split_commit_keeps_the_batches_appended_meanwh
             break;
         }
         n += 1;
-        assert!(n < 500, "stage + split commit never completed");
+        assert!(n < 2000, "stage + split commit never completed");
     }
     assert!(
         outcomes.0 > 0 && outcomes.1 > 0 && outcomes.2 > 0,
@@ -622,7 +664,7 @@ fn batches_do_not_roll_while_a_compaction_is_pending_and_roll_after_it() {
 #[test]
 fn a_failed_apply_poisons_and_the_next_open_finishes_or_drops_the_compaction() {
     for journal_written in [false, true] {
-        let (fs, mut log) = mem_log();
+        let (fs, mut log) = mem_log(&cfg());
         let mem: Arc<dyn Fs> = Arc::new(fs.clone());
         let seqs = cut_seqs(&fs);
         let staged = stage_compaction(&mem_dir(), mem.clone(), &cfg(), erase(&seqs))
@@ -805,7 +847,7 @@ fn the_compaction_record_round_trips_and_refuses_truncated_or_trailing_bytes() {
 
 #[test]
 fn a_damaged_journal_is_refused_naming_it_and_stale_staging_is_removed() {
-    let (fs, mut log) = mem_log();
+    let (fs, mut log) = mem_log(&cfg());
     let mem: Arc<dyn Fs> = Arc::new(fs.clone());
     let seqs = cut_seqs(&fs);
     // A staging that never committed: its files go at the next open.

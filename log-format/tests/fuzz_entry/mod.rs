@@ -249,6 +249,7 @@ pub fn segment_recovery(data: &[u8]) -> Outcome {
         max_record_bytes: limit,
         now_ms: pinned_clock,
         preallocate_bytes: 0,
+        compaction_pace: None,
     };
     // The largest allocation any of this may make: copies of the files (the
     // MemFs maps are copies), never a size read from the bytes.

@@ -6,7 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spark_log_format::{CutMode, Fault, FaultOp, FaultyFs, Fs, MemFs, OsFs};
+use spark_log_format::{CutMode, Fault, FaultOp, FaultyFs, Fs, MemFs, OsFs, WritePace};
 
 const OLD: &[u8] = b"{\"writer\":\"old\",\"epoch\":1}";
 const NEW: &[u8] = b"{\"writer\":\"new\",\"epoch\":2, \"longer\": \"than the old one\"}";
@@ -128,4 +128,48 @@ fn on_the_real_disk_the_mode_is_set_exactly_and_the_file_replaced() {
         .write_file_durably(&dir.path().join("missing/x"), NEW)
         .unwrap_err();
     assert!(e.to_string().contains("missing/x"), "{e}");
+}
+
+/// A paced durable write (the compaction's copies): the same steps with the
+/// bytes written in `step_bytes` pieces, each a crash point; the target
+/// still holds the old bytes or the new ones, whole.
+#[test]
+fn a_paced_write_splits_the_bytes_and_keeps_every_crash_point_safe() {
+    let pace = Some(WritePace {
+        bytes_per_s: u64::MAX,
+        step_bytes: 16,
+    });
+    let calls = MemFs::every_crash_point(
+        disk,
+        |fs| fs.write_file_durably_paced(&target(), NEW, pace),
+        64,
+        |fs, result, point| {
+            let now = fs.read(&target());
+            assert!(
+                now.as_deref() == Some(OLD) || now.as_deref() == Some(NEW),
+                "crash after {point:?}: {now:?}"
+            );
+            if result.is_ok() {
+                assert_eq!(now.as_deref(), Some(NEW), "acknowledged, then lost");
+            }
+        },
+    );
+    // create, NEW.len() / 16 rounded up writes, fsync, rename, dir fsync.
+    assert_eq!(calls, 4 + NEW.len().div_ceil(16) as u64);
+
+    // On the real disk the write-backs run (sync_file_range) and the
+    // result is the same file.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("paced");
+    let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let faulty = FaultyFs::new(Arc::new(OsFs));
+    faulty
+        .write_file_durably_paced(&path, &bytes, WritePace::per_second(1 << 40))
+        .unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    assert_eq!(
+        faulty.count(FaultOp::Write),
+        bytes.len().div_ceil(WritePace::DEFAULT_STEP_BYTES) as u64
+    );
+    assert_eq!(WritePace::per_second(0), None);
 }

@@ -186,6 +186,7 @@ fn scenario(seed: u64, stats: &mut Stats) {
         // than most batches, and one larger than most segments (from the
         // seed, so the rest of the scenario draws what it always drew).
         preallocate_bytes: [0, 100, 2048][(seed % 3) as usize],
+        compaction_pace: None,
     };
     // Records durable in the log after the last verification.
     let mut durable: Vec<Owned> = Vec::new();
@@ -284,6 +285,7 @@ fn a_second_tail_torn_at_the_same_offset_keeps_its_own_copy() {
         max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
         now_ms: fixed_clock,
         preallocate_bytes: 0,
+        compaction_pace: None,
     };
     let (mut log, _, _) = open(&fs, &cfg).unwrap();
     let first: Vec<Owned> = (1..=3).map(common::sample).collect();
