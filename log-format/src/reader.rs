@@ -235,10 +235,12 @@ impl LogReader {
     /// segments while they are mapped shows as a broken chain: so damage
     /// is reported only once [`LIVE_OPEN_ATTEMPTS`] openings in a row found
     /// the same (at most 50 openings, a few ms apart).
-    /// Damage seen while a compaction's journal exists (a commit replacing
-    /// segments, then patching the active header) is no damage: the view is
-    /// opened again every few ms until the journal is gone, for up to
-    /// [`LIVE_COMPACTION_WAIT_MS`].
+    /// While a compaction's journal exists (a commit replacing segments,
+    /// then patching the active header, then appending its record) no view
+    /// is handed out: damage seen then is no damage, and a clean view may
+    /// lack the commit's record; the view is opened again every few ms
+    /// until the journal is gone, for up to [`LIVE_COMPACTION_WAIT_MS`]
+    /// (then a clean view is handed out as read).
     ///
     /// Errors: as [`open_live`](Self::open_live), for the segments read;
     /// [`LogError::CompactionPending`] when damage shows and a journal is
@@ -310,7 +312,23 @@ impl LogReader {
                     attempt += 1;
                     std::thread::sleep(std::time::Duration::from_millis(LIVE_OPEN_PAUSE_MS));
                 }
-                opened => return opened,
+                Ok(reader) => {
+                    // A clean opening with a journal beside it may be the
+                    // log before the commit's first swap, or after its
+                    // header patch but before its record: take it again
+                    // once the commit is done (and, after the wait, a
+                    // consistent view of a commit nobody finishes).
+                    let journal_after = compaction_journal::journal_exists(fs.as_ref(), dir)?;
+                    if (journal_before || journal_after) && waited_ms < LIVE_COMPACTION_WAIT_MS {
+                        std::thread::sleep(std::time::Duration::from_millis(
+                            LIVE_COMPACTION_POLL_MS,
+                        ));
+                        waited_ms += LIVE_COMPACTION_POLL_MS;
+                        continue;
+                    }
+                    return Ok(reader);
+                }
+                Err(error) => return Err(error),
             }
         }
     }

@@ -986,6 +986,51 @@ fn a_live_open_during_a_commit_waits_for_it_instead_of_reporting_damage() {
     assert_eq!(last, commit.record_seq);
 }
 
+/// A clean live opening while a journal exists (the log before a commit's
+/// first swap, or after its header patch and before its record) is not
+/// handed out: the open waits until the journal is gone, then reads the
+/// log as the commit left it.
+#[test]
+fn a_clean_live_open_beside_a_journal_waits_for_the_journal_to_go() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("log");
+    let (mut log, _, _) = open_collect(&dir, cfg(), os()).unwrap();
+    fill(&mut log);
+    let journal = dir.join(JOURNAL_NAME);
+    std::fs::write(&journal, b"a commit in progress").unwrap();
+    let reader_dir = dir.clone();
+    let live = std::thread::spawn(move || {
+        LogReader::open_live(
+            &reader_dir,
+            os(),
+            spark_log_format::DEFAULT_MAX_RECORD_BYTES,
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !live.is_finished(),
+        "a view was handed out beside the journal"
+    );
+    let next = log.last_seq() + 1;
+    log.append_batch(&[sample(next).as_in()]).unwrap();
+    std::fs::remove_file(&journal).unwrap();
+    let reader = live
+        .join()
+        .unwrap()
+        .expect("the view once the journal went");
+    let mut last = 0;
+    reader
+        .scan(ScanOptions::default(), |_, record| {
+            last = record.seq;
+            ControlFlow::Continue(())
+        })
+        .expect("a clean scan");
+    assert_eq!(
+        last, next,
+        "the view holds what was appended before the journal went"
+    );
+}
+
 /// A live view opened before a whole commit scans the log as it was at
 /// open: the commit replaced the sealed segments (the view keeps the old
 /// files mapped) and patched the active header in place (which the map
