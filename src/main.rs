@@ -239,8 +239,13 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPARK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A log line that cannot be written (stderr a file on a full disk) is
+    // dropped: the subscriber's own report of it would `eprintln!`, which
+    // panics when stderr cannot be written, in whichever thread logged
+    // (the log's writer, say).
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_env_filter(filter);
     let json_logs = cli.log_format == "json";
     if json_logs {
@@ -258,7 +263,9 @@ fn main() -> ExitCode {
             if json_logs {
                 tracing::error!(error = %e, "spark-engine stopped");
             } else {
-                eprintln!("spark-engine: {e}");
+                // Not eprintln!, which panics when stderr cannot be written.
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stderr(), "spark-engine: {e}");
             }
             ExitCode::FAILURE
         }
@@ -486,9 +493,16 @@ fn run(settings: Settings) -> anyhow::Result<()> {
         let mut shutdown = Box::pin(server::shutdown_signal());
         let signalled = futures_util::FutureExt::now_or_never(&mut shutdown).is_some();
         // The one line scripts wait for: the address, once ready.
-        println!("spark-engine listening on http://{}", running.addr);
+        // Not println!, which panics when stdout cannot be written (a file
+        // on a full disk): the server serves whether or not the line is
+        // read.
         use std::io::Write;
-        std::io::stdout().flush()?;
+        let mut stdout = std::io::stdout();
+        if let Err(e) = writeln!(stdout, "spark-engine listening on http://{}", running.addr)
+            .and_then(|()| stdout.flush())
+        {
+            tracing::warn!(error = %e, "cannot write the listening line to stdout");
+        }
         if !signalled {
             shutdown.await;
         }

@@ -39,8 +39,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPARK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A log line that cannot be written (stderr a file on a full disk) is
+    // dropped: the subscriber's own report of it would `eprintln!`, which
+    // panics when stderr cannot be written, in whichever thread logged
+    // (the log's writer, say).
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_env_filter(filter);
     let json_logs = cli.log_format == "json";
     if json_logs {

@@ -182,7 +182,18 @@ impl ServerProcess {
     pub fn start_with_env(data: &Path, env: &[(&str, &str)]) -> ServerProcess {
         // Its log goes to an unnamed temporary file (a pipe nobody reads
         // would fill and stall it), read back only if it fails to start.
-        let mut stderr = tempfile::tempfile().expect("a temporary file");
+        let stderr = tempfile::tempfile().expect("a temporary file");
+        ServerProcess::start_logging_to(data, env, stderr)
+    }
+
+    /// [`ServerProcess::start_with_env`] with the server's stderr (its log)
+    /// written to `stderr` (a file on a small file system, say), read back
+    /// only if it fails to start.
+    pub fn start_logging_to(
+        data: &Path,
+        env: &[(&str, &str)],
+        mut stderr: std::fs::File,
+    ) -> ServerProcess {
         let mut command = Command::new(crate::bin_path("spark-engine"));
         // The test's own `SPARK_*` variables (long modes such as
         // `SPARK_MEDIA_KILL_CYCLES`, `SPARK_REQUIRE_*`) are not the

@@ -517,14 +517,24 @@ async fn with_the_reserve_off_readyz_says_the_disk_is_full_and_the_gauge_follows
         return;
     };
     let data = small.path().join("data");
-    let server = crate::common::ServerProcess::start_with_env(
+    // The server's own log is a file on the same small file system, and
+    // verbose: once the disk is full its log lines cannot be written
+    // either, which must cost those lines only (it once panicked the
+    // thread that logged: the log's writer, and every write after it was
+    // `503`), as a person running `spark-engine 2> spark.log` in the data
+    // directory's file system would see.
+    let log_path = small.path().join("server.log");
+    let env = [
+        ("SPARK_LOG_DISK_RESERVE_BYTES", "0"),
+        ("SPARK_LOG_PREALLOCATE_BYTES", "0"),
+        ("SPARK_LOG_SEGMENT_SIZE_BYTES", "1048576"),
+        ("SPARK_LOG_DISK_CHECK_INTERVAL_MS", "60000"),
+        ("SPARK_LOG", "debug"),
+    ];
+    let server = crate::common::ServerProcess::start_logging_to(
         &data,
-        &[
-            ("SPARK_LOG_DISK_RESERVE_BYTES", "0"),
-            ("SPARK_LOG_PREALLOCATE_BYTES", "0"),
-            ("SPARK_LOG_SEGMENT_SIZE_BYTES", "1048576"),
-            ("SPARK_LOG_DISK_CHECK_INTERVAL_MS", "60000"),
-        ],
+        &env,
+        std::fs::File::create(&log_path).unwrap(),
     );
     let client = reqwest::Client::new();
     let base = server.base.clone();
@@ -598,6 +608,12 @@ async fn with_the_reserve_off_readyz_says_the_disk_is_full_and_the_gauge_follows
     );
     let free_full = free_gauge(&client, &base).await;
     assert!(free_full < MIB, "the gauge follows the disk: {free_full}");
+    // More writes on the full disk, each logged and refused: still 507,
+    // never the stopped writer's 503.
+    for _ in 0..20 {
+        let (status, v) = create().await;
+        assert_eq!(status, 507, "{v}");
+    }
     ballast.remove();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -614,5 +630,44 @@ async fn with_the_reserve_off_readyz_says_the_disk_is_full_and_the_gauge_follows
     assert!(free_gauge(&client, &base).await > 10 * MIB);
     assert_eq!(create().await.0, 201, "writes resume");
     assert!(server.terminate().success());
+    // A start on the full disk, its log unwritable from the first line:
+    // it serves, refuses writes with 507 (no panic, no 503) and says why.
+    ballast.fill_to_free(0);
+    let server = crate::common::ServerProcess::start_logging_to(
+        &data,
+        &env,
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log_path)
+            .unwrap(),
+    );
+    let mut refused = false;
+    for _ in 0..400 {
+        let response = client
+            .post(server.url("/api/moments"))
+            .json(&json!({"id": ulid(), "text": "z".repeat(2000)}))
+            .send()
+            .await
+            .unwrap();
+        match response.status().as_u16() {
+            201 => {}
+            507 => {
+                refused = true;
+                break;
+            }
+            other => panic!("create after a start on the full disk: {other}"),
+        }
+    }
+    assert!(refused, "the full disk refused a write");
+    let response = client.get(server.url("/readyz")).send().await.unwrap();
+    let status = response.status().as_u16();
+    let v: serde_json::Value = response.json().await.unwrap_or_default();
+    assert_eq!(
+        (status, v["code"].clone()),
+        (507, json!("insufficient_storage")),
+        "{v}"
+    );
+    assert!(server.terminate().success());
+    ballast.remove();
     drop(small);
 }
