@@ -226,6 +226,18 @@ pub const RESOURCES: &[Resource] = &[
         path_check: Some(web::asset_name),
         methods: &[("GET", |s, name, r| Box::pin(web::asset(s, name, r)))],
     },
+    Resource {
+        template: "/sw.js",
+        access: Access::Public,
+        path_check: None,
+        methods: &[("GET", |s, _, r| Box::pin(web::service_worker(s, r)))],
+    },
+    Resource {
+        template: "/app.webmanifest",
+        access: Access::Public,
+        path_check: None,
+        methods: &[("GET", |s, _, r| Box::pin(web::app_manifest(s, r)))],
+    },
 ];
 
 /// Every (method, path template) the router serves, in the order of
@@ -307,6 +319,8 @@ mod tests {
         assert_eq!(template_of("/api/moments"), "/api/moments");
         assert_eq!(template_of("/"), "/");
         assert_eq!(template_of("/assets/app.js"), "/assets/{id}");
+        assert_eq!(template_of("/sw.js"), "/sw.js");
+        assert_eq!(template_of("/app.webmanifest"), "/app.webmanifest");
         assert_eq!(template_of("/nope/x"), "other");
     }
 

@@ -1,5 +1,6 @@
-//! The engine's page (SPEC section 12): `GET /` and
-//! `GET /assets/{name}`, served from `web/dist/`, which `web/build.mjs`
+//! The engine's page (SPEC section 12): `GET /`, `GET /assets/{name}`,
+//! the service worker `GET /sw.js` and the web app manifest
+//! `GET /app.webmanifest`, served from `web/dist/`, which `web/build.mjs`
 //! builds from `web/page/` and `web/client/src/` and which is committed and
 //! compiled into the binary ([`DIST`]), so `cargo run` needs no Node.
 //! `tests/http/web.rs` fails when the committed build is older than its
@@ -7,20 +8,25 @@
 //!
 //! Every file answers with its SHA-256 as a strong `ETag` and
 //! `Cache-Control: no-cache` (a browser revalidates and gets `304 Not
-//! Modified` while the binary is the same); the page is public, so that it
+//! Modified` while the binary is the same; for the worker this is what
+//! lets a browser see a new build at once); the page is public, so that it
 //! can ask for a token when one is needed (SPEC section 9 holds for every
-//! `/api/` route).
+//! `/api/` route). The worker is served at the root so that its scope is
+//! the whole origin (`Service-Worker-Allowed: /` says so too); what it
+//! caches and what it never does is said in `web/page/src/sw.ts` and
+//! `docs/web.md`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use include_dir::{include_dir, Dir};
-use warp::http::{header, HeaderValue, StatusCode};
+use warp::http::{header, HeaderName, HeaderValue, StatusCode};
 use warp::reply::Response;
 
 use super::{ApiError, AppState, Request};
 
-/// The built page: `index.html`, `assets/*` and `manifest.json`.
+/// The built page: `index.html`, `assets/*`, `sw.js`, `app.webmanifest`
+/// and `manifest.json` (the build's own record, not served).
 pub static DIST: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/web/dist");
 
 /// The `Content-Security-Policy` of the page: its own scripts, styles,
@@ -39,6 +45,7 @@ pub fn content_type(name: &str) -> &'static str {
         Some("svg") => "image/svg+xml",
         Some("png") => "image/png",
         Some("json") => "application/json",
+        Some("webmanifest") => "application/manifest+json",
         _ => "application/octet-stream",
     }
 }
@@ -105,6 +112,12 @@ fn serve(req: &Request, path: &str) -> Result<Response, ApiError> {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    if path == SERVICE_WORKER_FILE {
+        headers.insert(
+            HeaderName::from_static("service-worker-allowed"),
+            HeaderValue::from_static("/"),
+        );
+    }
     if path == "index.html" {
         headers.insert(
             header::CONTENT_SECURITY_POLICY,
@@ -121,6 +134,26 @@ fn serve(req: &Request, path: &str) -> Result<Response, ApiError> {
 /// `GET /`: the page.
 pub async fn page(_state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
     serve(&req, "index.html")
+}
+
+/// The service worker's file in [`DIST`], served at `/sw.js`.
+pub const SERVICE_WORKER_FILE: &str = "sw.js";
+
+/// The web app manifest's file in [`DIST`], served at `/app.webmanifest`.
+pub const APP_MANIFEST_FILE: &str = "app.webmanifest";
+
+/// `GET /sw.js`: the page's service worker (`text/javascript`, with
+/// `Service-Worker-Allowed: /`), at the root so that it serves the whole
+/// origin.
+pub async fn service_worker(_state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
+    serve(&req, SERVICE_WORKER_FILE)
+}
+
+/// `GET /app.webmanifest`: the web app manifest
+/// (`application/manifest+json`): name, icons, colours, `display:
+/// standalone`, `start_url` and `scope` `/`.
+pub async fn app_manifest(_state: Arc<AppState>, req: Request) -> Result<Response, ApiError> {
+    serve(&req, APP_MANIFEST_FILE)
 }
 
 /// `GET /assets/{name}`: a script, style sheet or image of the page.

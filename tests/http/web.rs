@@ -124,6 +124,24 @@ async fn the_page_and_its_assets_are_served_with_types_and_etags() {
             "text/css; charset=utf-8",
         ),
         ("/assets/icon.svg", "assets/icon.svg", "image/svg+xml"),
+        ("/assets/icon-192.png", "assets/icon-192.png", "image/png"),
+        ("/assets/icon-512.png", "assets/icon-512.png", "image/png"),
+        (
+            "/assets/icon-maskable-512.png",
+            "assets/icon-maskable-512.png",
+            "image/png",
+        ),
+        (
+            "/assets/apple-touch-icon.png",
+            "assets/apple-touch-icon.png",
+            "image/png",
+        ),
+        ("/sw.js", "sw.js", "text/javascript; charset=utf-8"),
+        (
+            "/app.webmanifest",
+            "app.webmanifest",
+            "application/manifest+json",
+        ),
     ] {
         let answer = server.client.get(server.url(path)).send().await.unwrap();
         assert_eq!(answer.status(), 200, "{path}");
@@ -160,6 +178,8 @@ async fn the_page_and_its_assets_are_served_with_types_and_etags() {
         "/assets/..%2Fmanifest.json",
         "/assets/.hidden",
         "/manifest.json",
+        "/sw.js/x",
+        "/assets/sw.js",
     ] {
         let (status, body, _) = server.call("GET", path, None, &[]).await;
         assert_eq!(status, 404, "{path}");
@@ -168,6 +188,148 @@ async fn the_page_and_its_assets_are_served_with_types_and_etags() {
     let (status, body, _) = server.call("POST", "/", Some(json!({})), &[]).await;
     assert_eq!(status, 405);
     assert_eq!(body["code"], "invalid_request");
+    server.stop().await;
+}
+
+/// The shell the service worker keeps, read off the built `sw.js`
+/// (`["/path","<SHA-256 hex>"]` pairs, as `web/build.mjs` writes them).
+fn worker_shell() -> Vec<(String, String)> {
+    let worker = std::str::from_utf8(DIST.get_file("sw.js").unwrap().contents()).unwrap();
+    let mut shell = Vec::new();
+    for part in worker.split("[\"/").skip(1) {
+        let Some((path, rest)) = part.split_once("\",\"") else {
+            continue;
+        };
+        let Some((sha256, _)) = rest.split_once("\"]") else {
+            continue;
+        };
+        if sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            shell.push((format!("/{path}"), sha256.to_owned()));
+        }
+    }
+    shell
+}
+
+/// `GET /sw.js` is the service worker at the root scope
+/// (`Service-Worker-Allowed: /`, `no-cache` so a new build is seen at
+/// once), and the shell it keeps is exactly the page's built files but the
+/// worker itself and the build record, each with the SHA-256 of the bytes
+/// the engine serves there: what the worker checks at install, so a worker
+/// never caches a build the engine does not serve. No `/api/` path is in
+/// it (the worker never keeps an answer of the engine's API).
+#[tokio::test]
+async fn the_service_worker_is_served_at_the_root_and_keeps_the_served_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let answer = server
+        .client
+        .get(server.url("/sw.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["service-worker-allowed"], "/");
+    assert_eq!(answer.headers()["cache-control"], "no-cache");
+    assert_eq!(
+        answer.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+
+    let shell = worker_shell();
+    let mut paths: Vec<&str> = shell.iter().map(|(p, _)| p.as_str()).collect();
+    paths.sort_unstable();
+    let manifest: Value =
+        serde_json::from_slice(DIST.get_file("manifest.json").unwrap().contents()).unwrap();
+    let mut built: Vec<String> = manifest["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .filter(|f| *f != "sw.js")
+        .map(|f| {
+            if f == "index.html" {
+                "/".to_owned()
+            } else {
+                format!("/{f}")
+            }
+        })
+        .collect();
+    built.sort_unstable();
+    assert_eq!(paths, built, "the worker keeps every built file but itself");
+    assert!(paths.iter().all(|p| !p.starts_with("/api/")), "{paths:?}");
+    for (path, sha256) in &shell {
+        let answer = server.client.get(server.url(path)).send().await.unwrap();
+        assert_eq!(answer.status(), 200, "{path}");
+        let body = answer.bytes().await.unwrap();
+        assert_eq!(&hex::encode(Sha256::digest(&body)), sha256, "{path}");
+    }
+    assert_eq!(
+        manifest["shell_version"].as_str().map(str::len),
+        Some(16),
+        "the cache's version"
+    );
+    server.stop().await;
+}
+
+/// `GET /app.webmanifest`: an installable web app manifest (name,
+/// `start_url` and `scope` `/`, `display: standalone`, colours) whose icons
+/// the engine serves with their declared types, among them PNGs of 192 and
+/// 512 px and a maskable one; the page links it.
+#[tokio::test]
+async fn the_web_app_manifest_names_served_icons() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let answer = server
+        .client
+        .get(server.url("/app.webmanifest"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.headers()["content-type"],
+        "application/manifest+json"
+    );
+    let manifest: Value = answer.json().await.unwrap();
+    assert_eq!(manifest["name"], "Spark");
+    assert_eq!(manifest["start_url"], "/");
+    assert_eq!(manifest["scope"], "/");
+    assert_eq!(manifest["display"], "standalone");
+    for colour in ["theme_color", "background_color"] {
+        let c = manifest[colour].as_str().unwrap();
+        assert!(c.len() == 7 && c.starts_with('#'), "{colour}: {c}");
+    }
+    let mut sizes = Vec::new();
+    for icon in manifest["icons"].as_array().unwrap() {
+        let src = icon["src"].as_str().unwrap();
+        let answer = server.client.get(server.url(src)).send().await.unwrap();
+        assert_eq!(answer.status(), 200, "{src}");
+        assert_eq!(
+            answer.headers()["content-type"],
+            icon["type"].as_str().unwrap(),
+            "{src}"
+        );
+        let body = answer.bytes().await.unwrap();
+        if icon["type"] == "image/png" {
+            // The PNG's IHDR width and height are its declared size.
+            let (w, h) = (
+                u32::from_be_bytes(body[16..20].try_into().unwrap()),
+                u32::from_be_bytes(body[20..24].try_into().unwrap()),
+            );
+            assert_eq!(icon["sizes"], format!("{w}x{h}"), "{src}");
+        }
+        sizes.push(format!(
+            "{} {}",
+            icon["sizes"].as_str().unwrap(),
+            icon["purpose"].as_str().unwrap_or("any")
+        ));
+    }
+    for needed in ["192x192 any", "512x512 any", "512x512 maskable"] {
+        assert!(sizes.iter().any(|s| s == needed), "{needed}: {sizes:?}");
+    }
+    let page = server.client.get(server.url("/")).send().await.unwrap();
+    let html = page.text().await.unwrap();
+    assert!(html.contains(r#"<link rel="manifest" href="/app.webmanifest">"#));
     server.stop().await;
 }
 

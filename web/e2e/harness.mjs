@@ -68,10 +68,13 @@ export function tokenEntry(device, token) {
   return `[[access.tokens]]\ndevice = "${device}"\nsha256 = "${createHash("sha256").update(token).digest("hex")}"\n`;
 }
 
-/** Starts the engine on 127.0.0.1:0 over a fresh data directory; resolves once it printed its address. */
-export async function startEngine({ config = "" } = {}) {
-  const dir = mkdtempSync(path.join(tmpdir(), "spark-e2e-"));
-  const args = ["--listen", "127.0.0.1:0", "--data", path.join(dir, "data")];
+/**
+ * Starts the engine on `listen` (127.0.0.1:0) over a fresh data directory,
+ * or over `dir` when given (a restart: pass the `dir` and the address of
+ * an engine stopped with `keepData`); resolves once it printed its address.
+ */
+export async function startEngine({ config = "", listen = "127.0.0.1:0", dir = mkdtempSync(path.join(tmpdir(), "spark-e2e-")) } = {}) {
+  const args = ["--listen", listen, "--data", path.join(dir, "data")];
   if (config) {
     writeFileSync(path.join(dir, "spark.toml"), config);
     args.push("--config", path.join(dir, "spark.toml"));
@@ -103,13 +106,14 @@ export async function startEngine({ config = "" } = {}) {
     base,
     child,
     dir,
-    async stop() {
+    /** Stops the engine; removes its data directory unless `keepData`. */
+    async stop({ keepData = false } = {}) {
       if (child.exitCode === null) {
         const exited = new Promise((r) => child.once("exit", r));
         child.kill("SIGTERM");
         await exited;
       }
-      rmSync(dir, { recursive: true, force: true });
+      if (!keepData) rmSync(dir, { recursive: true, force: true });
     },
   };
 }

@@ -4,6 +4,7 @@ export { Outbox, STEPS, DB_NAME, type Entry, type MessageRecord, type MessageSta
 export { classify, statusClass, parseRetryAfter, backoffDelay, DEFAULT_BACKOFF, type Verdict, type WaitCause, type Refusal, type Backoff, type Problem } from "./answers.js";
 export { mintUlid, mintRequestId, ulidTime, sha256Hex } from "./ids.js";
 export { systemClock, ManualClock, type Clock } from "./clock.js";
+export { LastSeen, LAST_SEEN_DB_NAME, LAST_SEEN_THUMBS_MAX, LAST_SEEN_THUMB_PX, type Snapshot, type Thumb } from "./lastseen.js";
 export { makeCopy, fitWithin, COPY_MAX_PX } from "./image.js";
 export { CLOCK_WINDOW_MS, REUSE_MARGIN_MS } from "./generated/rules.js";
 export type { components, paths } from "./generated/api.js";

@@ -10,6 +10,8 @@
 // backoff (the status says so), and the status says whether the engine
 // answers ("Online", "Reconnecting…", "Offline"), never a raw HTTP line.
 import { SparkClient, mintRequestId, type ChangeNotice, type Entry, type MessageRecord, type Step, type components } from "../../client/src/index.js";
+import { followLastSeen, restoreLastSeen } from "./offline.js";
+import { startAppShell } from "./shell.js";
 
 type Moment = components["schemas"]["Moment"];
 type Turn = components["schemas"]["Turn"];
@@ -377,6 +379,7 @@ async function loadFeed(): Promise<void> {
   await Promise.all(all.flatMap((m) => m.turns.map((t) => refreshTurn(t, false))));
   const feed = $("feed");
   feed.replaceChildren();
+  moments.clear();
   for (const m of all.reverse()) {
     moments.set(m.id, m);
     feed.append(momentRow(m));
@@ -755,6 +758,7 @@ async function connect(): Promise<void> {
 }
 
 async function main(): Promise<void> {
+  startAppShell();
   // This device's outbox first: it needs no engine.
   client = await SparkClient.open();
   client.addEventListener("change", (e) => onChange((e as CustomEvent<ChangeNotice>).detail));
@@ -839,6 +843,10 @@ async function main(): Promise<void> {
   $("delete-moment").onclick = () => void deleteMoment();
 
   show("moments");
+  // The feed as last seen, until the engine answers (offline.ts).
+  const feedView = { feed: $("feed"), empty: $("feed-empty"), moments, turns, row: momentRow };
+  await restoreLastSeen(feedView);
+  followLastSeen(feedView);
   await renderOutbox();
   await setStatus();
   await connect();

@@ -363,7 +363,7 @@ export interface paths {
         };
         /**
          * The engine's page
-         * @description The page (HTML), built from `web/page/` and compiled into the binary; it needs no token (it asks for one when the engine has tokens configured). Its scripts and styles are under `/assets/`.
+         * @description The page (HTML), built from `web/page/` and compiled into the binary; it needs no token (it asks for one when the engine has tokens configured). Its scripts, styles and icons are under `/assets/`; its service worker is `/sw.js` and its web app manifest `/app.webmanifest`.
          */
         get: operations["getPage"];
         put?: never;
@@ -381,8 +381,48 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** A script, style sheet or image of the page */
+        /** A script, style sheet or icon of the page */
         get: operations["getAsset"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/sw.js": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The page's service worker
+         * @description The service worker of the page (`web/page/src/sw.ts`), at the root so that its scope is the whole origin. It keeps the page and its assets (one build, each file checked against its SHA-256) in the cache `spark-page-<version>` to open the page offline, deletes the caches of older builds when it takes over, and never keeps an answer of `/api/`. `Cache-Control: no-cache` lets a browser see a new build at once.
+         */
+        get: operations["getServiceWorker"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/app.webmanifest": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The page's web app manifest
+         * @description The web app manifest: name, icons (`/assets/icon*.png`, `/assets/icon.svg`), colours, `display: standalone`, `start_url` and `scope` `/`, so that the page installs as an app.
+         */
+        get: operations["getAppManifest"];
         put?: never;
         post?: never;
         delete?: never;
@@ -2203,7 +2243,7 @@ export interface operations {
             };
             path: {
                 /**
-                 * @description The file name (`app.js`, `app.css`, `icon.svg`).
+                 * @description The file name (`app.js`, `app.css`, `icon.svg`, `icon-192.png`, `icon-512.png`, `icon-maskable-512.png`, `apple-touch-icon.png`).
                  * @example app.js
                  */
                 id: string;
@@ -2225,6 +2265,7 @@ export interface operations {
                     "text/javascript": string;
                     "text/css": string;
                     "image/svg+xml": string;
+                    "image/png": string;
                 };
             };
             /** @description The browser's copy is current. */
@@ -2239,6 +2280,84 @@ export interface operations {
                 content?: never;
             };
             404: components["responses"]["NotFound"];
+        };
+    };
+    getServiceWorker: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The ETag of the copy the browser holds: `304` when it is current. */
+                "If-None-Match"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file. */
+            200: {
+                headers: {
+                    /** @description The file's SHA-256 as a strong entity tag. */
+                    ETag: string;
+                    /** @description `no-cache`: revalidate with `If-None-Match`. */
+                    "Cache-Control": "no-cache";
+                    /** @description `/`: the worker may control the whole origin. */
+                    "Service-Worker-Allowed": "/";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/javascript": string;
+                };
+            };
+            /** @description The browser's copy is current. */
+            304: {
+                headers: {
+                    /** @description The file's SHA-256 as a strong entity tag. */
+                    ETag: string;
+                    /** @description `no-cache`: revalidate with `If-None-Match`. */
+                    "Cache-Control": "no-cache";
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    getAppManifest: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The ETag of the copy the browser holds: `304` when it is current. */
+                "If-None-Match"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file. */
+            200: {
+                headers: {
+                    /** @description The file's SHA-256 as a strong entity tag. */
+                    ETag: string;
+                    /** @description `no-cache`: revalidate with `If-None-Match`. */
+                    "Cache-Control": "no-cache";
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/manifest+json": string;
+                };
+            };
+            /** @description The browser's copy is current. */
+            304: {
+                headers: {
+                    /** @description The file's SHA-256 as a strong entity tag. */
+                    ETag: string;
+                    /** @description `no-cache`: revalidate with `If-None-Match`. */
+                    "Cache-Control": "no-cache";
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
         };
     };
 }
