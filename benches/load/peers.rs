@@ -3,7 +3,7 @@
 //! SQLite or PostgreSQL, or by nothing at all (the HTTP ceiling).
 //!
 //! Each runs in its own process: the bench binary re-executes itself as
-//! `load --peer NAME --listen ADDR --data DIR [--pg HOST:PORT]`, and the
+//! `load --peer NAME --listen ADDR --data DIR [--pg HOST:PORT] [--preallocate BYTES]`, and the
 //! peer prints `peer NAME listening on http://ADDR` once it serves, the
 //! way the engine announces itself. The HTTP side is the engine's: a
 //! multi-threaded tokio runtime with the default worker count, a warp
@@ -15,6 +15,14 @@
 //! id, `409` when the id is taken by another request.
 //!
 //! - `ceiling`: nothing stored; every create answers `201`.
+//! - `floor`: the durable floor (issue 28): request ids (and moment ids)
+//!   in in-memory hash maps, and one writer thread that takes every create
+//!   queued right now, appends each as a line (its fields as JSON) to a
+//!   file pre-allocated with zeros and synced before the peer listens
+//!   (`--preallocate BYTES`), with one `pwrite` and one `fdatasync` for
+//!   the batch, then answers each. No checksum, no index on disk, no
+//!   recovery: the least a server that syncs before it answers must do.
+//!   An I/O error ends the process (nothing after it is acknowledged).
 //! - `sqlite-group`: rusqlite (bundled), WAL, `synchronous=FULL`; one writer
 //!   thread takes every create queued right now, runs them in one
 //!   transaction (a savepoint each), commits, then answers each.
@@ -28,8 +36,10 @@
 //! KEY, moment_id)` and `moments (id PRIMARY KEY, text, caption, lang,
 //! captured_at_ms, created_at_ms, version)`.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -57,6 +67,7 @@ struct CreateBody {
 }
 
 /// A create after parsing: what a store keeps.
+#[derive(Clone)]
 struct Create {
     id: String,
     request_id: Option<String>,
@@ -340,6 +351,114 @@ fn sqlite_txn(db: &Mutex<rusqlite::Connection>, create: &Create) -> Outcome {
     }
 }
 
+// ---- The durable floor ------------------------------------------------------------
+
+/// The line the floor appends for a create: its fields as JSON.
+#[derive(Serialize)]
+struct FloorLine<'a> {
+    id: &'a str,
+    request_id: Option<&'a str>,
+    text: Option<&'a str>,
+    caption: Option<&'a str>,
+    lang: Option<&'a str>,
+    captured_at_ms: Option<i64>,
+    created_at_ms: i64,
+}
+
+/// The floor's file, pre-allocated: `bytes` of zeros written and
+/// `fsync`ed (and the directory too) before the peer listens, so that
+/// each batch's `fdatasync` writes data over allocated blocks, as the
+/// engine's pre-allocated segments are.
+fn floor_open(path: &Path, bytes: u64) -> std::io::Result<std::fs::File> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let zeros = vec![0u8; 8 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        // Cast: at most the buffer's length.
+        let n = left.min(zeros.len() as u64) as usize;
+        file.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    file.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(file)
+}
+
+/// Keys of the floor's maps: foldhash, as the engine hashes.
+type FloorMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
+/// The floor's writer: blocks for one create, takes every other one
+/// queued now, decides each against the request ids and moment ids in
+/// memory, appends the new ones' lines with one `pwrite` at the file's
+/// end of data and one `fdatasync`, then answers all. An I/O error ends
+/// the process before anything of that batch is answered. Past
+/// `allocated` bytes the file grows (said once on stderr).
+fn floor_writer(file: std::fs::File, allocated: u64, jobs: mpsc::Receiver<Job>) {
+    let mut requests: FloorMap<Arc<Create>> = FloorMap::default();
+    let mut ids: FloorMap<()> = FloorMap::default();
+    let mut end: u64 = 0;
+    let mut buf: Vec<u8> = Vec::new();
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while let Ok(more) = jobs.try_recv() {
+            batch.push(more);
+        }
+        buf.clear();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (c, _) in &batch {
+            if let Some(stored) = c.request_id.as_ref().and_then(|r| requests.get(r)) {
+                outcomes.push(Outcome::Known(Create::clone(stored)));
+                continue;
+            }
+            if ids.contains_key(&c.id) {
+                outcomes.push(Outcome::Conflict);
+                continue;
+            }
+            let line = FloorLine {
+                id: &c.id,
+                request_id: c.request_id.as_deref(),
+                text: c.text.as_deref(),
+                caption: c.caption.as_deref(),
+                lang: c.lang.as_deref(),
+                captured_at_ms: c.captured_at_ms,
+                created_at_ms: c.created_at_ms,
+            };
+            serde_json::to_writer(&mut buf, &line).expect("a line serializes");
+            buf.push(b'\n');
+            ids.insert(c.id.clone(), ());
+            if let Some(r) = &c.request_id {
+                requests.insert(r.clone(), Arc::new(c.clone()));
+            }
+            outcomes.push(Outcome::Created);
+        }
+        if !buf.is_empty() {
+            let synced = file.write_all_at(&buf, end).and_then(|()| file.sync_data());
+            if let Err(e) = synced {
+                // Never acknowledge what is not synced: the batch dies
+                // with the process, unanswered.
+                eprintln!("floor: write or fdatasync failed: {e}");
+                std::process::exit(1);
+            }
+            // Cast: usize is at most 64 bits.
+            let after = end + buf.len() as u64;
+            if end <= allocated && after > allocated {
+                eprintln!("floor: past the {allocated} pre-allocated bytes; appending from here");
+            }
+            end = after;
+        }
+        for ((create, reply), outcome) in batch.into_iter().zip(outcomes) {
+            let _ = reply.send(respond(&create, outcome));
+        }
+    }
+}
+
 // ---- PostgreSQL -------------------------------------------------------------------
 
 const PG_SCHEMA: &str = "
@@ -495,6 +614,8 @@ async fn pg_create(pool: &deadpool_postgres::Pool, c: &Create) -> Result<Outcome
 #[derive(Clone)]
 enum Store {
     Ceiling,
+    /// The durable floor's writer thread, fed like `sqlite-group`'s.
+    Floor(mpsc::Sender<Job>),
     SqliteGroup(mpsc::Sender<Job>),
     SqliteTxn(Arc<Mutex<rusqlite::Connection>>),
     Postgres(deadpool_postgres::Pool),
@@ -507,7 +628,7 @@ async fn handle(store: Store, body: Bytes) -> Result<warp::reply::Response, Infa
     };
     Ok(match store {
         Store::Ceiling => respond(&create, Outcome::Created),
-        Store::SqliteGroup(jobs) => {
+        Store::SqliteGroup(jobs) | Store::Floor(jobs) => {
             let (tx, rx) = tokio::sync::oneshot::channel();
             if jobs.send((create, tx)).is_err() {
                 return Ok(problem(
@@ -553,6 +674,8 @@ pub struct PeerArgs {
     pub listen: SocketAddr,
     pub data: PathBuf,
     pub pg: Option<SocketAddr>,
+    /// The floor's file size, in bytes (`--preallocate`).
+    pub preallocate_bytes: u64,
 }
 
 impl PeerArgs {
@@ -573,6 +696,9 @@ impl PeerArgs {
                 .expect("--listen ADDR"),
             data: PathBuf::from(value("--data").expect("--data DIR")),
             pg: value("--pg").map(|a| a.parse().expect("--pg HOST:PORT")),
+            preallocate_bytes: value("--preallocate")
+                .map(|b| b.parse().expect("--preallocate BYTES"))
+                .unwrap_or(64 << 20),
         })
     }
 }
@@ -588,6 +714,17 @@ pub fn run(args: PeerArgs) {
         std::fs::create_dir_all(&args.data).expect("peer data dir");
         let store = match args.name.as_str() {
             "ceiling" => Store::Ceiling,
+            "floor" => {
+                let allocated = args.preallocate_bytes;
+                let file = floor_open(&args.data.join("floor.log"), allocated)
+                    .expect("the floor's file is pre-allocated");
+                let (jobs, queue) = mpsc::channel();
+                std::thread::Builder::new()
+                    .name("floor-writer".into())
+                    .spawn(move || floor_writer(file, allocated, queue))
+                    .expect("writer thread");
+                Store::Floor(jobs)
+            }
             "sqlite-group" => {
                 let db = sqlite_open(&args.data.join("peer.db")).expect("SQLite opens");
                 let (jobs, queue) = mpsc::channel();
