@@ -316,8 +316,8 @@ impl PageLimit {
     }
 }
 
-/// The query of a list route that pages by id only (`GET /api/moments`,
-/// `GET /api/phrases`): `after`, the last id of the page before, and
+/// The query of a list route that pages by id only (`GET /api/phrases`;
+/// `GET /api/moments` adds `order`): `after`, the last id of the page before, and
 /// `limit`, read by [`page_limit`]. Any other parameter is `400
 /// invalid_request`.
 #[derive(Debug, serde::Deserialize)]

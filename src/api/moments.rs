@@ -9,7 +9,7 @@ use warp::reply::Response;
 
 use crate::engine::{Command, CreateMoment, DeleteMoment, EditMoment};
 use spark_core::ids::Id;
-use spark_core::mirror::MomentView;
+use spark_core::mirror::{MomentView, PageOrder};
 
 use super::{json_response, ApiError, AppState, Request};
 
@@ -75,9 +75,34 @@ pub(crate) fn path_id(text: &str) -> Result<Id, ApiError> {
     parse_id(text, "the moment id in the path")
 }
 
-/// `GET /api/moments`: a page of moments.
+/// The query of `GET /api/moments`: `after` and `limit` as every list
+/// route ([`super::PageQuery`]), and `order`: `oldest` (id order, the
+/// default) or `newest` (highest id first; `after` is then the last id of
+/// the page before in that order, as `next` gives it). Any other parameter
+/// is `400 invalid_request`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MomentPageQuery {
+    /// The last id of the page before (absent: the first page).
+    after: Option<String>,
+    /// The page size as given, in items.
+    limit: Option<String>,
+    /// `oldest` or `newest`, as given.
+    order: Option<String>,
+}
+
+/// `GET /api/moments`: a page of moments, in id order or newest first.
 pub(crate) fn list(state: &AppState, req: &Request) -> Result<Response, ApiError> {
-    let query: super::PageQuery = req.query()?;
+    let query: MomentPageQuery = req.query()?;
+    let order = match query.order.as_deref() {
+        None | Some("oldest") => PageOrder::Oldest,
+        Some("newest") => PageOrder::Newest,
+        Some(other) => {
+            return Err(ApiError::invalid_request(format!(
+                "order {other:?} is not an order: send oldest (id order, the default) or newest"
+            )))
+        }
+    };
     let after = query
         .after
         .as_deref()
@@ -87,7 +112,7 @@ pub(crate) fn list(state: &AppState, req: &Request) -> Result<Response, ApiError
     let page_limit = super::page_limit(query.limit.as_deref(), limits)?;
     let limit = page_limit.items;
     let page = state.engine.read(|mirror| {
-        let (moments, more) = mirror.live_page(after, limit);
+        let (moments, more) = mirror.live_page(after, limit, order);
         let next = if more {
             moments.last().map(|m| m.id)
         } else {

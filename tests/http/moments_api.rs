@@ -271,6 +271,63 @@ async fn list_pages_through_live_moments_in_id_order() {
 }
 
 #[tokio::test]
+async fn list_pages_newest_first_with_order_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut ids: Vec<String> = (0..23).map(|_| ulid()).collect();
+    for id in &ids {
+        server.post("/api/moments", json!({"id": id})).await;
+    }
+    let dead = ids.remove(7);
+    server
+        .call("DELETE", &format!("/api/moments/{dead}"), None, &[])
+        .await;
+    ids.sort();
+    ids.reverse();
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(a) => format!("/api/moments?order=newest&limit=10&after={a}"),
+            None => "/api/moments?order=newest&limit=10".to_owned(),
+        };
+        let (s, v) = server.get(&path).await;
+        assert_eq!(s, 200, "{path}: {v}");
+        let page: Vec<String> = v["moments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect();
+        pages.push(page);
+        match v["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    // 22 live moments: 10, 10 and 2, highest id first, the deleted one left out.
+    assert_eq!(
+        pages.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![10, 10, 2]
+    );
+    assert_eq!(pages.concat(), ids);
+    // `oldest` is the default's order, spelled out.
+    let (s, oldest) = server.get("/api/moments?order=oldest&limit=1000").await;
+    assert_eq!(s, 200);
+    let (_, default) = server.get("/api/moments?limit=1000").await;
+    assert_eq!(oldest, default);
+    // A moment made later (a later ULID) heads the first page.
+    let newer = ulid();
+    server.post("/api/moments", json!({"id": newer})).await;
+    let (_, first) = server.get("/api/moments?order=newest&limit=1").await;
+    assert_eq!(first["moments"][0]["id"], json!(newer));
+    let (s, v) = server.get("/api/moments?order=backwards").await;
+    assert_eq!((s, code(&v)), (400, "invalid_request"));
+    assert!(v["detail"].as_str().unwrap().contains("newest"), "{v}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn bad_input_gets_a_clear_4xx_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path()).await;

@@ -63,6 +63,9 @@ export function engineBinary() {
   return candidates.sort((a, b) => statSync(b).mtimeMs - statSync(a).mtimeMs)[0];
 }
 
+/** A configuration whose one brain seat is the offline brain with OCR off: a moment without text cannot be read (its turn fails). */
+export const NO_OCR = `[[brains.seats]]\nname = "pippa"\nadapter = "local"\nocr = false\n`;
+
 /** A token's configuration line: its SHA-256, as `spark-engine token add` stores it. */
 export function tokenEntry(device, token) {
   return `[[access.tokens]]\ndevice = "${device}"\nsha256 = "${createHash("sha256").update(token).digest("hex")}"\n`;
@@ -71,15 +74,18 @@ export function tokenEntry(device, token) {
 /**
  * Starts the engine on `listen` (127.0.0.1:0) over a fresh data directory,
  * or over `dir` when given (a restart: pass the `dir` and the address of
- * an engine stopped with `keepData`); resolves once it printed its address.
+ * an engine stopped with `keepData`), or over `data` (which stop() leaves);
+ * resolves once it printed its address. `bin` runs another binary;
+ * `checkPage: false` skips the check that it embeds web/dist/ (a
+ * measurement of another build's page).
  */
-export async function startEngine({ config = "", listen = "127.0.0.1:0", dir = mkdtempSync(path.join(tmpdir(), "spark-e2e-")) } = {}) {
-  const args = ["--listen", listen, "--data", path.join(dir, "data")];
+export async function startEngine({ config = "", listen = "127.0.0.1:0", dir = mkdtempSync(path.join(tmpdir(), "spark-e2e-")), bin = engineBinary(), data = null, checkPage = true } = {}) {
+  const args = ["--listen", listen, "--data", data ?? path.join(dir, "data")];
   if (config) {
     writeFileSync(path.join(dir, "spark.toml"), config);
     args.push("--config", path.join(dir, "spark.toml"));
   }
-  const child = spawn(engineBinary(), args, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: "warn" } });
+  const child = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: "warn" } });
   let output = "";
   const base = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`the engine printed no address in 30 s:\n${output}`)), 30_000);
@@ -98,9 +104,9 @@ export async function startEngine({ config = "", listen = "127.0.0.1:0", dir = m
   // The binary embeds web/dist/ at compile time: one built before the
   // last page build would test an older page.
   const served = Buffer.from(await (await fetch(`${base}/assets/app.js`)).arrayBuffer());
-  if (!served.equals(readFileSync(path.join(repo, "web/dist/assets/app.js")))) {
+  if (checkPage && !served.equals(readFileSync(path.join(repo, "web/dist/assets/app.js")))) {
     child.kill("SIGTERM");
-    throw new Error(`${engineBinary()} embeds another build of the page than web/dist/: rebuild it (cargo build)`);
+    throw new Error(`${bin} embeds another build of the page than web/dist/: rebuild it (cargo build)`);
   }
   return {
     base,
@@ -352,4 +358,32 @@ export function clockScript(offsetMs) {
     }
     globalThis.Date = ShiftedDate;
   })();`;
+}
+
+const CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+
+/** A ULID whose time is `ms` (Unix milliseconds), with random bits: an id minted at that time (ids sort by time). */
+export function ulidAt(ms) {
+  let time = "";
+  for (let t = ms, i = 0; i < 10; i++, t = Math.floor(t / 32)) time = CROCKFORD[t % 32] + time;
+  const random = [...randomBytes(16)].map((b) => CROCKFORD[b % 32]).join("");
+  return time + random;
+}
+
+/** Creates `count` moments through the API, one `ms` apart in id time ending now, each with its practical reading; resolves to their ids, oldest first. */
+export async function seedMoments(base, count, { text = (i) => `Schild ${i}`, reading = true, headers = {} } = {}) {
+  const now = Date.now();
+  const ids = Array.from({ length: count }, (_, i) => ulidAt(now - (count - i) * 1000));
+  const post = async (path, body) => {
+    const answer = await fetch(new URL(path, base), { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
+    if (answer.status >= 300) throw new Error(`POST ${path}: ${answer.status} ${await answer.text()}`);
+    return answer.json();
+  };
+  for (let i = 0; i < count; i += 16) {
+    await Promise.all(ids.slice(i, i + 16).map(async (id, j) => {
+      await post("/api/moments", { id, text: text(i + j) });
+      if (reading) await post(`/api/moments/${id}/turns`, { client_request_id: `seed-${id}`, mode: "practical" });
+    }));
+  }
+  return ids;
 }

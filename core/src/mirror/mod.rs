@@ -517,6 +517,17 @@ pub struct Mirror {
     pub live_moments: usize,
 }
 
+/// The order of a page of moments (`GET /api/moments?order=`): ids sort
+/// by time (ULIDs), so id order is capture order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PageOrder {
+    /// Lowest id first (the default: SPEC section 4's id order).
+    #[default]
+    Oldest,
+    /// Highest id first: a feed's newest moments on its first page.
+    Newest,
+}
+
 impl Mirror {
     /// An empty mirror (seq 0).
     pub fn new() -> Mirror {
@@ -528,21 +539,44 @@ impl Mirror {
         self.moments.get(&id).map(|m| &**m)
     }
 
-    /// Up to `limit` live moments with ids above `after`, in id order, and
-    /// whether more live moments follow.
-    pub fn live_page(&self, after: Option<Id>, limit: usize) -> (Vec<&Moment>, bool) {
+    /// Up to `limit` live moments after `after` in `order` (for
+    /// [`PageOrder::Oldest`]: ids above `after`, in id order; for
+    /// [`PageOrder::Newest`]: ids below `after`, highest first), and whether
+    /// more live moments follow in that order. `after` need not be a
+    /// moment's id: any id is a place in the order.
+    pub fn live_page(
+        &self,
+        after: Option<Id>,
+        limit: usize,
+        order: PageOrder,
+    ) -> (Vec<&Moment>, bool) {
         use std::ops::Bound;
-        let start = match after {
+        let bound = match after {
             Some(id) => Bound::Excluded(id),
             None => Bound::Unbounded,
         };
-        let mut live = self
-            .moments
-            .range((start, Bound::Unbounded))
-            .map(|(_, m)| &**m)
-            .filter(|m| !m.deleted);
-        let page: Vec<&Moment> = live.by_ref().take(limit).collect();
-        let more = live.next().is_some();
+        let live = |m: &&Moment| !m.deleted;
+        let (page, more) = match order {
+            PageOrder::Oldest => {
+                let mut it = self
+                    .moments
+                    .range((bound, Bound::Unbounded))
+                    .map(|(_, m)| &**m)
+                    .filter(live);
+                let page: Vec<&Moment> = it.by_ref().take(limit).collect();
+                (page, it.next().is_some())
+            }
+            PageOrder::Newest => {
+                let mut it = self
+                    .moments
+                    .range((Bound::Unbounded, bound))
+                    .rev()
+                    .map(|(_, m)| &**m)
+                    .filter(live);
+                let page: Vec<&Moment> = it.by_ref().take(limit).collect();
+                (page, it.next().is_some())
+            }
+        };
         (page, more)
     }
 
@@ -631,6 +665,55 @@ mod tests {
         assert_eq!(
             crate::codec::encode(m).unwrap(),
             crate::codec::encode(&whole).unwrap()
+        );
+    }
+
+    #[test]
+    fn pages_run_both_ways_and_skip_tombstones() {
+        let mut mirror = Mirror::new();
+        for id in 1..=7u128 {
+            mirror.apply(create(id as u64, id, None, None)).unwrap();
+        }
+        mirror
+            .apply(Op {
+                erased: false,
+                seq: 8,
+                ts_ms: 1_700_000_000_008,
+                body: OpBody::MomentDelete(crate::op::MomentDelete {
+                    id: Id(5),
+                    request_id: None,
+                    device: "phone".into(),
+                }),
+            })
+            .unwrap();
+        let ids = |(page, more): (Vec<&Moment>, bool)| {
+            (page.iter().map(|m| m.id.0).collect::<Vec<_>>(), more)
+        };
+        assert_eq!(
+            ids(mirror.live_page(None, 3, PageOrder::Oldest)),
+            (vec![1, 2, 3], true)
+        );
+        assert_eq!(
+            ids(mirror.live_page(Some(Id(3)), 3, PageOrder::Oldest)),
+            (vec![4, 6, 7], false)
+        );
+        // Newest first: the page after 7 in that order is below it; the
+        // tombstone (5) is skipped, and an id that is no moment is a place.
+        assert_eq!(
+            ids(mirror.live_page(None, 3, PageOrder::Newest)),
+            (vec![7, 6, 4], true)
+        );
+        assert_eq!(
+            ids(mirror.live_page(Some(Id(4)), 3, PageOrder::Newest)),
+            (vec![3, 2, 1], false)
+        );
+        assert_eq!(
+            ids(mirror.live_page(Some(Id(5)), 2, PageOrder::Newest)),
+            (vec![4, 3], true)
+        );
+        assert_eq!(
+            ids(mirror.live_page(Some(Id(1)), 2, PageOrder::Newest)),
+            (vec![], false)
         );
     }
 }

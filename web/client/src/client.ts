@@ -5,7 +5,7 @@
 import { backoffDelay, classify, DEFAULT_BACKOFF, type Backoff, type Refusal, type Verdict, type WaitCause } from "./answers.js";
 import { systemClock, type Clock } from "./clock.js";
 import type { components } from "./generated/api.js";
-import { REUSE_MARGIN_MS } from "./generated/rules.js";
+import { CLOCK_WINDOW_MS, REUSE_MARGIN_MS } from "./generated/rules.js";
 import { mintRequestId, mintUlid, sha256Hex, ulidTime } from "./ids.js";
 import { makeCopy as canvasCopy } from "./image.js";
 import { Outbox, STEPS, type Entry, type MessageError, type MessageRecord, type Step } from "./outbox.js";
@@ -69,7 +69,27 @@ type Broadcast =
   | { type: "outbox" }
   | { type: "kick" }
   | { type: "sender"; sender: boolean }
-  | { type: "link"; link: Link };
+  | { type: "link"; link: Link }
+  | { type: "sendstate"; state: SendState };
+
+/**
+ * What the sending tab is doing with the outbox, for every tab to show:
+ * the capture step whose request is in flight, and when the next pass
+ * comes after passing trouble (ms since the epoch; null when none is due).
+ */
+export interface SendState {
+  sending: { entry: string; step: Step } | null;
+  nextPassAt: number | null;
+}
+
+/**
+ * What an undo of a capture ({@link SparkClient.withdrawEntry}) did:
+ * `undone` (removed from the outbox with its media; the engine has none of
+ * it), `acknowledged` (too late: the engine has the moment, it stays and
+ * the rest is sent), `unknown` (a create went out with no answer and the
+ * engine cannot be asked now: nothing is removed), `gone` (no such entry).
+ */
+export type WithdrawOutcome = "undone" | "acknowledged" | "unknown" | "gone";
 
 /**
  * Whether the engine answers, as this client last saw it: `online` (an
@@ -128,6 +148,8 @@ export class SparkClient extends EventTarget {
   cursor = "0";
   /** Whether the engine answers, as last seen (by this tab, or heard from the sending tab); a change emits `status`. */
   link: Link = "unknown";
+  /** What the sending tab is doing with the outbox (heard from it in the other tabs); a change emits `outbox`. */
+  sendState: SendState = { sending: null, nextPassAt: null };
 
   private readonly fetchFn: typeof fetch;
   private readonly options: ClientOptions;
@@ -137,6 +159,8 @@ export class SparkClient extends EventTarget {
   /** How many times the event stream was opened. */
   private opens = 0;
   private wake: (() => void) | null = null;
+  /** A kick came while a pass ran (no sleep to cut short): pass again at once. */
+  private kickedInPass = false;
   /** The run loop's sleep timer, and whether it is a backoff (not the idle pass). */
   private timer: ReturnType<typeof setTimeout> | null = null;
   private backingOff = false;
@@ -145,6 +169,8 @@ export class SparkClient extends EventTarget {
   private closed = false;
   private releaseLock: (() => void) | null = null;
   private chain: Promise<unknown> = Promise.resolve();
+  /** The step lock's queue in this tab, when there are no Web Locks. */
+  private stepChain: Promise<unknown> = Promise.resolve();
   private running = false;
   private readyResolve!: () => void;
 
@@ -197,6 +223,9 @@ export class SparkClient extends EventTarget {
       window.addEventListener("online", () => {
         this.setLink("reconnecting");
         this.kick();
+        // Ask the engine at once (an open event stream, or an outbox with
+        // nothing to send, would otherwise leave "reconnecting" standing).
+        void this.get("/api/log/head").catch(() => undefined);
       });
       window.addEventListener("offline", () => this.setLink("offline"));
     }
@@ -221,6 +250,10 @@ export class SparkClient extends EventTarget {
     else if (message.type === "kick" && this.isSender) this.kick();
     else if (message.type === "sender") this.dispatchEvent(new Event("status"));
     else if (message.type === "link" && !this.isSender) this.setLink(message.link, false);
+    else if (message.type === "sendstate" && !this.isSender) {
+      this.sendState = message.state;
+      this.dispatchEvent(new Event("outbox"));
+    }
   }
 
   private post(message: Broadcast): void {
@@ -358,8 +391,9 @@ export class SparkClient extends EventTarget {
 
   /** Sends a kick: the sender drains now (from another tab, over the channel). */
   kick(): void {
-    if (this.isSender) this.wake?.();
-    else this.post({ type: "kick" });
+    if (!this.isSender) this.post({ type: "kick" });
+    else if (this.wake) this.wake();
+    else this.kickedInPass = true;
   }
 
   private async run(): Promise<void> {
@@ -367,6 +401,8 @@ export class SparkClient extends EventTarget {
     this.running = true;
     this.waits = 0;
     while (!this.closed && this.isSender) {
+      this.kickedInPass = false;
+      this.setSendState({ nextPassAt: null });
       const report = await this.drainOnce().catch((e: Error) => ({ requests: 0, stepsDone: 0, wait: { kind: "link", reason: String(e) } as WaitCause }));
       const sleep = new Promise<void>((resolve) => {
         this.wake = () => {
@@ -380,15 +416,20 @@ export class SparkClient extends EventTarget {
           // through starts the backoff again from its first step.
           this.waits = report.stepsDone > 0 ? 1 : this.waits + 1;
           this.backingOff = true;
-          this.timer = setTimeout(this.wake, backoffDelay(report.wait, this.waits, this.backoff, this.options.random));
+          const delay = backoffDelay(report.wait, this.waits, this.backoff, this.options.random);
+          this.timer = setTimeout(this.wake, delay);
+          this.setSendState({ nextPassAt: Date.now() + delay });
         } else {
           this.waits = 0;
           this.backingOff = false;
+          this.setSendState({ nextPassAt: null });
           // Idle until a capture, a message or `online`; a slow safety pass.
           this.timer = setTimeout(this.wake, 30_000);
         }
       });
       this.noteWait(report.wait);
+      // New work (a capture stored while the pass read the outbox before it): no sleep.
+      if (this.kickedInPass) this.wake?.();
       await sleep;
     }
     this.running = false;
@@ -413,7 +454,32 @@ export class SparkClient extends EventTarget {
     this.waits += 1;
     this.backingOff = true;
     if (this.timer !== null) clearTimeout(this.timer);
-    this.timer = setTimeout(this.wake, backoffDelay(wait, this.waits, this.backoff, this.options.random));
+    const delay = backoffDelay(wait, this.waits, this.backoff, this.options.random);
+    this.timer = setTimeout(this.wake, delay);
+    this.setSendState({ nextPassAt: Date.now() + delay });
+  }
+
+  /** Updates {@link sendState}: emits `outbox` here and, from the sending tab, tells the others. */
+  private setSendState(change: Partial<SendState>): void {
+    const next = { ...this.sendState, ...change };
+    if (next.sending?.entry === this.sendState.sending?.entry && next.sending?.step === this.sendState.sending?.step && next.nextPassAt === this.sendState.nextPassAt) return;
+    this.sendState = next;
+    this.dispatchEvent(new Event("outbox"));
+    if (this.isSender) this.post({ type: "sendstate", state: next });
+  }
+
+  /**
+   * Runs `work` holding the outbox's step lock: one capture step (its
+   * request and the write of its outcome) at a time across the tabs, so an
+   * undo in any tab never takes an entry away while a request of it is in
+   * flight. A Web Lock when the browser has them, else a queue in this tab.
+   */
+  private stepLocked<T>(work: () => Promise<T>): Promise<T> {
+    const locks = (globalThis as { navigator?: { locks?: LockManager } }).navigator?.locks;
+    if (locks && this.options.tabs !== false) return locks.request(`${this.name}:step`, work) as Promise<T>;
+    const next = this.stepChain.then(work, work);
+    this.stepChain = next.catch(() => undefined);
+    return next;
   }
 
   /** Runs `work` after every send already queued in this tab (one request at a time). */
@@ -523,6 +589,39 @@ export class SparkClient extends EventTarget {
     this.outboxChanged();
   }
 
+  /**
+   * Undoes a capture that the engine has not acknowledged: removes the
+   * entry and its media from the outbox, so nothing of it is sent. Taken
+   * under the step lock: when a request of the entry is in flight (mid-send)
+   * the undo waits for its answer and then decides. Never after the moment's
+   * create was acknowledged (`acknowledged`: it stays and the rest is sent;
+   * delete the moment to be rid of it). When a create went out and its
+   * answer was lost, the engine is asked (`GET /api/moments/{id}`) first:
+   * `404` (or `410`) removes it, the moment there means `acknowledged`, no
+   * answer means `unknown` (nothing removed; try again later).
+   */
+  async withdrawEntry(id: string): Promise<WithdrawOutcome> {
+    const outcome = await this.stepLocked(async (): Promise<WithdrawOutcome> => {
+      const entry = await this.outbox.entry(id);
+      if (!entry || entry.state === "done") return entry ? "acknowledged" : "gone";
+      if (entry.done.includes("create_moment")) return "acknowledged";
+      if (entry.create_unanswered) {
+        let answer: Response;
+        try {
+          answer = await this.request("GET", `/api/moments/${entry.moment_id}`);
+        } catch {
+          return "unknown";
+        }
+        if (answer.ok) return "acknowledged";
+        if (answer.status !== 404 && answer.status !== 410) return "unknown";
+      }
+      await this.outbox.removeEntry(id);
+      return "undone";
+    });
+    this.outboxChanged();
+    return outcome;
+  }
+
   private stepRequest(entry: Entry, step: Step): Promise<Verdict> {
     switch (step) {
       case "create_moment":
@@ -571,37 +670,57 @@ export class SparkClient extends EventTarget {
 
   private async pass(): Promise<PassReport> {
     const report: PassReport = { requests: 0, stepsDone: 0, wait: null };
-    const entries = (await this.outbox.entries()).filter((e) => e.state === "pending");
-    for (const entry of entries) {
+    // No network at all (the browser knows): nothing is tried, so nothing
+    // of a capture can reach the engine, and an undo needs no answer.
+    if (typeof navigator !== "undefined" && navigator.onLine === false) {
+      report.wait = { kind: "link", reason: "offline: this device has no network" };
+      return report;
+    }
+    const ids = (await this.outbox.entries()).filter((e) => e.state === "pending").map((e) => e.id);
+    for (const id of ids) {
       for (const step of STEPS) {
-        if (entry.done.includes(step)) continue;
-        report.requests += 1;
-        const verdict = await this.stepRequest(entry, step);
-        if (verdict.kind === "wait") {
-          entry.last_error = verdict.cause.reason;
+        // Each step under the step lock, on the entry as stored now: an
+        // undo between two steps took it away, or it is done or parked.
+        const outcome = await this.stepLocked(async (): Promise<"next" | "stop" | "wait"> => {
+          const entry = await this.outbox.entry(id);
+          if (!entry || entry.state !== "pending") return "stop";
+          if (entry.done.includes(step)) return "next";
+          report.requests += 1;
+          this.setSendState({ sending: { entry: id, step } });
+          let verdict: Verdict;
+          try {
+            verdict = await this.stepRequest(entry, step);
+          } finally {
+            this.setSendState({ sending: null });
+          }
+          if (verdict.kind === "wait") {
+            entry.last_error = verdict.cause.reason;
+            if (step === "create_moment" && verdict.cause.kind === "link") entry.create_unanswered = true;
+            await this.outbox.saveEntry(entry);
+            this.outboxChanged();
+            report.wait = verdict.cause;
+            return "wait";
+          }
+          if (verdict.kind === "refused") {
+            entry.state = "parked";
+            entry.parked = { step, status: verdict.refusal.status, code: verdict.refusal.code, detail: verdict.refusal.detail };
+            await this.outbox.saveEntry(entry);
+            this.outboxChanged();
+            return "stop";
+          }
+          if (step === "start_turn") {
+            entry.turn_id = (verdict.body as Schemas["TurnStartedAnswer"] | null)?.turn?.id ?? null;
+          }
+          entry.done.push(step);
+          entry.last_error = null;
+          report.stepsDone += 1;
+          if (entry.done.length === STEPS.length) entry.state = "done";
           await this.outbox.saveEntry(entry);
           this.outboxChanged();
-          report.wait = verdict.cause;
-          return report;
-        }
-        if (verdict.kind === "refused") {
-          entry.state = "parked";
-          entry.parked = { step, status: verdict.refusal.status, code: verdict.refusal.code, detail: verdict.refusal.detail };
-          break;
-        }
-        if (step === "start_turn") {
-          entry.turn_id = (verdict.body as Schemas["TurnStartedAnswer"] | null)?.turn?.id ?? null;
-        }
-        entry.done.push(step);
-        entry.last_error = null;
-        report.stepsDone += 1;
-        if (entry.done.length === STEPS.length) entry.state = "done";
-        await this.outbox.saveEntry(entry);
-        this.outboxChanged();
-      }
-      if (entry.state === "parked") {
-        await this.outbox.saveEntry(entry);
-        this.outboxChanged();
+          return "next";
+        });
+        if (outcome === "wait") return report;
+        if (outcome === "stop") break;
       }
     }
     const waiting = new Set((await this.outbox.entries()).filter((e) => e.state !== "done" && !e.done.includes("create_moment")).map((e) => e.moment_id));
@@ -739,14 +858,22 @@ export class SparkClient extends EventTarget {
   }
 }
 
-/** The clock text of a message refused with `clock_skew`, from the problem's members when it has them. */
+/**
+ * The clock text of a message refused with `clock_skew`, in plain words:
+ * how far off this device's clock is and which way (from the problem's
+ * `skew_ms` and `server_time_ms` when it has them), the window, and what
+ * to do.
+ */
 export function clockError(refusal: Refusal): MessageError {
   const body = refusal.body as { skew_ms?: number; server_time_ms?: number } | null;
+  const todo = `A message may be at most ${CLOCK_WINDOW_MS / 60_000} minutes off. Set this device's date and time (automatic is best), then send again with Retry.`;
   if (body && typeof body.skew_ms === "number" && typeof body.server_time_ms === "number") {
+    // skew_ms is the id's time minus the server's: below 0, this device is behind.
+    const way = body.skew_ms < 0 ? "behind" : "ahead of";
     return {
       code: "clock_skew",
-      detail: `this device's clock is off by about ${(Math.abs(body.skew_ms) / 60_000).toFixed(1)} minutes from the server's (server time ${rfc3339(body.server_time_ms)}); set the clock, then send again`,
+      detail: `Not sent: this device's clock is off by about ${(Math.abs(body.skew_ms) / 60_000).toFixed(1)} minutes (${way} the engine's, which reads ${new Date(body.server_time_ms).toUTCString()}). ${todo}`,
     };
   }
-  return { code: "clock_skew", detail: `this device's clock is off from the server's (${refusal.detail}); set the clock, then send again` };
+  return { code: "clock_skew", detail: `Not sent: this device's clock is off from the engine's (${refusal.detail}). ${todo}` };
 }

@@ -49,6 +49,12 @@ export interface Entry {
   turn_id: string | null;
   /** The last passing trouble (a dropped link, a 503). */
   last_error: string | null;
+  /**
+   * Set once a create of the moment ended with no answer (the link dropped):
+   * the engine may hold the moment though no step is done. An undo then
+   * asks the engine first (`SparkClient.withdrawEntry`).
+   */
+  create_unanswered?: boolean;
 }
 
 /** Where a message stands (ADR-036). */

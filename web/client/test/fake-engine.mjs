@@ -21,7 +21,7 @@ export class FakeEngine {
     this.messages = new Map();
     /** Every request seen: { method, path, headers, body }. */
     this.log = [];
-    /** Scripted behaviours, one per request in order: a function (req) => Response | "drop" | Error | undefined. */
+    /** Scripted behaviours, one per request in order: a function (req) => Response | "drop" | Error | undefined, or a promise of one. */
     this.script = [];
     this.fetch = this.fetch.bind(this);
   }
@@ -35,7 +35,9 @@ export class FakeEngine {
     const req = { method, path, headers, body };
     this.log.push(req);
     const scripted = this.script.shift();
-    const outcome = scripted ? scripted(req) : undefined;
+    // A promise holds the request in flight until it settles (then as its value).
+    let outcome = scripted ? scripted(req) : undefined;
+    if (outcome instanceof Promise) outcome = await outcome;
     if (outcome instanceof Error) throw outcome;
     if (outcome instanceof Response) return outcome;
     const answer = await this.handle(req);
@@ -80,12 +82,17 @@ export class FakeEngine {
       this.turns.set(b.client_request_id, turn);
       return json(202, { created: true, turn });
     }
+    if (method === "GET" && (m = path.match(/^\/api\/moments\/(\w+)$/))) {
+      const moment = this.moments.get(m[1]);
+      return moment ? json(200, moment) : problem(404, "not_found", "no such moment");
+    }
     if (method === "POST" && path === "/api/messages") {
       const b = JSON.parse(body);
       const known = this.messages.get(b.id);
       if (known) return known.body === b.body ? json(202, { created: false, message: known }) : problem(409, "conflict", "other body");
       const idTime = decodeTime(b.id);
-      const skew = this.now() - idTime;
+      // As the engine: the id's time minus the server's (below 0: the page is behind).
+      const skew = idTime - this.now();
       if (Math.abs(skew) > CLOCK_WINDOW_MS) {
         return problem(400, "clock_skew", `the id's time is ${skew} ms from the server's`, { server_time_ms: this.now(), id_time_ms: idTime, skew_ms: skew });
       }

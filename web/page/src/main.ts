@@ -1,15 +1,18 @@
-// The engine's page (SPEC section 12): the moments feed,
-// live over the event stream through the client package (a change
-// re-renders one row, not the list), capture from a file or the camera, a
+// The engine's page (SPEC section 12): the moments feed, newest first a
+// page at a time (`GET /api/moments?order=newest&after=&limit=`, with the
+// turns of the moments shown only), live over the event stream through the
+// client package (a change re-renders one row, not the list), capture from
+// a file or the camera with an undo while the engine has none of it, a
 // moment with its copy, Pippa's reading as it arrives, keeping phrases,
-// quick recall, the message thread with pending and failed messages and a
-// retry, and a log view with the head, the chain value and a live tail.
+// quick recall, "Read again" for a reading that failed, the message thread
+// with pending and failed messages and a retry, every outbox state with what
+// it waits for, and a log view with the head, the chain value and a live tail.
 //
 // The page works without the engine as far as it can: the outbox is read
 // from this device before any request, a failed load is tried again with
 // backoff (the status says so), and the status says whether the engine
 // answers ("Online", "Reconnecting…", "Offline"), never a raw HTTP line.
-import { SparkClient, mintRequestId, type ChangeNotice, type Entry, type MessageRecord, type Step, type components } from "../../client/src/index.js";
+import { SparkClient, STEPS, mintRequestId, statusClass, type ChangeNotice, type Entry, type MessageRecord, type Step, type WithdrawOutcome, type components } from "../../client/src/index.js";
 import { followLastSeen, restoreLastSeen } from "./offline.js";
 import { startAppShell } from "./shell.js";
 
@@ -24,7 +27,7 @@ const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getEleme
 function el<K extends keyof HTMLElementTagNameMap>(tag: K, props: Partial<HTMLElementTagNameMap[K]> & Record<string, unknown> = {}, ...children: (Node | string | null)[]): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(props)) {
-    if (k.startsWith("data-")) node.setAttribute(k, String(v));
+    if (k.startsWith("data-") || k.startsWith("aria-")) node.setAttribute(k, String(v));
     else (node as unknown as Record<string, unknown>)[k] = v;
   }
   for (const c of children) if (c !== null) node.append(c);
@@ -172,6 +175,12 @@ function flash(text: string): void {
 /** Forgets what the session showed. */
 function clearShown(): void {
   moments.clear();
+  feedNext = undefined;
+  feedGeneration += 1;
+  offFeed = null;
+  readAgains.clear();
+  $("feed-more").hidden = true;
+  $("feed-count").textContent = "";
   turns.clear();
   turnMoment.clear();
   servedThreads.clear();
@@ -220,9 +229,10 @@ async function setStatus(): Promise<void> {
   const parts = [connectionWords()];
   if (client) {
     const entries = (await client.outbox.entries()).filter((e) => e.state !== "done");
-    const messages = (await client.outbox.messages()).filter((m) => m.state === "pending");
+    const all = await client.outbox.messages();
+    const messages = all.filter((m) => m.state === "pending");
     const waiting = entries.filter((e) => e.state === "pending").length + messages.length;
-    const parked = entries.filter((e) => e.state === "parked").length;
+    const parked = entries.filter((e) => e.state === "parked").length + all.filter((m) => m.state === "failed").length;
     if (waiting) parts.push(`${waiting} waiting to send`);
     if (parked) parts.push(`${parked} need${parked === 1 ? "s" : ""} you`);
     $("status").dataset.sender = String(client.isSender);
@@ -234,7 +244,8 @@ async function setStatus(): Promise<void> {
 /** A passing trouble of the outbox (a string the client stored) in plain words. */
 function waitWords(reason: string | null): string {
   if (!reason) return "";
-  if (reason.startsWith("network")) return "Waiting for the connection to the engine.";
+  if (reason.startsWith("offline")) return "Waiting for a network: this device is offline.";
+  if (reason.startsWith("network")) return "Waiting for the engine: it did not answer the last try.";
   const status = Number(/^HTTP (\d{3})/.exec(reason)?.[1] ?? 0);
   if (status === 401) return "Waiting for you to sign in.";
   if (status === 403) return "Waiting: the engine refused access for now.";
@@ -250,8 +261,14 @@ function copyUrl(m: Moment): string | null {
   return copy ? `/api/media/${copy.id}` : null;
 }
 
+/** The moment's reading: its latest practical turn (a "Read again" starts a later one). Turn ids sort by time. */
 function reading(m: Moment): Turn | undefined {
-  return m.turns.map((t) => turns.get(t)).find((t): t is Turn => t !== undefined && t.mode === "practical");
+  let latest: Turn | undefined;
+  for (const id of m.turns) {
+    const t = turns.get(id);
+    if (t?.mode === "practical" && (!latest || t.id > latest.id)) latest = t;
+  }
+  return latest;
 }
 
 function readingText(t: Turn | undefined): string {
@@ -279,9 +296,18 @@ function momentRow(m: Moment): HTMLLIElement {
       el("div", { className: "title" }, m.text || m.caption || "A sign"),
       el("div", { className: "snippet" }, readingText(t)),
       el("div", { className: "muted" }, new Date(m.created_at).toLocaleString()),
+      el("div", { className: "muted", "data-outbox-note": "" }, outboxNote(m.id)),
     ),
   );
   return row;
+}
+
+/** What of moment `id`'s capture this device still sends, in words ("" when nothing). */
+function outboxNote(id: string): string {
+  const e = outboxEntries.find((x) => x.moment_id === id && x.state === "pending");
+  if (!e) return "";
+  const sending = client.sendState.sending?.entry === e.id ? client.sendState.sending.step : null;
+  return sending ? `Sending ${STEP_WORDS[sending]}…` : waitingFor(e);
 }
 
 const STEP_WORDS: Record<Step, string> = { create_moment: "the moment", upload_copy: "the small copy", start_turn: "the reading", upload_original: "the original photo" };
@@ -298,37 +324,110 @@ async function thumbUrl(e: Entry): Promise<string | null> {
   return url;
 }
 
+/** The outbox's entries as last read (for what each waits for, and whether a moment's reading is still to be started by one). */
+let outboxEntries: Entry[] = [];
+
+/** What a waiting capture waits for, in a plain sentence. */
+function waitingFor(e: Entry): string {
+  if (!navigator.onLine || client.link === "offline") return "Waiting for a network: this device is offline. It is sent by itself when the network is back.";
+  const next = client.sendState.nextPassAt;
+  const retry = next && next > Date.now() ? ` Next try at ${new Date(next).toLocaleTimeString()}.` : "";
+  const trouble = waitWords(e.last_error);
+  if (trouble) return `${trouble}${retry}`;
+  if (client.link === "reconnecting") return `Waiting for the engine to answer.${retry}`;
+  const step = STEPS.find((s) => !e.done.includes(s));
+  if (e.done.length && step) return `The moment is on the engine; waiting to send ${STEP_WORDS[step]}.`;
+  const ahead = outboxEntries.filter((o) => o.state === "pending" && o.id < e.id).length;
+  if (ahead) return `Waiting: ${ahead} capture${ahead === 1 ? "" : "s"} before it ${ahead === 1 ? "is" : "are"} sent first.`;
+  return "Waiting to be sent.";
+}
+
+/** A row's button that does not open the row. */
+function rowButton(label: string, action: () => Promise<void> | void, name?: string): HTMLButtonElement {
+  return el("button", { type: "button", "aria-label": name ?? label, onclick: (ev: Event) => { ev.stopPropagation(); void action(); } }, label);
+}
+
+/** A capture in the outbox: waiting (what for), sending (which step) or parked (the engine's reason), with what can be done. */
 function entryRow(e: Entry, thumb: string | null): HTMLLIElement {
-  const state = e.state === "parked" ? "parked" : "pending";
+  const sending = client.sendState.sending?.entry === e.id ? client.sendState.sending.step : null;
+  const state = e.state === "parked" ? "parked" : sending ? "sending" : "pending";
   let detail: string;
   if (e.parked) {
     const made = e.done.includes("create_moment") ? "The moment is saved, but the engine refused " : "The engine refused ";
     detail = `${made}${STEP_WORDS[e.parked.step]}: ${e.parked.detail} (HTTP ${e.parked.status}${e.parked.code ? ` ${e.parked.code}` : ""}).`;
+  } else if (sending) {
+    detail = `Sending ${STEP_WORDS[sending]} (${e.done.length + 1} of 4)…`;
   } else {
-    detail = waitWords(e.last_error) || (e.done.length ? `Sending (${e.done.length} of 4 steps done)…` : "Waiting to be sent.");
+    detail = waitingFor(e);
   }
-  const button = (label: string, action: () => Promise<void>) =>
-    el("button", { type: "button", onclick: (ev: Event) => { ev.stopPropagation(); void action(); } }, label);
+  const title = e.text || "A sign";
+  const badge = { parked: "not sent", sending: "sending", pending: "waiting" }[state];
   return el("li", { "data-entry-id": e.id, "data-outbox": state },
     thumb ? el("img", { src: thumb, alt: "" }) : el("div", { className: "thumb" }),
     el("div", {},
-      el("div", { className: "title" }, e.text || "A sign", el("span", { className: `badge ${state}` }, state === "parked" ? "not sent" : "waiting")),
+      el("div", { className: "title" }, title, el("span", { className: `badge ${state}` }, badge)),
       el("div", { className: "snippet", "data-detail": "" }, detail),
       e.state === "parked"
         ? el("div", { className: "row actions" },
-            button("Retry", () => client.retryEntry(e.id)),
-            button("Remove", async () => {
+            rowButton("Retry", () => client.retryEntry(e.id), `Retry “${title}”`),
+            rowButton("Remove", async () => {
               if (!confirm(e.done.includes("create_moment") ? "Remove what is left of this capture from this device? The moment stays." : "Remove this capture from this device? It was not sent.")) return;
               await client.removeEntry(e.id);
-            }),
+            }, `Remove “${title}”`),
           )
-        : null,
+        : !e.done.includes("create_moment")
+          ? el("div", { className: "row actions" },
+              rowButton("Remove", async () => {
+                if (!confirm("Remove this capture from this device? The engine has none of it yet.")) return;
+                flash(withdrawWords([await client.withdrawEntry(e.id)]));
+              }, `Remove “${title}”`),
+            )
+          : null,
     ),
   );
 }
 
-/** Fetches one moment and its turns, and re-renders its row (and the open view) only. */
+/** A message that failed (ADR-036: a clock too far off, or a refusal), with Retry and a way to its thread. */
+function failedMessageRow(r: MessageRecord): HTMLLIElement {
+  return el("li", { "data-message-failed": r.id, "data-outbox": "failed" },
+    el("div", { className: "thumb" }),
+    el("div", {},
+      el("div", { className: "title" }, `Message: “${r.body}”`, el("span", { className: "badge failed" }, "not sent")),
+      el("div", { className: "snippet", "data-detail": "" }, r.error?.detail ?? "The engine refused it."),
+      el("div", { className: "row actions" },
+        rowButton("Retry", () => client.retryMessage(r.id), `Retry the message “${r.body}”`),
+        rowButton("Open its moment", () => openMomentView(r.thread_id)),
+      ),
+    ),
+  );
+}
+
+/** What undoing captures did, in words. */
+function withdrawWords(outcomes: WithdrawOutcome[]): string {
+  const count = (o: WithdrawOutcome) => outcomes.filter((x) => x === o).length;
+  const parts: string[] = [];
+  const undone = count("undone") + count("gone");
+  if (undone) parts.push(`Undone: ${undone === 1 ? "the capture was" : `${undone} captures were`} removed from this device; the engine has none of it.`);
+  if (count("acknowledged")) parts.push(`Too late for ${count("acknowledged") === 1 ? "one" : count("acknowledged")}: the engine already has it, so it stays (delete it from its moment).`);
+  if (count("unknown")) parts.push("Not undone: the connection dropped while it was being sent and the engine cannot be asked now whether it got it. Try again when the engine answers.");
+  return parts.join(" ");
+}
+
+/** Moments changed while the feed's first page was read: refreshed once it is shown. */
+const heardWhileLoading = new Set<string>();
+
+/**
+ * Fetches one moment and its turns, and re-renders its row (and the open
+ * view) only. A moment older than the feed read so far is left for its
+ * page; a new one is inserted in its place (the top, for a new capture).
+ */
 async function refreshMoment(id: string): Promise<void> {
+  if (feedNext === undefined) {
+    heardWhileLoading.add(id);
+    return;
+  }
+  const open = offFeed?.id === id;
+  if (!moments.has(id) && !withinFeed(id) && !open) return;
   let m: Moment;
   try {
     m = await api<Moment>(`/api/moments/${id}`);
@@ -337,7 +436,14 @@ async function refreshMoment(id: string): Promise<void> {
     document.querySelector(`[data-moment-id="${id}"]`)?.remove();
     return;
   }
+  for (const t of m.turns) turnMoment.set(t, m.id);
   await Promise.all(m.turns.map((t) => refreshTurn(t, false)));
+  if (!moments.has(id) && !withinFeed(id)) {
+    // Open, though the feed has not reached it.
+    offFeed = m;
+    if (openMoment === id) renderMoment();
+    return;
+  }
   const known = moments.has(id);
   moments.set(id, m);
   const row = momentRow(m);
@@ -356,45 +462,144 @@ function insertRow(row: HTMLLIElement): void {
   feed.insertBefore(row, after ?? null);
 }
 
+/**
+ * Keeps a turn as read. A turn ends once: a read that says `running` for a
+ * turn known to have ended is an older answer come late (reads overlap:
+ * the event stream's, a long poll's) and is dropped.
+ */
+function keepTurn(t: Turn): void {
+  if (t.status === "running" && (turns.get(t.id)?.status ?? "running") !== "running") return;
+  turns.set(t.id, t);
+}
+
 async function refreshTurn(id: string, rerender = true): Promise<void> {
   const t = await api<Turn>(`/api/turns/${id}`).catch(() => null);
   if (!t) return;
-  turns.set(id, t);
+  keepTurn(t);
   turnMoment.set(id, t.moment_id);
   if (rerender && moments.has(t.moment_id)) {
     const row = document.querySelector(`#feed [data-moment-id="${t.moment_id}"]`);
     row?.replaceWith(momentRow(moments.get(t.moment_id)!));
-    if (openMoment === t.moment_id) renderMoment();
   }
+  if (rerender && openMoment === t.moment_id) renderMoment();
 }
 
-async function loadFeed(): Promise<void> {
-  let after: string | null = null;
-  const all: Moment[] = [];
-  do {
-    const page: components["schemas"]["MomentPage"] = await api(`/api/moments?limit=1000${after ? `&after=${after}` : ""}`);
-    all.push(...page.moments);
-    after = page.next;
-  } while (after);
-  await Promise.all(all.flatMap((m) => m.turns.map((t) => refreshTurn(t, false))));
+/** Moments a feed page holds: one screen and a little more, so the first paint needs few requests. */
+const FEED_PAGE_MOMENTS = 30;
+/**
+ * Where the feed goes on: the `next` of the last page read (the oldest
+ * moment shown), null once every moment is shown, undefined before the
+ * first page.
+ */
+let feedNext: string | null | undefined;
+/** Counts loads of the first page: a page read for an earlier one is dropped. */
+let feedGeneration = 0;
+/** The page of older moments being read, if any. */
+let loadingMore: Promise<void> | null = null;
+
+/** Whether moment `id` falls in the part of the feed read so far (newer than the oldest shown, or all read). Ids sort by time. */
+function withinFeed(id: string): boolean {
+  return feedNext === null || (feedNext !== undefined && id > feedNext);
+}
+
+/** Reads one feed page after `after` (newest first) and the turns of its moments only. */
+async function feedPage(after: string | null): Promise<components["schemas"]["MomentPage"]> {
+  const page: components["schemas"]["MomentPage"] = await api(`/api/moments?order=newest&limit=${FEED_PAGE_MOMENTS}${after ? `&after=${after}` : ""}`);
+  for (const m of page.moments) for (const t of m.turns) turnMoment.set(t, m.id);
+  await Promise.all(page.moments.flatMap((m) => m.turns.map((t) => refreshTurn(t, false))));
+  return page;
+}
+
+/** Shows a page's moments below those shown (one already shown, say inserted live, is left as it is). */
+function appendPage(page: components["schemas"]["MomentPage"]): void {
   const feed = $("feed");
-  feed.replaceChildren();
-  moments.clear();
-  for (const m of all.reverse()) {
+  for (const m of page.moments) {
+    if (moments.has(m.id)) continue;
     moments.set(m.id, m);
     feed.append(momentRow(m));
   }
-  $("feed-empty").hidden = moments.size > 0;
+  feedNext = page.next;
+  $("feed-empty").hidden = moments.size > 0 || feed.querySelector("[data-entry-id]") !== null;
+  renderMore();
 }
 
+/** Loads the feed's first page again (at start, after a sign-in, on a resync); the outbox's rows stay. */
+async function loadFeed(): Promise<void> {
+  const generation = ++feedGeneration;
+  // Changes heard meanwhile wait for the new first page (then refreshed).
+  const before = feedNext;
+  feedNext = undefined;
+  let page: components["schemas"]["MomentPage"];
+  try {
+    page = await feedPage(null);
+  } catch (e) {
+    if (generation === feedGeneration) feedNext = before;
+    throw e;
+  }
+  if (generation !== feedGeneration) return;
+  moments.clear();
+  $("feed").querySelectorAll("[data-moment-id]").forEach((r) => r.remove());
+  appendPage(page);
+  const heard = [...heardWhileLoading];
+  heardWhileLoading.clear();
+  await Promise.all(heard.map((id) => refreshMoment(id)));
+}
+
+/** Shows the next page of older moments ("Show older moments", or the end of the feed scrolled into view). */
+function loadMore(): Promise<void> {
+  if (loadingMore || !feedNext) return loadingMore ?? Promise.resolve();
+  const generation = feedGeneration;
+  const more = $<HTMLButtonElement>("feed-more");
+  more.dataset.state = "loading";
+  more.textContent = "Loading older moments…";
+  loadingMore = feedPage(feedNext)
+    .then((page) => {
+      if (generation === feedGeneration) appendPage(page);
+    })
+    .catch(() => {
+      more.dataset.state = "failed";
+    })
+    .finally(() => {
+      loadingMore = null;
+      renderMore();
+      // A screen taller than a page: go on while the end stays in reach.
+      const end = $("feed-more");
+      if (!end.hidden && end.dataset.state !== "failed" && !$("view-moments").hidden && end.getBoundingClientRect().top < innerHeight + 600) void loadMore();
+    });
+  return loadingMore;
+}
+
+/** The control under the feed: shown while older moments remain; says when the last try failed. */
+function renderMore(): void {
+  const more = $<HTMLButtonElement>("feed-more");
+  more.hidden = !feedNext;
+  if (loadingMore) return;
+  const failed = more.dataset.state === "failed";
+  more.textContent = failed ? "Older moments did not load (no answer). Try again" : "Show older moments";
+  if (!failed) more.dataset.state = "idle";
+  $("feed-count").textContent = moments.size ? `${moments.size} moment${moments.size === 1 ? "" : "s"} shown${feedNext ? ", older ones below" : ""}` : "";
+}
+
+/**
+ * The outbox at the top of the feed: captures waiting, sending or parked
+ * (waiting ones until their moment shows; the moment's row then says what
+ * of it is still being sent), and messages that failed. Also keeps the
+ * undo of the last Save and the "Read again" control current.
+ */
 async function renderOutbox(): Promise<void> {
   const feed = $("feed");
+  const entries = await client.outbox.entries();
+  const failed = (await client.outbox.messages()).filter((r) => r.state === "failed");
+  outboxEntries = entries;
   // Waiting captures until their moment shows; parked ones always (a
   // capture parked after its moment was made still needs the person).
-  const shown = (await client.outbox.entries()).filter((e) => e.state === "parked" || (e.state === "pending" && !moments.has(e.moment_id)));
+  const shown = entries.filter((e) => e.state === "parked" || (e.state === "pending" && !moments.has(e.moment_id)));
   const rows = await Promise.all(shown.map(async (e) => entryRow(e, await thumbUrl(e))));
-  feed.querySelectorAll("[data-entry-id]").forEach((r) => r.remove());
-  for (const row of rows.reverse()) feed.prepend(row);
+  feed.querySelectorAll("[data-entry-id], [data-message-failed]").forEach((r) => r.remove());
+  feed.prepend(...rows, ...failed.map(failedMessageRow));
+  for (const note of feed.querySelectorAll<HTMLElement>("[data-moment-id] [data-outbox-note]")) {
+    note.textContent = outboxNote(note.closest<HTMLElement>("[data-moment-id]")!.dataset.momentId!);
+  }
   const live = new Set(shown.map((e) => e.id));
   for (const [id, url] of thumbs) {
     if (!live.has(id)) {
@@ -402,12 +607,34 @@ async function renderOutbox(): Promise<void> {
       thumbs.delete(id);
     }
   }
-  $("feed-empty").hidden = moments.size > 0 || shown.length > 0;
+  $("feed-empty").hidden = moments.size > 0 || shown.length > 0 || failed.length > 0;
+  renderUndo();
+  renderReadAgain();
 }
 
 // ---- one moment ---------------------------------------------------------
 
+/** A moment opened that the feed does not show (older than the pages read; from a failed message's row). */
+let offFeed: Moment | null = null;
+
+/** The open moment, as last read. */
+function current(): Moment | undefined {
+  if (!openMoment) return undefined;
+  return moments.get(openMoment) ?? (offFeed?.id === openMoment ? offFeed : undefined);
+}
+
 async function openMomentView(id: string): Promise<void> {
+  if (!moments.has(id)) {
+    try {
+      const m = await api<Moment>(`/api/moments/${id}`);
+      for (const t of m.turns) turnMoment.set(t, m.id);
+      await Promise.all(m.turns.map((t) => refreshTurn(t, false)));
+      offFeed = m;
+    } catch (e) {
+      flash(`The moment could not be opened: ${e instanceof Error ? e.message : String(e)}.`);
+      return;
+    }
+  }
   openMoment = id;
   show("moment");
   openMoment = id;
@@ -420,7 +647,7 @@ async function openMomentView(id: string): Promise<void> {
 }
 
 function renderMoment(): void {
-  const m = openMoment ? moments.get(openMoment) : undefined;
+  const m = current();
   if (!m) return;
   const url = copyUrl(m);
   const t = reading(m);
@@ -431,6 +658,127 @@ function renderMoment(): void {
     el("h3", {}, "Pippa's reading"),
     el("div", { className: "reading", id: "moment-reading", "data-status": t?.status ?? "none" }, readingText(t) || "No reading yet."),
   );
+  renderReadAgain();
+}
+
+// ---- read again ---------------------------------------------------------
+
+/**
+ * A "Read again" asked of a moment: the request id it goes with (kept
+ * while no answer came, so that trying again cannot start two readings:
+ * SPEC section 3, a known request id answers with the turn it started),
+ * whether it is in flight, and what the last try gave, in words.
+ */
+interface ReadAgain {
+  requestId: string | null;
+  busy: boolean;
+  note: string;
+  bad: boolean;
+}
+const readAgains = new Map<string, ReadAgain>();
+
+/**
+ * Whether the moment's reading can be asked for again: its latest practical
+ * turn failed, or it has none (every turn known) and no capture on this
+ * device is still to start one.
+ */
+function mayReadAgain(m: Moment): boolean {
+  if (outboxEntries.some((e) => e.moment_id === m.id && e.state !== "done" && !e.done.includes("start_turn"))) return false;
+  const t = reading(m);
+  return t ? t.status === "failed" : m.turns.every((id) => turns.has(id));
+}
+
+/** The "Read again" control of the open moment: shown when a reading can be asked for, with the state of the last ask. */
+function renderReadAgain(): void {
+  const m = current();
+  let state = m ? readAgains.get(m.id) : undefined;
+  if (m && state && !state.busy && state.requestId && m.turns.some((id) => turns.get(id)?.request_id === state!.requestId)) {
+    // The ask whose answer was lost got through (the event stream told of its turn).
+    readAgains.delete(m.id);
+    state = undefined;
+  }
+  const offer = Boolean(m && (mayReadAgain(m) || state?.busy));
+  const running = m ? reading(m)?.status === "running" : false;
+  $("read-again-row").hidden = !offer && !state?.note;
+  const button = $<HTMLButtonElement>("read-again");
+  button.hidden = !offer;
+  button.textContent = m && reading(m) ? "Read again" : "Ask for a reading";
+  button.setAttribute("aria-disabled", String(Boolean(state?.busy)));
+  const status = $("read-again-status");
+  status.className = state?.bad ? "error" : "muted";
+  status.textContent = state?.note && !(running && !state.busy) ? state.note : "";
+  $("read-again-row").dataset.state = state?.busy ? "asking" : state?.bad ? "failed" : running ? "reading" : "idle";
+}
+
+/** Passing trouble of an ask, in words (the ask keeps its request id: trying again is safe). */
+function troubleWords(status: number): string {
+  if (status === 401) return "you are not signed in";
+  if (status === 403) return "the engine refused access for now";
+  if (status === 429) return "the engine is busy";
+  if (status >= 500) return `the engine has trouble (HTTP ${status})`;
+  return `HTTP ${status}`;
+}
+
+/**
+ * Asks the engine for a new practical reading of the open moment
+ * (`POST /api/moments/{id}/turns`, SPEC section 4) under a fresh request
+ * id: the failed turn's own request id would answer with that turn and ask
+ * no brain. Trying again after no answer sends the same request id.
+ */
+async function readAgain(): Promise<void> {
+  const m = current();
+  if (!m) return;
+  const state = readAgains.get(m.id) ?? { requestId: null, busy: false, note: "", bad: false };
+  if (state.busy) return;
+  state.requestId ??= mintRequestId(client.clock);
+  Object.assign(state, { busy: true, note: "Asking Pippa for a new reading…", bad: false });
+  readAgains.set(m.id, state);
+  renderReadAgain();
+  let answer: Response;
+  try {
+    answer = await client.request("POST", `/api/moments/${m.id}/turns`, { client_request_id: state.requestId, mode: "practical" });
+  } catch {
+    Object.assign(state, { busy: false, bad: true, note: "Not asked: the engine did not answer. Try again: the same request goes again, so the moment is read once." });
+    renderReadAgain();
+    return;
+  }
+  const body = (await answer.json().catch(() => null)) as (components["schemas"]["TurnStartedAnswer"] & { detail?: string }) | null;
+  if (answer.ok && body?.turn) {
+    const turn = body.turn;
+    Object.assign(state, { busy: false, bad: false, requestId: null, note: "Pippa is reading it again…" });
+    keepTurn(turn);
+    turnMoment.set(turn.id, m.id);
+    if (!m.turns.includes(turn.id)) m.turns = [...m.turns, turn.id];
+    shown(m);
+    void followTurn(turn.id);
+    return;
+  }
+  state.busy = false;
+  state.bad = true;
+  if (statusClass(answer.status) === "permanent") {
+    // Refused for good: nothing was started; a later ask is a new request.
+    state.requestId = null;
+    state.note = `Not asked: ${body?.detail ?? `HTTP ${answer.status}`}.`;
+  } else {
+    state.note = `Not asked: ${troubleWords(answer.status)}. Try again: the same request goes again, so the moment is read once.`;
+  }
+  renderReadAgain();
+}
+
+/** Follows a turn until it ends (`GET /api/turns/{id}?wait=`), showing it as it changes (the event stream may be down). */
+async function followTurn(id: string): Promise<void> {
+  for (let i = 0; i < 30; i += 1) {
+    const t = await api<Turn>(`/api/turns/${id}?wait=20`).catch(() => null);
+    if (!t) return;
+    keepTurn(t);
+    const m = moments.get(t.moment_id) ?? (offFeed?.id === t.moment_id ? offFeed : undefined);
+    if (m) shown(m);
+    if (t.status !== "running") {
+      readAgains.delete(t.moment_id);
+      renderReadAgain();
+      return;
+    }
+  }
 }
 
 // ---- edit and delete ----------------------------------------------------
@@ -449,7 +797,7 @@ function editNote(text: string, bad = false): void {
 }
 
 function openEdit(): void {
-  const m = openMoment ? moments.get(openMoment) : undefined;
+  const m = current();
   if (!m) return;
   $<HTMLInputElement>("edit-text").value = m.text ?? "";
   $<HTMLInputElement>("edit-caption").value = m.caption ?? "";
@@ -461,6 +809,11 @@ function openEdit(): void {
 
 /** Shows `m` as the engine has it now (its row and, when open, its view). */
 function shown(m: Moment): void {
+  if (offFeed?.id === m.id) offFeed = m;
+  if (!moments.has(m.id)) {
+    if (openMoment === m.id) renderMoment();
+    return;
+  }
   moments.set(m.id, m);
   document.querySelector(`#feed [data-moment-id="${m.id}"]`)?.replaceWith(momentRow(m));
   if (openMoment === m.id) renderMoment();
@@ -468,7 +821,7 @@ function shown(m: Moment): void {
 
 /** Saves the edit (`PATCH` with `If-Match`; needs the engine: an edit is not kept in the outbox). */
 async function saveEdit(): Promise<void> {
-  const m = openMoment ? moments.get(openMoment) : undefined;
+  const m = current();
   if (!m) return;
   const text = $<HTMLInputElement>("edit-text").value.trim() || null;
   const caption = $<HTMLInputElement>("edit-caption").value.trim() || null;
@@ -495,7 +848,7 @@ async function saveEdit(): Promise<void> {
 
 /** Deletes the moment (`DELETE` with `If-Match`) after asking. */
 async function deleteMoment(): Promise<void> {
-  const m = openMoment ? moments.get(openMoment) : undefined;
+  const m = current();
   if (!m) return;
   if (!confirm("Delete this moment with its photos, reading and thread? This cannot be undone.")) return;
   let answer: Response;
@@ -624,7 +977,8 @@ function onChange(notice: ChangeNotice): void {
       break;
     case "turn.finish":
     case "turn.fail":
-      void refreshTurn(first);
+      // Only turns of moments shown (their turn ids are known).
+      if (turnMoment.has(first)) void refreshTurn(first);
       break;
     case "message.post":
       if (openMoment === second) void renderThread();
@@ -665,6 +1019,7 @@ function renderChosen(): void {
     ),
   );
   $("capture-form").dataset.photos = String(chosen.length);
+  $("capture-several").hidden = chosen.length < 2;
   $<HTMLButtonElement>("capture-save").textContent = chosen.length > 1 ? `Save ${chosen.length} photos` : "Save";
 }
 
@@ -702,14 +1057,21 @@ async function save(): Promise<void> {
   renderChosen();
   $("capture-error").textContent = "";
   const failed: { file: File; url: string }[] = [];
+  const saved: SavedPhoto[] = [];
+  forgetLastSave();
   for (const photo of photos) {
     try {
-      await client.capture({ photo: photo.file, text: caption });
-      URL.revokeObjectURL(photo.url);
+      const entry = await client.capture({ photo: photo.file, text: caption });
+      saved.push({ ...photo, entry: entry.id });
     } catch (e) {
       failed.push(photo);
       $("capture-error").textContent = `Not saved: ${e instanceof Error ? e.message : String(e)}.`;
     }
+  }
+  if (saved.length) {
+    lastSave = { photos: saved, text: caption };
+    undoNote = "";
+    await renderOutbox();
   }
   if (failed.length) {
     // Give back what was not stored.
@@ -717,6 +1079,95 @@ async function save(): Promise<void> {
     if (!text.value && caption) text.value = caption;
     renderChosen();
   }
+}
+
+// ---- undo of the last Save ------------------------------------------------
+
+/** A photo of the last Save: its outbox entry, and the file and preview to give back on an undo. */
+interface SavedPhoto {
+  entry: string;
+  file: File;
+  url: string;
+}
+/** The last Save (until the next), whose captures may be undone while the engine has none of them. */
+let lastSave: { photos: SavedPhoto[]; text: string | null } | null = null;
+/** An undo in progress. */
+let undoing = false;
+
+/** Drops the last Save (its previews' URLs too; those given back by an undo are the form's now). */
+function forgetLastSave(): void {
+  for (const p of lastSave?.photos ?? []) URL.revokeObjectURL(p.url);
+  lastSave = null;
+}
+
+/**
+ * The last Save's photos that the engine has not acknowledged: still in the
+ * outbox, their moment's create not done, and the moment not in the feed
+ * (a create whose answer was lost shows there once the event stream tells).
+ */
+function undoable(): SavedPhoto[] {
+  return (lastSave?.photos ?? []).filter((p) => {
+    const e = outboxEntries.find((x) => x.id === p.entry);
+    return e !== undefined && e.state !== "done" && !e.done.includes("create_moment") && !moments.has(e.moment_id);
+  });
+}
+
+/** What the last undo did, in words, for a while ("" when nothing to say). */
+let undoNote = "";
+
+/** The undo bar under Save: offered while some of the last Save is not acknowledged; says what an undo did. */
+function renderUndo(): void {
+  // Derived from the outbox as last read (a read that overlapped the Save
+  // may lack its entries: the next one puts the bar right); the last Save
+  // itself is kept until the next Save.
+  const open = undoable();
+  $("undo-save").hidden = !open.length || undoing;
+  let text = undoNote;
+  if (undoing) text = "Undoing…";
+  else if (open.length) {
+    const sending = open.some((p) => client.sendState.sending?.entry === p.entry);
+    text = `Saved ${open.length === 1 ? "a capture" : `${open.length} captures`} on this device; ${sending ? "sending now" : "not sent yet"}.`;
+  }
+  $("undo-text").textContent = text;
+  $("undo").hidden = !text;
+}
+
+/**
+ * Undo of the last Save: each of its captures the engine has not
+ * acknowledged leaves the outbox with its media (`withdrawEntry`, which
+ * waits for a request of it in flight); the photos and the text come back
+ * into the form. One the engine has stays, and the bar says so.
+ */
+async function undoSave(): Promise<void> {
+  const save = lastSave;
+  const open = undoable();
+  if (!save || !open.length || undoing) return;
+  undoing = true;
+  undoNote = "";
+  renderUndo();
+  const outcomes: WithdrawOutcome[] = [];
+  const back: SavedPhoto[] = [];
+  for (const photo of open) {
+    const outcome = await client.withdrawEntry(photo.entry);
+    outcomes.push(outcome);
+    if (outcome === "undone") back.push(photo);
+  }
+  undoing = false;
+  if (back.length) {
+    // Back into the form, to change or clear; their previews are kept.
+    save.photos = save.photos.filter((p) => !back.includes(p));
+    chosen = [...back.map(({ file, url }) => ({ file, url })), ...chosen];
+    const text = $<HTMLInputElement>("capture-text");
+    if (!text.value && save.text) text.value = save.text;
+    renderChosen();
+  }
+  const note = `${withdrawWords(outcomes)}${back.length ? " The photos are back above." : ""}`;
+  undoNote = note;
+  await renderOutbox();
+  setTimeout(() => {
+    if (undoNote === note) undoNote = "";
+    renderUndo();
+  }, 10_000);
 }
 
 // ---- start --------------------------------------------------------------
@@ -766,8 +1217,7 @@ async function main(): Promise<void> {
   // restore and a take-over, a failover): what the changes built may hold
   // ops it does not have. Load it all again.
   client.addEventListener("resync", () => {
-    moments.clear();
-    void loadFeed();
+    void loadFeed().catch(() => undefined);
     if (openMoment) void renderThread();
   });
   client.addEventListener("outbox", () => {
@@ -841,6 +1291,13 @@ async function main(): Promise<void> {
     void saveEdit();
   };
   $("delete-moment").onclick = () => void deleteMoment();
+  $("read-again").onclick = () => void readAgain();
+  $("undo-save").onclick = () => void undoSave();
+  $("feed-more").onclick = () => void loadMore();
+  // The end of the feed scrolled near: the next page, as the button would.
+  new IntersectionObserver((seen) => {
+    if (seen.some((s) => s.isIntersecting) && !$("view-moments").hidden) void loadMore();
+  }, { rootMargin: "0px 0px 600px 0px" }).observe($("feed-more"));
 
   show("moments");
   // The feed as last seen, until the engine answers (offline.ts).

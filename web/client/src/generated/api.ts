@@ -8,7 +8,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Page through live moments in id order */
+        /**
+         * Page through live moments in id order, or newest first
+         * @description Pages follow `next`: send it as `after` for the next page, with the same `order`. With `order=newest` a feed's first page holds the newest moments (ids sort by time) and each next page older ones; `after` is then a place in that order (ids below it), and any ULID is a place, a moment's or not.
+         */
         get: operations["listMoments"];
         put?: never;
         /**
@@ -1100,10 +1103,12 @@ export interface operations {
     listMoments: {
         parameters: {
             query?: {
-                /** @description Start after this moment id (the `next` of the previous page). */
+                /** @description Start after this moment id in the page's order (the `next` of the previous page). */
                 after?: components["schemas"]["UlidIn"];
                 /** @description Page size: a whole number from 1 to `limits.list_limit_max` (1000 by default; default `limits.list_limit_default`, 100). A larger value is clamped to the maximum, not refused, and the answer says so in `Spark-Limit-Clamped`; 0, a non-number or a number past 2^64 - 1 is `400 invalid_request` naming the accepted range. */
                 limit?: components["parameters"]["Limit"];
+                /** @description `oldest` (the default): lowest id first, SPEC section 4's id order. `newest`: highest id first. Anything else is `400 invalid_request`. */
+                order?: "oldest" | "newest";
             };
             header?: never;
             path?: never;
