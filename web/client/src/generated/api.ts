@@ -2349,7 +2349,31 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/manifest+json": string;
+                    "application/manifest+json": {
+                        id?: string;
+                        name: string;
+                        short_name: string;
+                        description?: string;
+                        lang?: string;
+                        start_url: string;
+                        scope: string;
+                        /** @enum {string} */
+                        display: "fullscreen" | "standalone" | "minimal-ui" | "browser";
+                        orientation?: string;
+                        background_color?: string;
+                        theme_color?: string;
+                        categories?: string[];
+                        icons: {
+                            /** @description The icon's path on this origin. */
+                            src: string;
+                            /** @description `any` for the SVG, `WxH` in pixels for a PNG. */
+                            sizes: string;
+                            /** @description The icon's media type. */
+                            type: string;
+                            /** @enum {string} */
+                            purpose?: "any" | "maskable" | "monochrome";
+                        }[];
+                    };
                 };
             };
             /** @description The browser's copy is current. */
