@@ -22,7 +22,14 @@ function builtShell() {
 
 /** Waits until the page's service worker is active (resolves its state). */
 async function workerActive(page) {
-  return page.evaluate(async () => (await navigator.serviceWorker.ready).active.state);
+  // `ready` resolves once a worker is active, which may still be "activating".
+  return page.evaluate(async () => {
+    const worker = (await navigator.serviceWorker.ready).active;
+    if (worker.state === "activating") {
+      await new Promise((resolve) => worker.addEventListener("statechange", () => worker.state !== "activating" && resolve()));
+    }
+    return worker.state;
+  });
 }
 
 /** Every cache of the origin with the paths of its requests. */

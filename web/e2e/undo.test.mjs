@@ -122,13 +122,14 @@ test("a create that went out with no answer: the undo asks the engine and undoes
     });
     // "abort": every create fails before the engine; "lose": the first reaches it and its answer is lost.
     let mode = "abort";
-    let creates = 0;
+    // `lost` counts creates the engine answered (and the page never saw).
+    let lost = 0;
     await page.route("**/api/moments", async (route) => {
       if (route.request().method() !== "POST") return route.continue();
-      creates += 1;
       if (mode === "lose") {
         mode = "abort";
         await route.fetch();
+        lost += 1;
       }
       return route.abort("connectionreset");
     });
@@ -152,9 +153,8 @@ test("a create that went out with no answer: the undo asks the engine and undoes
     await page.fill("#capture-text", "");
 
     mode = "lose";
-    const before = creates;
     await capture(page, photoPng(320, 240, 104), "angekommen");
-    await until(async () => creates > before, "the create whose answer is lost");
+    await until(async () => lost === 1, "the create whose answer is lost");
     assert.deepEqual((await api(engine.base, "/api/moments")).moments.map((m) => m.text), ["angekommen"], "the engine has it");
     // The event stream tells of it: it shows in the feed, its row says what is still to send, no undo is offered.
     const row = page.locator("#feed [data-moment-id]");
