@@ -84,8 +84,9 @@ test("capture through the page: moment, copy, reading and original arrive once",
     await page.click("#recall-start");
     await page.waitForSelector("#recall-out[data-status=done]", { timeout: 60_000 });
     await page.screenshot({ path: path.join(outDir, "recall.png") });
-    // The log view: head and chain, and the live tail.
-    await page.click('nav [data-view="log"]');
+    // The log view: head and chain, and the live tail; at the page's foot, not in the main navigation.
+    assert.deepEqual(await page.locator("nav button").allTextContents(), ["Moments", "Recall"]);
+    await page.click("#open-log");
     const head = await api(engine.base, "/api/log/head");
     await until(async () => (await page.textContent("#head-chain")) === (await api(engine.base, "/api/log/head")).chain, "the chain value");
     assert.ok(Number(await page.textContent("#head-seq")) >= head.seq);

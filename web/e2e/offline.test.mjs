@@ -153,7 +153,7 @@ test("the worker's cache holds the page's shell only, never an answer of /api/",
     await page.click("#message-form button");
     await page.waitForSelector('#thread [data-state="sent"]');
     await page.click('nav button[data-view="recall"]');
-    await page.click('nav button[data-view="log"]');
+    await page.click("#open-log");
     await page.waitForSelector("#head-seq");
     const storage = await cacheStorage(page);
     assert.deepEqual(Object.keys(storage), [shell.cache], "one cache, this build's");

@@ -197,7 +197,7 @@ function clearShown(): void {
 function show(view: "moments" | "moment" | "recall" | "log"): void {
   window.scrollTo(0, 0);
   for (const v of ["moments", "moment", "recall", "log"]) $(`view-${v}`).hidden = v !== view;
-  for (const b of document.querySelectorAll<HTMLButtonElement>("nav button")) {
+  for (const b of document.querySelectorAll<HTMLButtonElement>("button[data-view]")) {
     if (b.dataset.view === view || (view === "moment" && b.dataset.view === "moments")) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
   }
@@ -1238,7 +1238,8 @@ async function main(): Promise<void> {
   window.addEventListener("online", () => void setStatus());
   window.addEventListener("offline", () => void setStatus());
 
-  for (const b of document.querySelectorAll<HTMLButtonElement>("nav button")) b.onclick = () => show(b.dataset.view as "moments");
+  // The main navigation (Moments, Recall) and, at the foot, the engine's log: a view for whoever runs the engine, not a place people go.
+  for (const b of document.querySelectorAll<HTMLButtonElement>("button[data-view]")) b.onclick = () => show(b.dataset.view as "moments");
   $("back").onclick = () => show("moments");
   $("signout").onclick = () => void signOut();
   for (const id of ["capture-file", "capture-pick"]) $<HTMLInputElement>(id).onchange = (e) => choose(e.target as HTMLInputElement);
