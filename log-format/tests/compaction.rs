@@ -976,6 +976,12 @@ fn a_live_open_during_a_commit_waits_for_it_instead_of_reporting_damage() {
         .join()
         .unwrap()
         .expect("the live view after the commit");
+    let last = last_seq_scanned(&reader);
+    assert_eq!(last, commit.record_seq);
+}
+
+/// The seq of the last record a clean scan of `reader` gives.
+fn last_seq_scanned(reader: &LogReader) -> Seq {
     let mut last = 0;
     reader
         .scan(ScanOptions::default(), |_, record| {
@@ -983,7 +989,7 @@ fn a_live_open_during_a_commit_waits_for_it_instead_of_reporting_damage() {
             ControlFlow::Continue(())
         })
         .expect("a clean scan");
-    assert_eq!(last, commit.record_seq);
+    last
 }
 
 /// A clean live opening while a journal exists (the log before a commit's
@@ -1018,13 +1024,7 @@ fn a_clean_live_open_beside_a_journal_waits_for_the_journal_to_go() {
         .join()
         .unwrap()
         .expect("the view once the journal went");
-    let mut last = 0;
-    reader
-        .scan(ScanOptions::default(), |_, record| {
-            last = record.seq;
-            ControlFlow::Continue(())
-        })
-        .expect("a clean scan");
+    let last = last_seq_scanned(&reader);
     assert_eq!(
         last, next,
         "the view holds what was appended before the journal went"

@@ -22,22 +22,26 @@ fn disk() -> MemFs {
     fs
 }
 
+/// After a crash at `point`: the target holds the old bytes or the new
+/// ones, whole, and the new ones once the write was acknowledged.
+fn old_or_new_whole(fs: &MemFs, result: io::Result<()>, point: (u64, CutMode, u64)) {
+    let now = fs.read(&target());
+    assert!(
+        now.as_deref() == Some(OLD) || now.as_deref() == Some(NEW),
+        "crash after {point:?}: {now:?}"
+    );
+    if result.is_ok() {
+        assert_eq!(now.as_deref(), Some(NEW), "acknowledged, then lost");
+    }
+}
+
 #[test]
 fn every_crash_point_leaves_the_old_or_the_new_file_whole() {
     let calls = MemFs::every_crash_point(
         disk,
         |fs| fs.write_file_durably(&target(), NEW),
         16,
-        |fs, result, point| {
-            let now = fs.read(&target());
-            assert!(
-                now.as_deref() == Some(OLD) || now.as_deref() == Some(NEW),
-                "crash after {point:?}: {now:?}"
-            );
-            if result.is_ok() {
-                assert_eq!(now.as_deref(), Some(NEW), "acknowledged, then lost");
-            }
-        },
+        old_or_new_whole,
     );
     assert_eq!(calls, 5, "create, write, fsync, rename, directory fsync");
 }
@@ -143,16 +147,7 @@ fn a_paced_write_splits_the_bytes_and_keeps_every_crash_point_safe() {
         disk,
         |fs| fs.write_file_durably_paced(&target(), NEW, pace),
         64,
-        |fs, result, point| {
-            let now = fs.read(&target());
-            assert!(
-                now.as_deref() == Some(OLD) || now.as_deref() == Some(NEW),
-                "crash after {point:?}: {now:?}"
-            );
-            if result.is_ok() {
-                assert_eq!(now.as_deref(), Some(NEW), "acknowledged, then lost");
-            }
-        },
+        old_or_new_whole,
     );
     // create, NEW.len() / 16 rounded up writes, fsync, rename, dir fsync.
     assert_eq!(calls, 4 + NEW.len().div_ceil(16) as u64);
