@@ -1,4 +1,5 @@
-//! `spark-replay audit media`: blobs against their `media.put` ops.
+//! `spark-replay audit media`: blobs against their `media.put` ops (the
+//! media of erased moments apart: their blobs are gone on purpose).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -18,7 +19,16 @@ pub fn audit(common: &Common, remove_orphans: bool, grace_seconds: u64) -> ToolE
     let blobs = blobs_dir(&common.data);
     let mut media: Vec<_> = mirror.media.values().collect();
     media.sort_by_key(|m| m.seq);
-    let (damaged, referenced) = check_blobs(&media, &blobs);
+    // The media of erased moments keep no blob (the compactor removes it,
+    // unless a moment that is not erased names the same bytes): they are
+    // counted apart, not checked (SPEC section 13).
+    let (erased, kept): (Vec<&Media>, Vec<&Media>) = media
+        .iter()
+        .partition(|m| mirror.moment(m.moment_id).is_some_and(|x| x.erased()));
+    let (damaged, mut referenced) = check_blobs(&kept, &blobs);
+    // A blob an erased moment named is not an orphan while it is there:
+    // `audit erasure` says whether it should be.
+    referenced.extend(erased.iter().map(|m| hex::encode(m.sha256.0)));
     let Orphans {
         orphans,
         past_grace,
@@ -27,7 +37,8 @@ pub fn audit(common: &Common, remove_orphans: bool, grace_seconds: u64) -> ToolE
     if common.json {
         let doc = json!({
             "media": media.len(),
-            "ok": media.len() - damaged.len(),
+            "ok": kept.len() - damaged.len(),
+            "erased": erased.len(),
             "damaged": damaged,
             "orphans": orphans,
             "orphans_past_grace": past_grace,
@@ -36,10 +47,11 @@ pub fn audit(common: &Common, remove_orphans: bool, grace_seconds: u64) -> ToolE
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         println!(
-            "{} media, {} ok, {} damaged or missing, {} orphan blobs ({} past the {grace_seconds} s grace period)",
+            "{} media, {} ok, {} damaged or missing, {} of erased moments (no blob kept), {} orphan blobs ({} past the {grace_seconds} s grace period)",
             media.len(),
-            media.len() - damaged.len(),
+            kept.len() - damaged.len(),
             damaged.len(),
+            erased.len(),
             orphans.len(),
             past_grace
         );

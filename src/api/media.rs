@@ -269,6 +269,14 @@ pub(crate) async fn get(state: &AppState, id: Id, req: &Request) -> Result<Respo
     set_header(&mut response, header::ETAG, &etag);
     set_header(&mut response, header::ACCEPT_RANGES, "bytes");
     set_header(&mut response, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set_header(
+        &mut response,
+        header::CONTENT_SECURITY_POLICY,
+        MEDIA_CONTENT_SECURITY_POLICY,
+    );
+    if !is_raster_image(&media.content_type) {
+        set_header(&mut response, header::CONTENT_DISPOSITION, "attachment");
+    }
     if range.is_some() {
         set_header(
             &mut response,
@@ -277,6 +285,39 @@ pub(crate) async fn get(state: &AppState, id: Id, req: &Request) -> Result<Respo
         );
     }
     Ok(response)
+}
+
+/// The `Content-Security-Policy` of every media answer: a blob opened as
+/// a document (an uploaded `text/html` or `image/svg+xml`, say) runs no
+/// script, loads nothing and gets an origin of its own (`sandbox`), so an
+/// upload cannot act as the engine's page (stored XSS, found by a
+/// newcomer's break test, 2026-12-04). Shown by an `<img>`, a photo is
+/// not affected.
+pub const MEDIA_CONTENT_SECURITY_POLICY: &str = "default-src 'none'; sandbox";
+
+/// Whether a media type is a raster image a browser shows inline (PNG,
+/// JPEG, GIF, WebP, AVIF, HEIC/HEIF, BMP; parameters and case aside).
+/// Every other type is answered with `Content-Disposition: attachment`, so
+/// that opening it saves it instead of rendering it.
+pub fn is_raster_image(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    matches!(
+        essence.as_str(),
+        "image/png"
+            | "image/jpeg"
+            | "image/jpg"
+            | "image/gif"
+            | "image/webp"
+            | "image/avif"
+            | "image/heic"
+            | "image/heif"
+            | "image/bmp"
+    )
 }
 
 /// The media record, unless it is unknown (`404`) or its moment is

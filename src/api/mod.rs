@@ -348,6 +348,14 @@ pub fn page_limit(
                 items: n.min(max),
                 clamped: n > max,
             }),
+            // A whole number too large for a `usize` is clamped as every
+            // other one above the maximum.
+            Err(_) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+                Ok(PageLimit {
+                    items: max,
+                    clamped: true,
+                })
+            }
             _ => Err(ApiError::invalid_request(format!(
                 "limit {text:?} is not accepted: give a whole number from 1 to {max} (larger \
                  numbers are clamped to {max}; without limit a page holds {})",

@@ -162,17 +162,11 @@ pub(crate) fn get(state: &AppState, id: Id) -> Result<Response, ApiError> {
         None => Err(ApiError::not_found(format!("moment {id} does not exist"))),
         Some(view) if view.deleted => {
             // The tombstone (SPEC section 13): ids, version, times, media
-            // records and turn ids, but no text, caption or lang.
-            let tombstone = spark_core::mirror::MomentView {
-                text: None,
-                caption: None,
-                lang: None,
-                ..view
-            };
+            // records and turn ids; `moment_view` leaves out the texts.
             let mut error = ApiError::from(crate::engine::EngineError::Deleted(id));
             error.extra.insert(
                 "moment".into(),
-                serde_json::to_value(tombstone).unwrap_or(serde_json::Value::Null),
+                serde_json::to_value(view).unwrap_or(serde_json::Value::Null),
             );
             Err(error)
         }

@@ -424,3 +424,59 @@ async fn an_empty_upload_is_refused_and_writes_nothing() {
     assert_eq!(v["media"], json!([]), "{v}");
     server.stop().await;
 }
+
+/// An upload is never served as a document of the engine's origin: every
+/// media answer carries a `sandbox` policy that runs no script, and what
+/// is not a raster image is an attachment (stored XSS through an uploaded
+/// `text/html` or SVG, found by a newcomer's break test, 2026-12-04). A
+/// photo is still shown inline.
+#[tokio::test]
+async fn uploads_are_never_served_as_an_active_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    for (role, content_type, inline) in [
+        ("copy", "text/html; charset=utf-8", false),
+        ("original", "image/svg+xml", false),
+        ("copy", "application/javascript", false),
+        ("original", "image/PNG", true),
+    ] {
+        let m = moment(&server).await;
+        let id = ulid();
+        let body =
+            format!("<script>fetch('/api/moments',{{method:'POST'}})</script>{content_type}");
+        let r = server
+            .client
+            .put(server.url(&format!("/api/media/{id}")))
+            .header("X-Moment-Id", &m)
+            .header("X-Media-Role", role)
+            .header("Content-Type", content_type)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201, "{content_type}");
+        for range in [None, Some("bytes=0-3")] {
+            let mut request = server.client.get(server.url(&format!("/api/media/{id}")));
+            if let Some(range) = range {
+                request = request.header("Range", range);
+            }
+            let r = request.send().await.unwrap();
+            assert!(r.status().is_success(), "{content_type}");
+            let headers = r.headers();
+            assert_eq!(headers["content-type"], content_type);
+            assert_eq!(
+                headers["content-security-policy"], "default-src 'none'; sandbox",
+                "{content_type}"
+            );
+            assert_eq!(headers["x-content-type-options"], "nosniff");
+            assert_eq!(
+                headers
+                    .get("content-disposition")
+                    .map(|v| v.to_str().unwrap()),
+                (!inline).then_some("attachment"),
+                "{content_type}"
+            );
+        }
+    }
+    server.stop().await;
+}

@@ -203,6 +203,70 @@ async fn deletes_are_tombstones_and_idempotent() {
     assert_eq!(log_records(dir.path()).len(), 2);
 }
 
+/// From the delete on, no answer carries the moment's text, caption or
+/// lang (SPEC section 13), not only its `410`: the delete's own answer, its
+/// retries, and a retried create or edit answer the tombstone too, though
+/// the content stays in the log until the erasure (a newcomer found it
+/// in every one of these, 2026-12-04).
+#[tokio::test]
+async fn no_answer_after_a_delete_carries_the_moments_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let id = ulid();
+    let path = format!("/api/moments/{id}");
+    let create = json!({"id": id, "client_request_id": "c-del", "text": "WINDOWTEXT",
+        "caption": "first", "lang": "en"});
+    let (s, v) = server.post("/api/moments", create.clone()).await;
+    assert_eq!((s, v["moment"]["text"].clone()), (201, json!("WINDOWTEXT")));
+    let edit = json!({"caption": "WINDOWEDIT", "client_request_id": "e-del"});
+    let (s, v, _) = server.call("PATCH", &path, Some(edit.clone()), &[]).await;
+    assert_eq!(
+        (s, v["moment"]["caption"].clone()),
+        (200, json!("WINDOWEDIT"))
+    );
+    let gone = |what: &str, v: &serde_json::Value| {
+        let moment = &v["moment"];
+        assert_eq!(moment["id"], json!(id), "{what}: {v}");
+        assert_eq!(moment["deleted"], json!(true), "{what}: {v}");
+        for member in ["text", "caption", "lang"] {
+            assert_eq!(moment[member], json!(null), "{what}: {member} in {v}");
+        }
+        let text = v.to_string();
+        assert!(
+            !text.contains("WINDOWTEXT") && !text.contains("WINDOWEDIT"),
+            "{what}: {text}"
+        );
+    };
+    let (s, v, _) = server
+        .call("DELETE", &path, None, &[("Idempotency-Key", "d-del")])
+        .await;
+    assert_eq!((s, v["deleted"].clone()), (200, json!(true)));
+    gone("the delete", &v);
+    let (s, v, _) = server
+        .call("DELETE", &path, None, &[("Idempotency-Key", "d-del")])
+        .await;
+    assert_eq!((s, v["deleted"].clone()), (200, json!(false)));
+    gone("the delete retried", &v);
+    let (s, v, _) = server.call("DELETE", &path, None, &[]).await;
+    assert_eq!(s, 200);
+    gone("another delete", &v);
+    let (s, v) = server.post("/api/moments", create).await;
+    assert_eq!((s, v["created"].clone()), (200, json!(false)));
+    gone("the create retried", &v);
+    let (s, v) = server
+        .post("/api/moments", json!({"id": id, "text": "other"}))
+        .await;
+    assert_eq!((s, v["created"].clone()), (200, json!(false)));
+    gone("a create of its id", &v);
+    let (s, v, _) = server.call("PATCH", &path, Some(edit), &[]).await;
+    assert_eq!(s, 200, "{v}");
+    gone("the edit retried", &v);
+    let (s, v) = server.get(&path).await;
+    assert_eq!((s, code(&v)), (410, "deleted"));
+    gone("the get", &v);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn list_pages_through_live_moments_in_id_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,7 +307,12 @@ async fn list_pages_through_live_moments_in_id_order() {
     assert_eq!((s, code(&v)), (400, "invalid_id"));
     // A large limit is clamped, not refused, and the answer says so; a
     // limit within the range carries no such header.
-    for path in ["/api/moments?limit=5000", "/api/phrases?limit=5000"] {
+    for path in [
+        "/api/moments?limit=5000",
+        "/api/phrases?limit=5000",
+        // Past what any integer type holds: clamped too (it was refused).
+        "/api/moments?limit=99999999999999999999999999",
+    ] {
         let (s, v, headers) = server.call("GET", path, None, &[]).await;
         assert_eq!(s, 200, "{path}: {v}");
         assert_eq!(

@@ -57,10 +57,20 @@ pub struct MediaView {
 }
 
 impl Mirror {
-    /// A moment as the API shows it, with its media.
+    /// A moment as the API shows it, with its media. A deleted moment's
+    /// text, caption and lang are `None` from the delete on, in every
+    /// answer that carries the moment (its `410`, the delete's own answer
+    /// and its retries, a retried create or edit), not only once it is
+    /// erased (SPEC section 13: nothing a person deleted is served again;
+    /// the log keeps the content until the erasure, for an operator's
+    /// `spark-replay dump` only).
     pub fn moment_view(&self, moment: &Moment) -> MomentView {
         // Decoded once for the three (each accessor decodes them all).
-        let [text, caption, lang] = moment.texts();
+        let [text, caption, lang] = if moment.deleted {
+            [None; 3]
+        } else {
+            moment.texts()
+        };
         MomentView {
             id: moment.id,
             text: text.map(str::to_owned),

@@ -177,6 +177,19 @@ async fn audit_erasure_verify_head_and_dump_on_a_compacted_log() {
 
     let report = compactor.pass().await.unwrap();
     assert_eq!(report.erased, vec![first], "{report:?}");
+    // The erased moment's blob is gone on purpose: `audit media` counts
+    // its media apart and finds no damage (it once reported "blob
+    // missing" after every erasure: a newcomer's break test, 2026-12-04).
+    let (code, out, err) = run(&["audit", "media", "--json"], data);
+    assert_eq!(code, 0, "{out}{err}");
+    let media: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (media["erased"].clone(), media["damaged"].clone()),
+        (1.into(), serde_json::json!([])),
+        "{media}"
+    );
+    assert_eq!(media["ok"], media["media"].as_u64().unwrap() - 1, "{media}");
+    assert_eq!(media["orphans"], serde_json::json!([]), "{media}");
 
     // The second moment is deleted after the pass: due by
     // `--erase-after-ms 0`, not erased.

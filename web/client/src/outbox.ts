@@ -100,6 +100,11 @@ function blobKey(entryId: string, role: "copy" | "original"): string {
   return `${entryId}:${role}`;
 }
 
+/** An entry as a done one is kept: its ids and steps, not its content. */
+function withoutContent(entry: Entry): Entry {
+  return { ...entry, text: null, caption: null, lang: null };
+}
+
 /** The outbox: a handle on its IndexedDB database. */
 export class Outbox {
   private constructor(readonly db: IDBPDatabase<Schema>) {}
@@ -116,10 +121,25 @@ export class Outbox {
           db.createObjectStore("messages", { keyPath: "id" }).createIndex("order", "order");
         },
       });
-      return new Outbox(db);
+      const outbox = new Outbox(db);
+      await outbox.dropContentOfDoneEntries();
+      return outbox;
     } finally {
       if (factory) (globalThis as { indexedDB?: IDBFactory }).indexedDB = previous;
     }
+  }
+
+  /** Drops the text, caption and lang that done entries of earlier builds kept. */
+  private async dropContentOfDoneEntries(): Promise<void> {
+    const tx = this.tx(["entries"]);
+    const entries = tx.objectStore("entries");
+    const writes: Promise<unknown>[] = [];
+    for (const entry of await entries.getAll()) {
+      if (entry.state === "done" && (entry.text !== null || entry.caption !== null || entry.lang !== null)) {
+        writes.push(entries.put(withoutContent(entry)));
+      }
+    }
+    await Promise.all([...writes, tx.done]);
   }
 
   private tx<S extends "entries" | "blobs" | "messages">(stores: S[]) {
@@ -152,10 +172,17 @@ export class Outbox {
     return (await this.db.get("blobs", blobKey(entryId, role)))?.bytes;
   }
 
-  /** Writes an entry's new state; once it is done its bytes are dropped in the same transaction. */
+  /**
+   * Writes an entry's new state. Once it is done its bytes are dropped in
+   * the same transaction, and its text, caption and lang are not kept on
+   * the device (the engine holds them, and forgets them when the moment is
+   * deleted: SPEC section 13); its ids stay, for an undo to answer
+   * `acknowledged`.
+   */
   async saveEntry(entry: Entry): Promise<void> {
     const tx = this.tx(["entries", "blobs"]);
-    const writes: Promise<unknown>[] = [tx.objectStore("entries").put(entry)];
+    const stored = entry.state === "done" ? withoutContent(entry) : entry;
+    const writes: Promise<unknown>[] = [tx.objectStore("entries").put(stored)];
     if (entry.state === "done") {
       writes.push(tx.objectStore("blobs").delete(blobKey(entry.id, "copy")));
       writes.push(tx.objectStore("blobs").delete(blobKey(entry.id, "original")));
@@ -172,6 +199,26 @@ export class Outbox {
       tx.objectStore("blobs").delete(blobKey(id, "original")),
       tx.done,
     ]);
+  }
+
+  /**
+   * Forgets what the device still holds of a deleted moment: its done
+   * entries and the sent messages of its thread (SPEC section 13: nothing
+   * a person deleted is kept). What is still to be sent stays, to be seen
+   * and removed by the person.
+   */
+  async forgetMoment(momentId: string): Promise<void> {
+    const tx = this.tx(["entries", "messages"]);
+    const entries = tx.objectStore("entries");
+    const messages = tx.objectStore("messages");
+    const removals: Promise<unknown>[] = [];
+    for (const entry of await entries.getAll()) {
+      if (entry.moment_id === momentId && entry.state === "done") removals.push(entries.delete(entry.id));
+    }
+    for (const record of await messages.getAll()) {
+      if (record.thread_id === momentId && record.state === "sent") removals.push(messages.delete(record.id));
+    }
+    await Promise.all([...removals, tx.done]);
   }
 
   /** Every message, in outgoing order. */

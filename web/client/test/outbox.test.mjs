@@ -145,3 +145,44 @@ test("every JSON body is declared application/json, a string one too; media keep
   assert.equal((await plain.json()).code, "unsupported_media_type");
   client.close();
 });
+
+test("a done entry keeps its ids, not its text, caption or lang; one an earlier build kept is scrubbed at open", async () => {
+  const { client, factory } = await setup();
+  const entry = await client.capture({ photo: photo(), text: "WINDOWTEXT", caption: "WINDOWCAPTION", lang: "de" });
+  assert.equal((await client.outbox.entry(entry.id)).text, "WINDOWTEXT", "kept while it is to send");
+  await client.drainOnce();
+  const stored = await client.outbox.entry(entry.id);
+  assert.equal(stored.state, "done");
+  assert.deepEqual([stored.text, stored.caption, stored.lang], [null, null, null]);
+  assert.equal(stored.moment_id, entry.moment_id);
+  assert.equal(await client.withdrawEntry(entry.id), "acknowledged", "an undo still knows it was sent");
+  // A done entry as an earlier build stored it, with its content.
+  await client.outbox.db.put("entries", { ...stored, id: "01KBN00000000000000000000Z", text: "OLDTEXT", caption: "OLDCAPTION", lang: "en" });
+  client.close();
+  const again = await Outbox.open("spark-test", factory);
+  for (const kept of await again.entries()) {
+    assert.deepEqual([kept.text, kept.caption, kept.lang], [null, null, null], kept.id);
+  }
+  again.close();
+});
+
+test("forgetMoment drops the done entries and sent messages of a deleted moment and keeps what is still to send", async () => {
+  const { client, engine } = await setup();
+  const gone = await client.capture({ photo: photo("gone"), text: "gone" });
+  const kept = await client.capture({ photo: photo("kept"), text: "kept" });
+  await client.drainOnce();
+  const said = await client.sendMessage(gone.moment_id, "WINDOWMESSAGE");
+  assert.equal((await client.outbox.message(said.id)).state, "sent");
+  const other = await client.sendMessage(kept.moment_id, "stays");
+  // One still to send for the deleted moment: the engine drops the link.
+  engine.script.push(() => new TypeError("Failed to fetch"));
+  const waiting = await client.sendMessage(gone.moment_id, "not yet sent");
+  assert.equal((await client.outbox.message(waiting.id)).state, "pending");
+  await client.outbox.forgetMoment(gone.moment_id);
+  assert.deepEqual((await client.outbox.entries()).map((e) => e.id), [kept.id]);
+  assert.deepEqual(
+    (await client.outbox.messages()).map((m) => m.id).sort(),
+    [other.id, waiting.id].sort(),
+  );
+  client.close();
+});

@@ -860,6 +860,7 @@ async function deleteMoment(): Promise<void> {
   }
   if (answer.ok) {
     moments.delete(m.id);
+    void client.outbox.forgetMoment(m.id).catch(() => undefined);
     document.querySelector(`#feed [data-moment-id="${m.id}"]`)?.remove();
     show("moments");
     flash("The moment was deleted.");
@@ -968,6 +969,8 @@ function onChange(notice: ChangeNotice): void {
     case "moment.delete":
       for (const id of notice.removed) {
         moments.delete(id);
+        // What this device kept of it goes too (SPEC section 13).
+        void client.outbox.forgetMoment(id).catch(() => undefined);
         document.querySelector(`#feed [data-moment-id="${id}"]`)?.remove();
       }
       break;

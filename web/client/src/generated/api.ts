@@ -1095,6 +1095,10 @@ export interface components {
         LimitClamped: number;
         /** @description Sent, with the value `true`, on an answer from a known identity (`created: false`): a replay of a write the engine already made (after the IETF httpapi idempotency-key draft). The body's `replayed` member names the op that first produced the answer. */
         IdempotentReplayed: "true";
+        /** @description Always `default-src 'none'; sandbox`: a blob opened as a document runs no script and loads nothing (an upload is never an active page of the engine's origin). */
+        MediaContentSecurityPolicy: "default-src 'none'; sandbox";
+        /** @description `attachment` for every media type that is not a raster image (PNG, JPEG, GIF, WebP, AVIF, HEIC/HEIF, BMP); absent for those, which are shown inline. */
+        MediaContentDisposition: "attachment";
     };
     pathItems: never;
 }
@@ -1328,6 +1332,8 @@ export interface operations {
                     "Accept-Ranges": components["headers"]["AcceptRanges"];
                     "X-Content-Type-Options": components["headers"]["NoSniff"];
                     "Content-Length": components["headers"]["ContentLength"];
+                    "Content-Security-Policy": components["headers"]["MediaContentSecurityPolicy"];
+                    "Content-Disposition": components["headers"]["MediaContentDisposition"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1342,6 +1348,8 @@ export interface operations {
                     "X-Content-Type-Options": components["headers"]["NoSniff"];
                     "Content-Length": components["headers"]["ContentLength"];
                     "Content-Range": components["headers"]["ContentRange"];
+                    "Content-Security-Policy": components["headers"]["MediaContentSecurityPolicy"];
+                    "Content-Disposition": components["headers"]["MediaContentDisposition"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -1452,6 +1460,8 @@ export interface operations {
                     "Accept-Ranges": components["headers"]["AcceptRanges"];
                     "X-Content-Type-Options": components["headers"]["NoSniff"];
                     "Content-Length": components["headers"]["ContentLength"];
+                    "Content-Security-Policy": components["headers"]["MediaContentSecurityPolicy"];
+                    "Content-Disposition": components["headers"]["MediaContentDisposition"];
                     [name: string]: unknown;
                 };
                 content?: never;
@@ -1464,6 +1474,8 @@ export interface operations {
                     "X-Content-Type-Options": components["headers"]["NoSniff"];
                     "Content-Length": components["headers"]["ContentLength"];
                     "Content-Range": components["headers"]["ContentRange"];
+                    "Content-Security-Policy": components["headers"]["MediaContentSecurityPolicy"];
+                    "Content-Disposition": components["headers"]["MediaContentDisposition"];
                     [name: string]: unknown;
                 };
                 content?: never;
