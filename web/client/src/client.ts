@@ -260,14 +260,22 @@ export class SparkClient extends EventTarget {
     this.channel?.postMessage(message);
   }
 
-  /** Records whether the engine answers; a change emits `status` (and, from the sending tab, tells the others). */
+  /**
+   * Records whether the engine answers; a change emits `status` (and, from
+   * the sending tab, tells the others). When the engine answers again after
+   * the link was lost (the event stream reopened, a request got through),
+   * the sending tab drains at once instead of waiting out its backoff: a
+   * capture made while the engine was away goes as soon as it can.
+   */
   private setLink(link: Link, tell = true): void {
     const offline = typeof navigator !== "undefined" && navigator.onLine === false;
     const next: Link = link === "reconnecting" && offline ? "offline" : link;
     if (next === this.link) return;
+    const back = next === "online" && (this.link === "reconnecting" || this.link === "offline");
     this.link = next;
     this.dispatchEvent(new Event("status"));
     if (tell && this.isSender) this.post({ type: "link", link: next });
+    if (back && this.isSender) this.kick();
   }
 
   /** Notes what one request's verdict says of the link. */
