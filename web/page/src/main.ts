@@ -35,8 +35,37 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, props: Partial<HTMLEl
 }
 
 let client: SparkClient;
-/** Moments shown, by id. */
-const moments = new Map<string, Moment>();
+/**
+ * The moments shown, by id; every change (a page read, a live create or
+ * delete, a reload) brings the feed's count up to date.
+ */
+class ShownMoments extends Map<string, Moment> {
+  override set(id: string, m: Moment): this {
+    super.set(id, m);
+    countLater();
+    return this;
+  }
+  override delete(id: string): boolean {
+    const had = super.delete(id);
+    if (had) countLater();
+    return had;
+  }
+  override clear(): void {
+    super.clear();
+    countLater();
+  }
+}
+const moments = new ShownMoments();
+let countQueued = false;
+/** Renders the feed's count once the current task's changes are done. */
+function countLater(): void {
+  if (countQueued) return;
+  countQueued = true;
+  queueMicrotask(() => {
+    countQueued = false;
+    renderCount();
+  });
+}
 /** Turns known, by id. */
 const turns = new Map<string, Turn>();
 /** The moment of each turn. */
@@ -577,6 +606,11 @@ function renderMore(): void {
   const failed = more.dataset.state === "failed";
   more.textContent = failed ? "Older moments did not load (no answer). Try again" : "Show older moments";
   if (!failed) more.dataset.state = "idle";
+  renderCount();
+}
+
+/** "N moments shown" under the feed (and whether older ones remain). */
+function renderCount(): void {
   $("feed-count").textContent = moments.size ? `${moments.size} moment${moments.size === 1 ? "" : "s"} shown${feedNext ? ", older ones below" : ""}` : "";
 }
 
