@@ -1288,6 +1288,19 @@ fn side_by_side(opts: &Options) -> u64 {
         _ => println!("| {label} | not measured | | |"),
     };
     let p = |n: usize, s: &str, f: fn(&Summary) -> Option<u32>| summaries.get(&(n, s)).and_then(f);
+    // The goal "engine p99 @64 no worse than the peer's".
+    let p99_line = |peer: &str, issue: &str| {
+        let label = format!("engine p99 @64 vs {peer} p99 @64 ({issue})");
+        match (p(64, "engine", |s| s.p99), p(64, peer, |s| s.p99)) {
+            (Some(e), Some(o)) => println!(
+                "| {label} | {} vs {} | <= | {} |",
+                us(Some(e)),
+                us(Some(o)),
+                verdict(e <= o)
+            ),
+            _ => println!("| {label} | not measured | | |"),
+        }
+    };
     // Issue 28 item 2: the engine at the durable floor.
     ratio_line(
         "engine / floor creates/s @64 (issue 28)",
@@ -1295,15 +1308,7 @@ fn side_by_side(opts: &Options) -> u64 {
         "floor",
         Some(TARGET_VS_FLOOR_64),
     );
-    match (p(64, "engine", |s| s.p99), p(64, "floor", |s| s.p99)) {
-        (Some(e), Some(f)) => println!(
-            "| engine p99 @64 vs floor p99 @64 (issue 28) | {} vs {} | <= | {} |",
-            us(Some(e)),
-            us(Some(f)),
-            verdict(e <= f)
-        ),
-        _ => println!("| engine p99 @64 vs floor p99 @64 (issue 28) | not measured | | |"),
-    }
+    p99_line("floor", "issue 28");
     match (p(1, "engine", |s| s.p50), p(1, "floor", |s| s.p50)) {
         (Some(e), Some(f)) => println!(
             "| engine p50 @1 vs floor p50 @1 (issue 28) | {} vs {} = {:.2}x | <= {TARGET_P50_VS_FLOOR_1}x | {} |",
@@ -1323,15 +1328,7 @@ fn side_by_side(opts: &Options) -> u64 {
         "sqlite-group",
         Some(TARGET_VS_SQLITE_GROUP_64),
     );
-    match (p(64, "engine", |s| s.p99), p(64, "sqlite-group", |s| s.p99)) {
-        (Some(e), Some(g)) => println!(
-            "| engine p99 @64 vs sqlite-group p99 @64 (issue 18) | {} vs {} | <= | {} |",
-            us(Some(e)),
-            us(Some(g)),
-            verdict(e <= g)
-        ),
-        _ => println!("| engine p99 @64 vs sqlite-group p99 @64 (issue 18) | not measured | | |"),
-    }
+    p99_line("sqlite-group", "issue 18");
     match (
         p(1, "engine", |s| s.p50),
         p(1, "ceiling", |s| s.p50),

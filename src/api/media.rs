@@ -300,25 +300,24 @@ pub const MEDIA_CONTENT_SECURITY_POLICY: &str = "default-src 'none'; sandbox";
 /// Every other type is answered with `Content-Disposition: attachment`, so
 /// that opening it saves it instead of rendering it.
 pub fn is_raster_image(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    matches!(
-        essence.as_str(),
-        "image/png"
-            | "image/jpeg"
-            | "image/jpg"
-            | "image/gif"
-            | "image/webp"
-            | "image/avif"
-            | "image/heic"
-            | "image/heif"
-            | "image/bmp"
-    )
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    RASTER_IMAGE_TYPES
+        .iter()
+        .any(|raster| raster.eq_ignore_ascii_case(essence))
 }
+
+/// The media types [`is_raster_image`] accepts.
+const RASTER_IMAGE_TYPES: [&str; 9] = [
+    "image/png",
+    "image/jpeg",
+    "image/jpg",
+    "image/gif",
+    "image/webp",
+    "image/avif",
+    "image/heic",
+    "image/heif",
+    "image/bmp",
+];
 
 /// The media record, unless it is unknown (`404`) or its moment is
 /// deleted (`410`).
