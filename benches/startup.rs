@@ -16,6 +16,13 @@
 //! edits and deletes (default 9x the creates) beside a log of its creates
 //! alone, each opened without and with a checkpoint. `SPARK_BENCH_REPLAY_OPS=0`
 //! skips the big log; `SPARK_BENCH_HISTORY_CREATES=0` the history part.
+//! The history part then starts the real server on each log in turn,
+//! `SPARK_BENCH_HISTORY_STARTS` times (default 5; erasure off so that the
+//! logs stay as written), and compares the median start times.
+//!
+//! `SPARK_BENCH_REPLAY_ONLY=N`: only the big log's `Engine::open` without a
+//! checkpoint, N times, each with the process's CPU seconds and the load
+//! average (for interleaved A/B rounds of two builds on a shared machine).
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -45,16 +52,106 @@ fn rss_bytes(pid: &str) -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// Environment variables for a server start.
+type ServerEnv<'a> = [(&'a str, &'a str)];
+
+/// User and system CPU seconds of this process so far (all threads).
+fn cpu_seconds() -> (f64, f64) {
+    // SAFETY: getrusage writes the struct it is given, nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(usage.ru_utime), secs(usage.ru_stime))
+}
+
+/// The one-minute load average (`/proc/loadavg`), or 0.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `SPARK_BENCH_REPLAY_ONLY=N`: `Engine::open` of `data` without a
+/// checkpoint, `rounds` times, each with its CPU seconds and the load.
+fn replay_only(data: &Path, rounds: u32) {
+    for (_, file) in spark_core::checkpoint::list(data) {
+        let _ = std::fs::remove_file(file);
+    }
+    for round in 1..=rounds {
+        let load = load_average();
+        let (user, system) = cpu_seconds();
+        let started = Instant::now();
+        let engine = Engine::open(
+            &open_settings(data, false),
+            Arc::new(OsFs),
+            Arc::new(SystemClock),
+        )
+        .expect("the engine opens");
+        let elapsed = started.elapsed();
+        let (user_after, system_after) = cpu_seconds();
+        let seq = engine.head().seq;
+        let digest = engine.read(|m| m.digest());
+        drop(engine);
+        let ops_per_s = seq as f64 / elapsed.as_secs_f64();
+        println!(
+            "replay round {round}: {seq} ops in {:.3} s, {:.2} M ops/s (target >= 3 M ops/s: {}), CPU {:.2} user + {:.2} system s, load {load:.1}, mirror digest {digest}",
+            elapsed.as_secs_f64(),
+            ops_per_s / 1e6,
+            if ops_per_s >= 3e6 { "PASS" } else { "MISS" },
+            user_after - user,
+            system_after - system,
+        );
+    }
+}
+
 /// Starts the real server on `data` (the tests' [`common::ServerProcess`]:
 /// it returns once the server printed its "listening" line), and returns
 /// the time that took and the server's RSS then. Stops it after.
 fn server_startup(data: &Path) -> (Duration, u64) {
-    let started = Instant::now();
-    let server = common::ServerProcess::start(data);
-    let elapsed = started.elapsed();
-    let rss = rss_bytes(&server.child.id().to_string());
-    server.terminate();
+    let (elapsed, rss, _) = server_startup_with(data, &[]);
     (elapsed, rss)
+}
+
+/// [`server_startup`] with `env` set for the server; also its user +
+/// system CPU seconds until it listened (`/proc/PID/stat`).
+fn server_startup_with(data: &Path, env: &[(&str, &str)]) -> (Duration, u64, f64) {
+    let started = Instant::now();
+    let server = common::ServerProcess::start_with_env(data, env);
+    let elapsed = started.elapsed();
+    let pid = server.child.id().to_string();
+    let rss = rss_bytes(&pid);
+    let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let fields: Vec<f64> = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .map(|f| f.parse().unwrap_or(0.0))
+                .collect();
+            Some((fields.get(11)? + fields.get(12)?) / 100.0)
+        })
+        .unwrap_or(0.0);
+    server.terminate();
+    (elapsed, rss, cpu)
+}
+
+/// The median of `values` (the middle one, or the mean of the two).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n == 0 {
+        return 0.0;
+    }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 /// Settings for `data` with checkpoints on (`true`: loaded at open) or off.
@@ -182,12 +279,71 @@ fn history_figures(root: &Path) {
     );
     let ratio = history_ckpt.as_secs_f64() / alone_plain.as_secs_f64();
     println!(
-        "history with checkpoint / creates alone without: {ratio:.2}x (target <= 1.5x) {}",
+        "`Engine::open`, history with checkpoint / creates alone without: {ratio:.2}x (target <= 1.5x) {}",
         verdict(ratio <= 1.5)
     );
     println!(
-        "history with checkpoint / creates alone with: {:.2}x",
+        "`Engine::open`, history with checkpoint / creates alone with: {:.2}x (for reference)",
         history_ckpt.as_secs_f64() / alone_ckpt.as_secs_f64()
+    );
+    // One open per log moves by 2x with the machine's load: the real
+    // server's starts, alternated, the medians compared.
+    let starts: usize = std::env::var("SPARK_BENCH_HISTORY_STARTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    if starts == 0 {
+        return;
+    }
+    // No erasure during the starts (the synthetic deletes are long due):
+    // the compactor would rewrite the logs the next start reads.
+    let no_erasure = ("SPARK_RETENTION_ERASE_AFTER_MS", "1000000000000000");
+    let off = [no_erasure, ("SPARK_LOG_CHECKPOINT_INTERVAL_OPS", "0")];
+    let on = [no_erasure];
+    let kinds: [(&str, &Path, &ServerEnv); 3] = [
+        ("creates alone, without checkpoint", &alone, &off),
+        ("creates alone, from its checkpoint", &alone, &on),
+        (
+            "creates + edits/deletes, from its checkpoint",
+            &history,
+            &on,
+        ),
+    ];
+    let mut walls: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    for round in 0..starts {
+        for (k, (_, data, env)) in kinds.iter().enumerate() {
+            eprintln!("server start {} of {starts}: {} ...", round + 1, kinds[k].0);
+            let (wall, _, cpu) = server_startup_with(data, env);
+            walls[k].push(wall.as_secs_f64());
+            cpus[k].push(cpu);
+        }
+    }
+    println!();
+    println!("server starts until listening, {starts} of each, alternated (medians; min..max):");
+    println!("| start | wall | min..max | user + system CPU |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (k, (name, _, _)) in kinds.iter().enumerate() {
+        let w = &walls[k];
+        println!(
+            "| {name} | {:.2} s | {:.2}..{:.2} s | {:.2} s |",
+            median(w.clone()),
+            w.iter().copied().fold(f64::INFINITY, f64::min),
+            w.iter().copied().fold(0.0, f64::max),
+            median(cpus[k].clone())
+        );
+    }
+    let history_wall = median(walls[2].clone());
+    let alone_without = median(walls[0].clone());
+    let alone_with = median(walls[1].clone());
+    println!(
+        "server start, history from its checkpoint / creates alone without: {:.2}x (target <= 1.5x) {}",
+        history_wall / alone_without,
+        verdict(history_wall <= 1.5 * alone_without)
+    );
+    println!(
+        "server start, history from its checkpoint / creates alone from its checkpoint: {:.2}x (for reference)",
+        history_wall / alone_with
     );
 }
 
@@ -206,6 +362,13 @@ fn main() {
         }
     };
     let log = log_dir(&data);
+    if let Some(rounds) = std::env::var("SPARK_BENCH_REPLAY_ONLY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        replay_only(&data, rounds);
+        return;
+    }
     if ops == 0 {
         history_figures(&data);
         return;

@@ -349,6 +349,13 @@ pub struct BrainSettings {
     /// Most kept phrases in one quick-recall session (most recent first).
     /// Default 20.
     pub recall_phrases_max: usize,
+    /// Most bytes of photo copies one turn hands its brain, in bytes (a
+    /// moment holds up to 10 photos, issue 27). The first photo's copy is
+    /// always read, as before several photos; each later one only while
+    /// the copies read so far and it stay within this, else it is left out
+    /// (log line `a copy past brains.copies_max_bytes`), so that a turn
+    /// holds at most this or one copy in memory. Default 8 MiB.
+    pub copies_max_bytes: u64,
 }
 
 impl Default for BrainSettings {
@@ -359,6 +366,7 @@ impl Default for BrainSettings {
             timeout_ms: crate::brain::DEFAULT_BRAIN_TIMEOUT_MS,
             turn_wait_max_s: 60,
             recall_phrases_max: 20,
+            copies_max_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -401,8 +409,9 @@ pub struct Limits {
     /// request_timeout` if the body was still arriving, else `503 timeout`;
     /// a write already handed to the engine still commits, and a retry
     /// with the same identity gets it. Streams (`/api/events`) are timed
-    /// to their head only. Must exceed `brains.turn_wait_max_s`.
-    /// Default 300,000 (5 minutes).
+    /// to their head only. Must exceed `brains.turn_wait_max_s`. The
+    /// timeout is answered at the limit or at most 10 ms after it
+    /// (`crate::api::deadline`). Default 300,000 (5 minutes).
     pub request_timeout_ms: u64,
 }
 

@@ -140,6 +140,8 @@ pub struct Upload {
     pub moment_id: Id,
     /// Copy or original (`X-Media-Role`).
     pub role: MediaRole,
+    /// Which photo of the moment (`X-Photo`, 0 when absent; issue 27).
+    pub photo: u8,
     /// `Content-Type` as uploaded, kept with the blob.
     pub content_type: String,
     /// `X-Content-SHA256`, when sent: the bytes must hash to it.
@@ -619,8 +621,14 @@ impl MediaStore {
         // Fail fast, before reading a byte, on what the bytes cannot change.
         engine
             .read(|mirror| {
-                media_rules::admit_target(mirror, upload.id, upload.moment_id, upload.role)
-                    .map(|_| ())
+                media_rules::admit_target(
+                    mirror,
+                    upload.id,
+                    upload.moment_id,
+                    upload.photo,
+                    upload.role,
+                )
+                .map(|_| ())
             })
             .map_err(UploadError::Unread)?;
         if let Some(length) = upload.declared_length_bytes {
@@ -656,6 +664,7 @@ impl MediaStore {
             id: upload.id,
             moment_id: upload.moment_id,
             role: upload.role,
+            photo: upload.photo,
             sha256: received.sha256,
             size_bytes: received.size_bytes,
             content_type: upload.content_type,

@@ -251,7 +251,13 @@ impl Compactor {
         // more (taken before a compaction: they may hold erased content).
         {
             let _held = self.engine.hold_checkpoints().await;
-            report.checkpoints_removed += self.remove_stale_checkpoints()?;
+            let removed = self.remove_stale_checkpoints()?;
+            report.checkpoints_removed += removed;
+            if removed > 0 {
+                // The removed file's blocks must not stay allocated because
+                // the mirror still reads its request index in place.
+                self.engine.detach_request_index();
+            }
         }
         report.blobs_removed += self.remove_blobs(&HashSet::new())?;
         let Some(from_seq) = pending.iter().map(|(_, seq)| *seq).min() else {
@@ -325,7 +331,12 @@ impl Compactor {
             // rewritten log as corrupt, or take one whose point lies past the
             // end of its shorter rewritten segment for proof of lost records.
             let first_rewritten = staged.segments().first().map_or(u64::MAX, |s| s.first_seq);
-            report.checkpoints_removed += self.remove_checkpoints(first_rewritten)?;
+            let removed = self.remove_checkpoints(first_rewritten)?;
+            report.checkpoints_removed += removed;
+            if removed > 0 {
+                // As above: no removed checkpoint stays mapped.
+                self.engine.detach_request_index();
+            }
             let Some(_commit) = self.engine.commit_compaction(staged, due.clone()).await? else {
                 continue;
             };

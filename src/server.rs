@@ -209,8 +209,11 @@ pub async fn start_with_brains(
             Arc::clone(&engine),
             brains.into_iter().collect(),
             media.clone(),
-            settings.brains.concurrency_max,
-            Duration::from_millis(settings.brains.timeout_ms),
+            turns::Limits {
+                concurrency_max: settings.brains.concurrency_max,
+                timeout: Duration::from_millis(settings.brains.timeout_ms),
+                copies_max_bytes: settings.brains.copies_max_bytes,
+            },
         )
     };
     let (closing, shutdown) = tokio::sync::watch::channel(false);

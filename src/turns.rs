@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 
-use crate::brain::{Brain, BrainRequest};
+use crate::brain::{Brain, BrainRequest, CopyImage};
 use crate::engine::{Command, EndTurn, Engine, EngineError};
 use crate::media::MediaStore;
 use spark_core::ids::Id;
@@ -23,6 +23,18 @@ use spark_core::op::MediaRole;
 /// The seats by name.
 pub type Seats = HashMap<String, Arc<dyn Brain>>;
 
+/// How the runner asks its brains (`[brains]` settings).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most brain calls at once.
+    pub concurrency_max: usize,
+    /// Longest one brain call may take.
+    pub timeout: Duration,
+    /// Most bytes of photo copies one turn reads beyond its first copy
+    /// (`brains.copies_max_bytes`).
+    pub copies_max_bytes: u64,
+}
+
 /// Starts the runner over `engine`: attaches to its committed turn starts
 /// and asks again every turn that is running now. Abort the returned task
 /// to stop it (and every brain call in flight).
@@ -30,8 +42,7 @@ pub fn spawn(
     engine: Arc<Engine>,
     seats: Seats,
     media: MediaStore,
-    concurrency_max: usize,
-    timeout: Duration,
+    limits: Limits,
 ) -> JoinHandle<()> {
     let (sink, mut started) = mpsc::unbounded_channel();
     let running = engine.attach_turn_sink(sink);
@@ -39,8 +50,9 @@ pub fn spawn(
         engine,
         seats,
         media,
-        limit: Arc::new(Semaphore::new(concurrency_max)),
-        timeout,
+        limit: Arc::new(Semaphore::new(limits.concurrency_max)),
+        timeout: limits.timeout,
+        copies_max_bytes: limits.copies_max_bytes,
     });
     tokio::spawn(async move {
         // Every brain call runs in this set: aborting the runner (at
@@ -79,6 +91,8 @@ struct Runner {
     limit: Arc<Semaphore>,
     /// Longest one brain call may take.
     timeout: Duration,
+    /// Most bytes of copies one turn reads beyond its first copy.
+    copies_max_bytes: u64,
 }
 
 impl Runner {
@@ -91,47 +105,62 @@ impl Runner {
     }
 
     /// What the brain reads for a turn, and which seat; `None` when the turn
-    /// is not running (already ended) or gone.
+    /// is not running (already ended) or gone. The copies of the moment's
+    /// photos go in photo order (issue 27): the first always, each later
+    /// one while the copies taken and it stay within `copies_max_bytes`; a
+    /// copy left out for that, or whose blob cannot be read or no longer
+    /// matches its op, is said so in the log.
     async fn request(&self, turn_id: Id) -> Option<(String, BrainRequest)> {
-        let (seat, mut request, copy) = self.engine.read(|mirror| {
+        let (seat, mut request, copies) = self.engine.read(|mirror| {
             let turn = mirror.turns.get(&turn_id)?;
             if turn.status != spark_core::mirror::TurnStatus::Running {
                 return None;
             }
             let moment = mirror.moment(turn.moment_id)?;
-            let copy = moment
+            let mut copies: Vec<_> = moment
                 .media()
                 .iter()
                 .filter_map(|id| mirror.media.get(id))
-                .find(|m| m.role == MediaRole::Copy)
-                .map(|m| (m.sha256.0, m.size_bytes, m.content_type.clone()));
+                .filter(|m| m.role == MediaRole::Copy)
+                .map(|m| (m.photo, m.sha256.0, m.size_bytes, m.content_type.clone()))
+                .collect();
+            copies.sort_by_key(|(photo, ..)| *photo);
             Some((
                 turn.seat.clone(),
                 BrainRequest {
                     moment_text: moment.text().map(str::to_owned),
                     caption: moment.caption().map(str::to_owned),
                     lang: moment.lang().map(str::to_owned),
-                    copy: None,
-                    copy_content_type: None,
+                    copies: Vec::new(),
                     mode: turn.mode.name().to_owned(),
                 },
-                copy,
+                copies,
             ))
         })?;
-        if let Some((sha256, size_bytes, content_type)) = copy {
+        let mut taken_bytes = 0u64;
+        for (photo, sha256, size_bytes, content_type) in copies {
+            if !request.copies.is_empty()
+                && taken_bytes.saturating_add(size_bytes) > self.copies_max_bytes
+            {
+                tracing::warn!(turn = %turn_id, photo, size_bytes, "a copy past brains.copies_max_bytes; asking without it");
+                continue;
+            }
             match tokio::fs::read(self.media.blob_path(&sha256)).await {
                 Ok(bytes) => match spark_core::blob::verify_reader(&bytes[..], &sha256, size_bytes)
                 {
                     Ok(()) => {
-                        request.copy = Some(bytes);
-                        request.copy_content_type = Some(content_type);
+                        taken_bytes += size_bytes;
+                        request.copies.push(CopyImage {
+                            bytes,
+                            content_type,
+                        })
                     }
                     Err(fault) => {
-                        tracing::error!(turn = %turn_id, %fault, "the copy's blob no longer matches its op; asking without it")
+                        tracing::error!(turn = %turn_id, photo, %fault, "a copy's blob no longer matches its op; asking without it")
                     }
                 },
                 Err(e) => {
-                    tracing::error!(turn = %turn_id, error = %e, "the copy's blob cannot be read; asking without it")
+                    tracing::error!(turn = %turn_id, photo, error = %e, "a copy's blob cannot be read; asking without it")
                 }
             }
         }

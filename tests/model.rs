@@ -40,6 +40,7 @@ enum Step {
     Media {
         media: u8,
         moment: u8,
+        photo: u8,
         original: bool,
         bytes: u8,
     },
@@ -64,8 +65,9 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0..6u8, proptest::option::of(0..8u8), 0..3u8, proptest::option::of(1..4u32))
             .prop_map(|(id, rid, text, if_match)| Step::Edit { id, rid, text, if_match }),
         2 => (0..6u8, proptest::option::of(0..8u8)).prop_map(|(id, rid)| Step::Delete { id, rid }),
-        2 => (0..5u8, 0..6u8, any::<bool>(), 0..2u8)
-            .prop_map(|(media, moment, original, bytes)| Step::Media { media, moment, original, bytes }),
+        2 => (0..5u8, 0..6u8, 0..2u8, any::<bool>(), 0..2u8).prop_map(
+            |(media, moment, photo, original, bytes)| Step::Media { media, moment, photo, original, bytes }
+        ),
         1 => Just(Step::Restart),
         1 => (any::<u8>(), any::<u64>()).prop_map(|(mode, seed)| Step::Crash { mode, seed }),
         1 => (0..3u8, any::<u64>()).prop_map(|(text, seed)| Step::CrashMidWrite { text, seed }),
@@ -82,8 +84,8 @@ struct ModelMoment {
 #[derive(Default)]
 struct Model {
     moments: HashMap<Id, ModelMoment>,
-    /// media id -> (moment, role, first byte of the digest)
-    media: HashMap<Id, (Id, MediaRole, u8)>,
+    /// media id -> (moment, photo, role, first byte of the digest)
+    media: HashMap<Id, (Id, u8, MediaRole, u8)>,
     requests: HashMap<String, (OpKind, Id)>,
     ops: u64,
 }
@@ -263,25 +265,29 @@ proptest! {
                     });
                     (command, expect)
                 }
-                Step::Media { media, moment, original, bytes } => {
+                Step::Media { media, moment, photo, original, bytes } => {
                     let (id, moment_id) = (media_ulid(media), ulid(moment));
                     let role = if original { MediaRole::Original } else { MediaRole::Copy };
                     let digest = [bytes; 32];
+                    // Each photo of a moment holds one copy and one original
+                    // (issue 27).
                     let expect = match model.media.get(&id) {
-                        Some((_, _, b)) if *b != bytes => Err("conflict"),
-                        Some((m, r, _)) if *m != moment_id || *r != role => Err("conflict"),
+                        Some((_, _, _, b)) if *b != bytes => Err("conflict"),
+                        Some((m, p, r, _)) if *m != moment_id || *p != photo || *r != role => {
+                            Err("conflict")
+                        }
                         Some(_) => Ok((false, id, u32::from(bytes), false)),
                         None => match model.moments.get(&moment_id) {
                             None => Err("not_found"),
                             Some(m) if m.deleted => Err("deleted"),
-                            Some(_) if model.media.values().any(|(m, r, _)| *m == moment_id && *r == role) => {
-                                Err("conflict")
-                            }
+                            Some(_) if model.media.values().any(|(m, p, r, _)| {
+                                *m == moment_id && *p == photo && *r == role
+                            }) => Err("conflict"),
                             Some(_) => Ok((true, id, u32::from(bytes), false)),
                         },
                     };
                     let command = Command::PutMedia(PutMedia {
-                        id, moment_id, role, sha256: digest, size_bytes: 10,
+                        id, moment_id, role, photo, sha256: digest, size_bytes: 10,
                         content_type: "image/jpeg".into(), device: "model".into(),
                     });
                     (command, expect)
@@ -332,7 +338,7 @@ proptest! {
                         model.record(c.request_id.clone(), OpKind::MomentDelete, id);
                     }
                     Command::PutMedia(c) => {
-                        model.media.insert(id, (c.moment_id, c.role, c.sha256[0]));
+                        model.media.insert(id, (c.moment_id, c.photo, c.role, c.sha256[0]));
                         model.moments.get_mut(&c.moment_id).unwrap().version += 1;
                         model.ops += 1;
                     }
@@ -347,6 +353,10 @@ proptest! {
             })).collect()
         });
         prop_assert_eq!(state, model.moments.clone());
+        let media: HashMap<Id, (Id, u8, MediaRole, u8)> = engine.read(|m| {
+            m.media.values().map(|x| (x.id, (x.moment_id, x.photo, x.role, x.sha256.0[0]))).collect()
+        });
+        prop_assert_eq!(media, model.media.clone());
         runtime.block_on(engine.shutdown());
     }
 }
@@ -384,6 +394,7 @@ fn a_power_cut_never_leaves_a_media_op_without_its_blob() {
                 id: media_ulid(id),
                 moment_id: moment,
                 role,
+                photo: 0,
                 sha256: digest,
                 size_bytes: bytes.len() as u64,
                 content_type: "image/jpeg".into(),

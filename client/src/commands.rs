@@ -11,7 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use spark_client::{
     image, Capture, Client, DrainOptions, DrainReport, Entry, EntryState, MediaBytes,
-    MessageAttempt, MessageRecord, MessageState, Outbox, ReqwestTransport, SystemClientClock,
+    MessageAttempt, MessageRecord, MessageState, Outbox, PhotoBytes, ReqwestTransport,
+    SystemClientClock,
 };
 use spark_core::ids::Id;
 
@@ -45,11 +46,13 @@ pub struct ServerArgs {
     request_timeout_secs: u64,
 }
 
-/// `capture PHOTO`.
+/// `capture PHOTO...`.
 #[derive(Args, Debug)]
 pub struct CaptureArgs {
-    /// The photo (JPEG or PNG); stored as is as the original.
-    photo: PathBuf,
+    /// The photo (JPEG or PNG), stored as is as the original; more than one
+    /// (up to 10) makes one moment of several photos, in the order given.
+    #[arg(required = true, num_args = 1..)]
+    photos: Vec<PathBuf>,
     /// What the sign says, as typed.
     #[arg(long)]
     text: Option<String>,
@@ -156,23 +159,35 @@ fn summarize(report: &DrainReport) -> ExitCode {
     }
 }
 
-/// `spark-client capture PHOTO`: stores the capture, prints its moment id,
-/// and with `--server` makes one pass over the outbox.
+/// `spark-client capture PHOTO...`: stores the capture (one moment, its
+/// photos in the order given), prints its moment id, and with `--server`
+/// makes one pass over the outbox.
 pub fn capture(args: CaptureArgs) -> anyhow::Result<ExitCode> {
-    let photo = std::fs::read(&args.photo)
-        .with_context(|| format!("cannot read {}", args.photo.display()))?;
-    let copy = image::make_copy(&photo)
-        .with_context(|| format!("{} is not a photo this client reads", args.photo.display()))?;
+    let max = usize::from(spark_core::wire::PHOTOS_PER_MOMENT);
+    if args.photos.len() > max {
+        anyhow::bail!("{} photos: a moment holds at most {max}", args.photos.len());
+    }
+    let mut photos = Vec::with_capacity(args.photos.len());
+    for path in &args.photos {
+        let photo =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let copy = image::make_copy(&photo)
+            .with_context(|| format!("{} is not a photo this client reads", path.display()))?;
+        let original = MediaBytes {
+            content_type: image::content_type_of(&photo),
+            bytes: photo,
+        };
+        photos.push(PhotoBytes { copy, original });
+    }
     let outbox = Outbox::open(&args.dir.outbox)?;
-    let original = MediaBytes {
-        content_type: image::content_type_of(&photo),
-        bytes: photo,
-    };
+    let mut photos = photos.into_iter();
+    let first = photos.next().context("no photo given")?;
     let entry = outbox.capture(
         &SystemClientClock,
         Capture {
-            copy,
-            original,
+            copy: first.copy,
+            original: first.original,
+            more_photos: photos.collect(),
             text: args.text,
             caption: args.caption,
             lang: args.lang,
@@ -182,10 +197,16 @@ pub fn capture(args: CaptureArgs) -> anyhow::Result<ExitCode> {
     // The moment is safe now; its id is final.
     println!("{}", entry.moment_id);
     eprintln!(
-        "captured: entry {} (copy {} bytes, original {} bytes) in {}",
+        "captured: entry {} ({} photo(s); copies {} bytes, originals {} bytes) in {}",
         entry.id,
-        entry.copy.size,
-        entry.original.size,
+        1 + entry.more_photos.len(),
+        entry.copy.size + entry.more_photos.iter().map(|p| p.copy.size).sum::<u64>(),
+        entry.original.size
+            + entry
+                .more_photos
+                .iter()
+                .map(|p| p.original.size)
+                .sum::<u64>(),
         args.dir.outbox.display()
     );
     let Some(server) = args.server else {
@@ -334,7 +355,7 @@ pub fn outbox(args: OutboxArgs) -> anyhow::Result<ExitCode> {
 /// One entry of the listing: id, moment, state, the steps sent, and the
 /// parked reason or the last passing trouble.
 fn entry_line(entry: &Entry) -> String {
-    let sent: Vec<&str> = entry.done.iter().map(|s| s.name()).collect();
+    let sent: Vec<String> = entry.done.iter().map(|s| s.name()).collect();
     let mut line = format!(
         "{}  moment {}  {}  sent: {}",
         entry.id,

@@ -33,6 +33,7 @@
 //!         content_type: image::content_type_of(&photo),
 //!         bytes: photo,
 //!     },
+//!     more_photos: Vec::new(), // photos 1, 2, ... of the same moment
 //!     text: Some("Ausfahrt freihalten".into()),
 //!     caption: None,
 //!     lang: Some("de".into()),
@@ -62,7 +63,9 @@ pub use client::{Client, DrainOptions, WaitHook, WaitRecord};
 pub use clock::{ClientClock, ManualClock, SkewedClientClock, SystemClientClock};
 pub use drain::{DrainReport, StatusClass, WaitCause};
 pub use messages::{MessageAttempt, MessageError, MessageOutcome, MessageRecord, MessageState};
-pub use outbox::{Capture, Entry, EntryState, MediaBytes, MediaFile, Outbox, Parked, Step};
+pub use outbox::{
+    Capture, Entry, EntryPhoto, EntryState, MediaBytes, MediaFile, Outbox, Parked, PhotoBytes, Step,
+};
 pub use transport::{
     HttpRequest, HttpResponse, Method, ReqwestTransport, Transport, TransportError,
 };

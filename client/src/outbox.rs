@@ -5,6 +5,8 @@
 //! <outbox>/entries/<entry id>/entry.json   ids, texts, step states, parked reason
 //! <outbox>/entries/<entry id>/copy.jpg     the small copy
 //! <outbox>/entries/<entry id>/original.*   the photo as taken
+//! <outbox>/entries/<entry id>/copy-N.jpg   photo N's copy (N from 1; issue 27)
+//! <outbox>/entries/<entry id>/original-N.* photo N as taken
 //! <outbox>/messages/<order>-<id>.json      outgoing messages (see `messages`)
 //! ```
 //!
@@ -27,8 +29,12 @@ use crate::ClientError;
 use spark_core::ids::Id;
 use spark_core::time::format_rfc3339_ms;
 
-/// Version of the `entry.json` layout this build writes and reads.
-pub const ENTRY_FORMAT: u32 = 1;
+/// Newest version of the `entry.json` layout this build reads. It writes
+/// version 1 for a capture of one photo (as every build before several
+/// photos did) and version 2 for more, so that an older build refuses an
+/// entry with photos it would not send instead of sending photo 0 alone
+/// and calling it done.
+pub const ENTRY_FORMAT: u32 = 2;
 
 /// Name of an entry's record file inside its directory.
 pub const ENTRY_FILE: &str = "entry.json";
@@ -46,10 +52,17 @@ pub enum Step {
     StartTurn,
     /// `PUT /api/media/{original id}`: the photo as taken, with its SHA-256.
     UploadOriginal,
+    /// `PUT /api/media/{id}` with `X-Photo: N`: the small copy of photo N
+    /// (from 1) of a capture of several photos (issue 27). Every copy goes
+    /// before the turn, so that the brain reads them all.
+    UploadCopyOf(u8),
+    /// `PUT /api/media/{id}` with `X-Photo: N`: photo N (from 1) as taken.
+    UploadOriginalOf(u8),
 }
 
 impl Step {
-    /// Every step, in send order.
+    /// The steps of a capture of one photo, in send order (SPEC section
+    /// 6); [`Entry::steps`] gives any entry's.
     pub const ORDER: [Step; 4] = [
         Step::CreateMoment,
         Step::UploadCopy,
@@ -57,20 +70,23 @@ impl Step {
         Step::UploadOriginal,
     ];
 
-    /// A short name (`create`, `copy`, `turn`, `original`).
-    pub fn name(self) -> &'static str {
+    /// A short name (`create`, `copy`, `turn`, `original`, `copy 2`,
+    /// `original 2`).
+    pub fn name(self) -> String {
         match self {
-            Step::CreateMoment => "create",
-            Step::UploadCopy => "copy",
-            Step::StartTurn => "turn",
-            Step::UploadOriginal => "original",
+            Step::CreateMoment => "create".into(),
+            Step::UploadCopy => "copy".into(),
+            Step::StartTurn => "turn".into(),
+            Step::UploadOriginal => "original".into(),
+            Step::UploadCopyOf(photo) => format!("copy {photo}"),
+            Step::UploadOriginalOf(photo) => format!("original {photo}"),
         }
     }
 }
 
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }
 
@@ -83,14 +99,26 @@ pub struct MediaBytes {
     pub content_type: String,
 }
 
-/// What the person captured: the photo (as a small copy and the original)
-/// and what they typed.
+/// One more photo of a capture: its small copy and the photo as taken.
+#[derive(Debug, Clone)]
+pub struct PhotoBytes {
+    /// The small copy the brain reads (see [`crate::image::make_copy`]).
+    pub copy: MediaBytes,
+    /// The photo as taken.
+    pub original: MediaBytes,
+}
+
+/// What the person captured: the photo (as a small copy and the original),
+/// any more photos of the same sign, and what they typed.
 #[derive(Debug, Clone)]
 pub struct Capture {
     /// The small copy the brain reads (see [`crate::image::make_copy`]).
     pub copy: MediaBytes,
     /// The photo as taken.
     pub original: MediaBytes,
+    /// Photos 1, 2, ... of the same moment, in order (issue 27): at most
+    /// [`spark_core::wire::PHOTOS_PER_MOMENT`] photos in all.
+    pub more_photos: Vec<PhotoBytes>,
     /// What the sign says, as typed or recognised on the phone.
     pub text: Option<String>,
     /// A caption.
@@ -113,6 +141,21 @@ pub struct MediaFile {
     pub sha256: String,
     /// Size in bytes.
     pub size: u64,
+}
+
+/// Photo N (from 1) of an entry: its media ids and files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryPhoto {
+    /// The photo's number in its moment (`X-Photo`), from 1.
+    pub photo: u8,
+    /// The small copy's media id.
+    pub copy_id: Id,
+    /// The original's media id.
+    pub original_id: Id,
+    /// The small copy.
+    pub copy: MediaFile,
+    /// The original.
+    pub original: MediaFile,
 }
 
 /// Why an entry is parked: a permanent answer the person has to see.
@@ -193,6 +236,9 @@ pub struct Entry {
     pub copy: MediaFile,
     /// The original.
     pub original: MediaFile,
+    /// Photos 1, 2, ... of the moment (none in an entry of format 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_photos: Vec<EntryPhoto>,
     /// Steps that succeeded, in the order they did.
     pub done: Vec<Step>,
     /// Set when a permanent answer parked the entry.
@@ -218,9 +264,36 @@ impl Entry {
         }
     }
 
+    /// Every step of the entry, in send order: the create, every photo's
+    /// copy, the turn (so the brain reads every copy), every photo's
+    /// original.
+    pub fn steps(&self) -> Vec<Step> {
+        let more = || self.more_photos.iter().map(|p| p.photo);
+        let mut steps = vec![Step::CreateMoment, Step::UploadCopy];
+        steps.extend(more().map(Step::UploadCopyOf));
+        steps.extend([Step::StartTurn, Step::UploadOriginal]);
+        steps.extend(more().map(Step::UploadOriginalOf));
+        steps
+    }
+
     /// The first step not yet done, in send order.
     pub fn next_step(&self) -> Option<Step> {
-        Step::ORDER.into_iter().find(|s| !self.done.contains(s))
+        self.steps().into_iter().find(|s| !self.done.contains(s))
+    }
+
+    /// The media id, photo number, role and file of an upload step;
+    /// `None` for the create, the turn, and a photo the entry does not
+    /// have.
+    pub fn upload(&self, step: Step) -> Option<(Id, u8, &'static str, &MediaFile)> {
+        use spark_core::wire::{MEDIA_ROLE_COPY as COPY, MEDIA_ROLE_ORIGINAL as ORIGINAL};
+        let of = |n: u8| self.more_photos.iter().find(|p| p.photo == n);
+        match step {
+            Step::UploadCopy => Some((self.copy_id, 0, COPY, &self.copy)),
+            Step::UploadOriginal => Some((self.original_id, 0, ORIGINAL, &self.original)),
+            Step::UploadCopyOf(n) => of(n).map(|p| (p.copy_id, n, COPY, &p.copy)),
+            Step::UploadOriginalOf(n) => of(n).map(|p| (p.original_id, n, ORIGINAL, &p.original)),
+            Step::CreateMoment | Step::StartTurn => None,
+        }
     }
 
     /// Whether `step` succeeded already.
@@ -311,11 +384,22 @@ impl Outbox {
     /// request id) and the practical turn's request id. When this returns
     /// `Ok`, the capture survives a crash and its moment id is final.
     pub fn capture(&self, clock: &dyn ClientClock, capture: Capture) -> Result<Entry, ClientError> {
-        for (what, media) in [("copy", &capture.copy), ("original", &capture.original)] {
-            if media.content_type.trim().is_empty() {
-                return Err(ClientError::Invalid(format!(
-                    "the {what} needs a content type"
-                )));
+        let max = usize::from(spark_core::wire::PHOTOS_PER_MOMENT);
+        if capture.more_photos.len() + 1 > max {
+            return Err(ClientError::Invalid(format!(
+                "{} photos: a moment holds at most {max}",
+                capture.more_photos.len() + 1
+            )));
+        }
+        let photos = std::iter::once((&capture.copy, &capture.original))
+            .chain(capture.more_photos.iter().map(|p| (&p.copy, &p.original)));
+        for (n, (copy, original)) in photos.enumerate() {
+            for (what, media) in [("copy", copy), ("original", original)] {
+                if media.content_type.trim().is_empty() {
+                    return Err(ClientError::Invalid(format!(
+                        "the {what} of photo {n} needs a content type"
+                    )));
+                }
             }
         }
         let entry_id = mint(clock).to_string();
@@ -326,8 +410,18 @@ impl Outbox {
             sha256: sha256_hex(&media.bytes),
             size: media.bytes.len() as u64,
         };
+        let more_photos: Vec<EntryPhoto> = (1u8..)
+            .zip(&capture.more_photos)
+            .map(|(photo, bytes)| EntryPhoto {
+                photo,
+                copy_id: mint(clock),
+                original_id: mint(clock),
+                copy: media_file(&format!("copy-{photo}"), &bytes.copy),
+                original: media_file(&format!("original-{photo}"), &bytes.original),
+            })
+            .collect();
         let entry = Entry {
-            format: ENTRY_FORMAT,
+            format: if more_photos.is_empty() { 1 } else { 2 },
             id: entry_id.clone(),
             moment_id: mint(clock),
             copy_id: mint(clock),
@@ -339,6 +433,7 @@ impl Outbox {
             captured_at: format_rfc3339_ms(i64::try_from(captured_at_ms).unwrap_or(i64::MAX)),
             copy: media_file("copy", &capture.copy),
             original: media_file("original", &capture.original),
+            more_photos,
             done: Vec::new(),
             parked: None,
             failed_attempts: 0,
@@ -351,6 +446,10 @@ impl Outbox {
             fs::create_dir(&temp).map_err(|e| io_error(&temp, e))?;
             write_new_file_synced(&temp.join(&entry.copy.file), &capture.copy.bytes)?;
             write_new_file_synced(&temp.join(&entry.original.file), &capture.original.bytes)?;
+            for (photo, bytes) in entry.more_photos.iter().zip(&capture.more_photos) {
+                write_new_file_synced(&temp.join(&photo.copy.file), &bytes.copy.bytes)?;
+                write_new_file_synced(&temp.join(&photo.original.file), &bytes.original.bytes)?;
+            }
             write_new_file_synced(&temp.join(ENTRY_FILE), &entry_json(&entry)?)?;
             sync_dir(&temp)?;
             let final_dir = entries.join(&entry_id);
@@ -444,11 +543,116 @@ mod tests {
                 bytes: b"original".to_vec(),
                 content_type: "image/png".into(),
             },
+            more_photos: Vec::new(),
             text: Some("Ausfahrt freihalten".into()),
             caption: None,
             lang: Some("de".into()),
             captured_at_ms: None,
         }
+    }
+
+    fn photo(n: u8) -> PhotoBytes {
+        PhotoBytes {
+            copy: MediaBytes {
+                bytes: format!("copy {n}").into_bytes(),
+                content_type: "image/jpeg".into(),
+            },
+            original: MediaBytes {
+                bytes: format!("original {n}").into_bytes(),
+                content_type: "image/png".into(),
+            },
+        }
+    }
+
+    /// Issue 27: a capture of three photos keeps each one's files and ids,
+    /// sends every copy before the turn and every original after it, and
+    /// is written as format 2 (a one-photo capture stays format 1).
+    #[test]
+    fn a_capture_of_several_photos_sends_every_copy_before_the_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::at(1_767_225_600_000);
+        let outbox = Outbox::open(dir.path()).unwrap();
+        let one = outbox.capture(&clock, capture()).unwrap();
+        assert_eq!(one.format, 1);
+        assert_eq!(one.steps(), Step::ORDER);
+        let three = outbox
+            .capture(
+                &clock,
+                Capture {
+                    more_photos: vec![photo(1), photo(2)],
+                    ..capture()
+                },
+            )
+            .unwrap();
+        assert_eq!(three.format, 2);
+        assert_eq!(
+            three.steps(),
+            [
+                Step::CreateMoment,
+                Step::UploadCopy,
+                Step::UploadCopyOf(1),
+                Step::UploadCopyOf(2),
+                Step::StartTurn,
+                Step::UploadOriginal,
+                Step::UploadOriginalOf(1),
+                Step::UploadOriginalOf(2),
+            ]
+        );
+        let again = Outbox::open(dir.path()).unwrap().load(&three.id).unwrap();
+        assert_eq!(again, three);
+        let (id, n, role, file) = again.upload(Step::UploadOriginalOf(2)).unwrap();
+        assert_eq!(
+            (id, n, role),
+            (three.more_photos[1].original_id, 2, "original")
+        );
+        assert_eq!(
+            fs::read(outbox.media_path(&again, file)).unwrap(),
+            b"original 2"
+        );
+        assert!(again.upload(Step::UploadCopyOf(3)).is_none());
+        let ids: std::collections::HashSet<Id> = again
+            .more_photos
+            .iter()
+            .flat_map(|p| [p.copy_id, p.original_id])
+            .chain([again.copy_id, again.original_id, again.moment_id])
+            .collect();
+        assert_eq!(ids.len(), 7);
+        // Eleven photos are refused, nothing stored.
+        let before = outbox.scan().unwrap().entries.len();
+        let eleven = Capture {
+            more_photos: (1..=10).map(photo).collect(),
+            ..capture()
+        };
+        assert!(matches!(
+            outbox.capture(&clock, eleven),
+            Err(ClientError::Invalid(_))
+        ));
+        assert_eq!(outbox.scan().unwrap().entries.len(), before);
+    }
+
+    /// An entry written before several photos (format 1, no
+    /// `more_photos`, steps by name) reads and sends as it did.
+    #[test]
+    fn an_entry_of_format_1_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::at(1_767_225_600_000);
+        let outbox = Outbox::open(dir.path()).unwrap();
+        let entry = outbox.capture(&clock, capture()).unwrap();
+        let path = outbox.entry_dir(&entry.id).join(ENTRY_FILE);
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        assert!(json.get("more_photos").is_none(), "{json}");
+        json["done"] = serde_json::json!(["create_moment", "upload_copy"]);
+        fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let read = outbox.load(&entry.id).unwrap();
+        assert_eq!(read.next_step(), Some(Step::StartTurn));
+        // A format this build does not know is refused, not half sent.
+        json["format"] = serde_json::json!(ENTRY_FORMAT + 1);
+        fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        assert!(matches!(
+            outbox.load(&entry.id),
+            Err(ClientError::Corrupt { .. })
+        ));
     }
 
     #[test]

@@ -5,8 +5,7 @@ use bytes::Bytes;
 use spark_core::ids::Id;
 use spark_core::wire::bodies::{CreateMomentBody, StartTurnBody, TurnStarted};
 use spark_core::wire::{
-    HEADER_CONTENT_SHA256, HEADER_MEDIA_ROLE, HEADER_MOMENT_ID, MEDIA_ROLE_COPY,
-    MEDIA_ROLE_ORIGINAL, TURN_MODE_PRACTICAL,
+    HEADER_CONTENT_SHA256, HEADER_MEDIA_ROLE, HEADER_MOMENT_ID, HEADER_PHOTO, TURN_MODE_PRACTICAL,
 };
 
 use crate::client::Client;
@@ -30,8 +29,14 @@ impl Client {
                     captured_at: Some(entry.captured_at.clone()),
                 },
             )?,
-            Step::UploadCopy => {
-                self.media_request(entry, entry.copy_id, MEDIA_ROLE_COPY, &entry.copy)?
+            Step::UploadCopy
+            | Step::UploadOriginal
+            | Step::UploadCopyOf(_)
+            | Step::UploadOriginalOf(_) => {
+                let (media_id, photo, role, file) = entry.upload(step).ok_or_else(|| {
+                    ClientError::Invalid(format!("entry {} has no step {step}", entry.id))
+                })?;
+                self.media_request(entry, media_id, photo, role, file)?
             }
             Step::StartTurn => json_request(
                 Method::Post,
@@ -42,33 +47,35 @@ impl Client {
                     seat: None,
                 },
             )?,
-            Step::UploadOriginal => self.media_request(
-                entry,
-                entry.original_id,
-                MEDIA_ROLE_ORIGINAL,
-                &entry.original,
-            )?,
         })
     }
 
+    /// `PUT /api/media/{media_id}` of one of the entry's files; photo 0
+    /// (the only photo before issue 27) is sent without `X-Photo`, as
+    /// every earlier build sent it.
     fn media_request(
         &self,
         entry: &Entry,
         media_id: Id,
+        photo: u8,
         role: &str,
         media: &MediaFile,
     ) -> Result<HttpRequest, ClientError> {
         let path = self.outbox.media_path(entry, media);
         let bytes = std::fs::read(&path).map_err(|e| crate::fsio::io_error(&path, e))?;
+        let mut headers = vec![
+            (HEADER_MOMENT_ID.into(), entry.moment_id.to_string()),
+            (HEADER_MEDIA_ROLE.into(), role.into()),
+            ("content-type".into(), media.content_type.clone()),
+            (HEADER_CONTENT_SHA256.into(), media.sha256.clone()),
+        ];
+        if photo > 0 {
+            headers.push((HEADER_PHOTO.into(), photo.to_string()));
+        }
         Ok(HttpRequest {
             method: Method::Put,
             path: format!("/api/media/{media_id}"),
-            headers: vec![
-                (HEADER_MOMENT_ID.into(), entry.moment_id.to_string()),
-                (HEADER_MEDIA_ROLE.into(), role.into()),
-                ("content-type".into(), media.content_type.clone()),
-                (HEADER_CONTENT_SHA256.into(), media.sha256.clone()),
-            ],
+            headers,
             body: Bytes::from(bytes),
         })
     }
@@ -120,6 +127,10 @@ mod tests {
                 Capture {
                     copy: media(b"copy", "image/jpeg"),
                     original: media(b"original", "image/png"),
+                    more_photos: vec![crate::outbox::PhotoBytes {
+                        copy: media(b"copy 1", "image/jpeg"),
+                        original: media(b"original 1", "image/jpeg"),
+                    }],
                     text: Some("Ausfahrt freihalten".into()),
                     caption: None,
                     lang: Some("de".into()),
@@ -178,5 +189,19 @@ mod tests {
             Some(&*entry.moment_id.to_string())
         );
         assert_eq!(copy.header("X-Content-SHA256"), Some(&*entry.copy.sha256));
+        // Photo 0 goes without X-Photo, as before several photos; photo 1
+        // with it, under its own media id.
+        assert_eq!(copy.header("X-Photo"), None);
+        let second = client
+            .step_request(&entry, Step::UploadOriginalOf(1))
+            .unwrap();
+        assert_eq!(second.header("X-Photo"), Some("1"));
+        assert_eq!(second.header("X-Media-Role"), Some("original"));
+        assert_eq!(
+            second.path,
+            format!("/api/media/{}", entry.more_photos[0].original_id)
+        );
+        assert_eq!(&second.body[..], b"original 1");
+        assert!(client.step_request(&entry, Step::UploadCopyOf(2)).is_err());
     }
 }

@@ -26,13 +26,15 @@ use crate::ids::Id;
 use crate::len_prefixed::{checked_read, checked_read_leb128, push, push_leb128};
 use crate::mirror::PackedMomentError;
 use crate::mirror::{Job, Mark, Media, Message, Mirror, Moment, Recall, Turn};
-use crate::op::{Entity, OpKind};
 use crate::replay::ReplayError;
-use crate::request_index::RequestRow;
+use crate::request_index::stored::{self, Backing};
+use crate::request_index::{RequestIndex, StoredIndexError};
 
 /// The checkpoint format version this build writes and reads; a file with
-/// another one is ignored.
-pub const FORMAT_VERSION: u16 = 1;
+/// another one is ignored (the log is replayed instead). Version 2 stores
+/// the request index as the engine's own table, used in place (issue 28),
+/// and each media's photo number (issue 27).
+pub const FORMAT_VERSION: u16 = 2;
 
 /// Why a checkpoint file was not used, or could not be built or written.
 /// The texts do not name the checkpoint file (the caller does, as
@@ -99,6 +101,11 @@ pub enum CheckpointError {
         /// What the file system said.
         source: std::io::Error,
     },
+    /// The name is a checkpoint's but the path is not a regular file (a
+    /// directory, a FIFO, a socket, a device): never opened, so a FIFO
+    /// cannot hang a start.
+    #[error("not a regular file")]
+    NotAFile,
     /// Fewer bytes than a header and a trailer.
     #[error("{len_bytes} bytes: shorter than a checkpoint")]
     TooShort {
@@ -166,12 +173,6 @@ pub enum CheckpointError {
         /// Where it starts in the body.
         at: usize,
     },
-    /// A text is not UTF-8.
-    #[error("{what}: not UTF-8")]
-    NotUtf8 {
-        /// What the text is.
-        what: &'static str,
-    },
     /// A count of items the rest of the body cannot hold.
     #[error("{what}: {count} items do not fit the body")]
     TooMany {
@@ -208,37 +209,24 @@ pub enum CheckpointError {
         /// The first moment out of order.
         id: Id,
     },
-    /// A request row's op kind does not fit a `u16`.
-    #[error("op kind above u16")]
-    OpKindAboveU16,
-    /// A request row's op kind is not one this build knows.
-    #[error("unknown op kind {code}")]
-    UnknownOpKind {
-        /// The op kind's code.
-        code: u16,
+    /// The request index section does not check (it names the row or
+    /// slot).
+    #[error(transparent)]
+    Requests(#[from] StoredIndexError),
+    /// The body's prelude (moment count, split and offsets) does not fit
+    /// the body.
+    #[error("prelude: {why}")]
+    Prelude {
+        /// What does not fit.
+        why: &'static str,
     },
-    /// A request row's entity tag is neither 0 (id) nor 1 (name).
-    #[error("request {key:?}: entity tag {tag}")]
-    EntityTag {
-        /// The request id.
-        key: String,
-        /// The tag byte.
-        tag: u8,
-    },
-    /// Request rows are not in strictly rising seq order, or one is past
-    /// the checkpoint's seq.
-    #[error("request {key:?}: seq {seq} out of order")]
-    RequestOrder {
-        /// The request id.
-        key: String,
-        /// Its seq.
-        seq: u64,
-    },
-    /// A request id has two rows.
-    #[error("request {key:?} appears twice")]
-    RequestTwice {
-        /// The request id.
-        key: String,
+    /// A run of moments does not end where the prelude says.
+    #[error("moments end at body byte {found}, the prelude says {expected}")]
+    MomentsEnd {
+        /// Where they end.
+        found: usize,
+        /// Where the prelude says.
+        expected: usize,
     },
     /// An item's id appears twice (`what`: media, turn, mark, job,
     /// recall, message).
@@ -319,8 +307,12 @@ pub enum CheckpointError {
 /// The first 8 bytes of every checkpoint file.
 pub const MAGIC: [u8; 8] = *b"SPKCKPT\0";
 
-/// Bytes of the fixed header (magic to body length).
-pub const HEADER_BYTES: usize = 88;
+/// Bytes of the fixed header (magic to the request index's seed).
+pub const HEADER_BYTES: usize = 96;
+
+/// Bytes of the body's prelude: moment count, split, split offset,
+/// request index offset.
+const PRELUDE_BYTES: usize = 32;
 
 /// Bytes of the trailer: the BLAKE3 hash of everything before it.
 pub const TRAILER_BYTES: usize = 32;
@@ -363,6 +355,10 @@ pub struct Header {
     pub ts_ms: u64,
     /// Bytes of the body.
     pub body_bytes: u64,
+    /// The seed of the request index's hash (its stored table is placed by
+    /// it): a mirror that folds the ops after the checkpoint hashes its
+    /// request ids with it ([`Mirror::with_request_seed`]).
+    pub request_seed: u64,
 }
 
 /// The chain value at byte `end` of segment `segment_first_seq` in
@@ -417,9 +413,9 @@ pub fn chain_at(
 /// `mirror.seq`): header, body, trailer.
 pub fn encode(mirror: &Mirror, at: &LogPoint) -> Vec<u8> {
     debug_assert_eq!(mirror.seq, at.seq);
-    let mut body = Vec::with_capacity(mirror.moments.len() * 96 + mirror.requests.len() * 48);
-    encode_body(mirror, &mut body);
-    let mut out = Vec::with_capacity(HEADER_BYTES + body.len() + TRAILER_BYTES);
+    let mut out = Vec::with_capacity(
+        HEADER_BYTES + mirror.moments.len() * 96 + mirror.requests.len() * 72 + TRAILER_BYTES,
+    );
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&[0; 6]);
@@ -428,17 +424,32 @@ pub fn encode(mirror: &Mirror, at: &LogPoint) -> Vec<u8> {
     out.extend_from_slice(&at.segment_first_seq.to_le_bytes());
     out.extend_from_slice(&at.frame_end_offset.to_le_bytes());
     out.extend_from_slice(&at.chain);
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    // The body's length, filled in below.
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&mirror.requests.seed().to_le_bytes());
     debug_assert_eq!(out.len(), HEADER_BYTES);
-    out.extend_from_slice(&body);
+    encode_body(mirror, &mut out);
+    let body_bytes = (out.len() - HEADER_BYTES) as u64;
+    out[80..88].copy_from_slice(&body_bytes.to_le_bytes());
     let hash = blake3::hash(&out);
     out.extend_from_slice(hash.as_bytes());
     out
 }
 
+/// Appends the body to `out`, which holds the header: the prelude, the
+/// moments, the request index section at a multiple of 8 bytes from the
+/// file's start (so its table and rows can be read in place), the other
+/// maps' items.
 fn encode_body(mirror: &Mirror, out: &mut Vec<u8>) {
-    push_leb128(out, mirror.moments.len() as u64);
-    for moment in mirror.moments.values() {
+    let body = out.len();
+    let moments = mirror.moments.len();
+    let split = moments / 2;
+    out.extend_from_slice(&[0; PRELUDE_BYTES]);
+    let mut split_at = out.len() - body;
+    for (k, moment) in mirror.moments.values().enumerate() {
+        if k == split {
+            split_at = out.len() - body;
+        }
         let (texts, captured_at_ms, present, media_count, ids) = moment.packed_parts();
         out.extend_from_slice(&moment.id.0.to_le_bytes());
         push(out, texts);
@@ -453,21 +464,20 @@ fn encode_body(mirror: &Mirror, out: &mut Vec<u8>) {
             out.extend_from_slice(&id.0.to_le_bytes());
         }
     }
-    push_leb128(out, mirror.requests.len() as u64);
-    for (key, row) in mirror.requests.iter() {
-        push(out, key.as_bytes());
-        push_leb128(out, row.seq);
-        push_leb128(out, u64::from(row.kind.code()));
-        match &row.entity {
-            Entity::Id(id) => {
-                out.push(0);
-                out.extend_from_slice(&id.0.to_le_bytes());
-            }
-            Entity::Name(name) => {
-                out.push(1);
-                push(out, name.as_bytes());
-            }
-        }
+    if split == moments {
+        split_at = out.len() - body;
+    }
+    out.resize(out.len().next_multiple_of(8), 0);
+    let requests_at = out.len() - body;
+    stored::encode_section(&mirror.requests, out);
+    let prelude = [
+        moments as u64,
+        split as u64,
+        split_at as u64,
+        requests_at as u64,
+    ];
+    for (k, value) in prelude.into_iter().enumerate() {
+        out[body + 8 * k..body + 8 * k + 8].copy_from_slice(&value.to_le_bytes());
     }
     items(out, sorted(mirror.media.values(), |m| m.id));
     items(out, sorted(mirror.turns.values(), |t| t.id));
@@ -555,30 +565,45 @@ fn header_fields(bytes: &[u8]) -> Result<Header, CheckpointError> {
         },
         ts_ms: u64_at(24),
         body_bytes,
+        request_seed: u64_at(88),
     })
 }
 
 /// Decodes a whole checkpoint file into `mirror`, which must be empty (its
-/// request index's hasher is kept, so a preparer made from it beforehand
-/// stays valid). Checks the header ([`decode_header`]) and every item:
-/// moments in strictly rising id order with well-formed packed texts,
-/// request rows in strictly rising seq order with no repeated id, known op
-/// kinds, every count within the bytes, no byte left over. Errors:
-/// [`CheckpointError`]; a checksum mismatch is the error whenever the
-/// trailer does not match.
+/// request index is replaced by the file's, with the file's seed). Checks
+/// the header ([`decode_header`]) and every item: the prelude against the
+/// body, moments in strictly rising id order with well-formed packed
+/// texts, each half ending where the prelude says, the request index
+/// section (rows in strictly rising seq order, no request id twice, known
+/// op kinds, a table that finds every row: [`StoredIndexError`]), every
+/// count within the bytes, no byte left over. Errors: [`CheckpointError`];
+/// a checksum mismatch is the error whenever the trailer does not match.
 ///
-/// On several threads (the load was one thread's work, mostly
-/// the kernel zeroing the pages of a fresh mirror, while the other core
-/// waited): the trailer's hash, each half of the moments, and the request
-/// rows with the other items are decoded at once. The body is only ever
-/// read with bounds checks, so decoding it before its hash is known is
-/// safe; nothing decoded is returned unless the hash matches.
-pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), CheckpointError> {
+/// The request index section is copied out of `bytes` and used from the
+/// copy ([`load`] uses it in place through the file's mapping instead).
+///
+/// On several threads (the load was one thread's work, mostly the kernel
+/// zeroing the pages of a fresh mirror, while the other core waited): the
+/// trailer's hash, each half of the moments, and the request index section
+/// with the other items are checked and decoded at once. The body is only
+/// ever read with bounds checks, so decoding it before its hash is known
+/// is safe; nothing decoded is returned unless the hash matches.
+pub fn decode(bytes: &[u8], mirror: Mirror) -> Result<(Header, Mirror), CheckpointError> {
+    decode_with(bytes, None, mirror)
+}
+
+/// [`decode`] of `bytes`, which are `shared`'s own when given: then the
+/// request index section is used where it lies in `shared`, not copied.
+fn decode_with(
+    bytes: &[u8],
+    shared: Option<&Arc<Backing>>,
+    mut mirror: Mirror,
+) -> Result<(Header, Mirror), CheckpointError> {
     let header = header_fields(bytes)?;
-    let body = &bytes[HEADER_BYTES..bytes.len() - TRAILER_BYTES];
+    let body_end = bytes.len() - TRAILER_BYTES;
     let (trailer, decoded) = std::thread::scope(|scope| {
         let trailer = scope.spawn(|| check_trailer(bytes));
-        let decoded = decode_body(body, &header, &mut mirror, scope);
+        let decoded = decode_body(bytes, body_end, shared, &header, &mut mirror, scope);
         (trailer.join(), decoded)
     });
     trailer.map_err(|_| CheckpointError::Panicked {
@@ -593,11 +618,14 @@ pub fn decode(bytes: &[u8], mut mirror: Mirror) -> Result<(Header, Mirror), Chec
 type MomentRun = (Vec<(Id, Box<Moment>)>, usize);
 
 /// Decodes `count` moments from `r`, in strictly rising id order, into a
-/// vector with room for `capacity`.
+/// vector with room for `capacity`; they must end at body byte `end`, or
+/// for `None` in the zero padding before the 8-byte boundary (of the
+/// file) after them, at body byte `padded_to`.
 fn decode_moments(
     r: &mut Reader<'_>,
     count: usize,
     capacity: usize,
+    (end, padded_to): (Option<usize>, usize),
 ) -> Result<MomentRun, CheckpointError> {
     let mut list: Vec<(Id, Box<Moment>)> = Vec::with_capacity(capacity.max(count));
     let mut live = 0;
@@ -634,59 +662,99 @@ fn decode_moments(
         live += usize::from(!deleted);
         list.push((id, Box::new(moment)));
     }
+    let expected = end.unwrap_or_else(|| {
+        // The body starts at a multiple of 8 in the file.
+        let padded = r.at.next_multiple_of(8);
+        let zeros = r
+            .buf
+            .get(r.at..padded)
+            .is_some_and(|p| p.iter().all(|&b| b == 0));
+        if zeros && padded == padded_to {
+            r.at
+        } else {
+            padded_to
+        }
+    });
+    if r.at != expected {
+        return Err(CheckpointError::MomentsEnd {
+            found: r.at,
+            expected,
+        });
+    }
     Ok((list, live))
 }
 
-/// Steps `r` over one moment without decoding it (the same reads as
-/// [`decode_moments`], unchecked contents).
-fn skip_moment(r: &mut Reader<'_>) -> Result<(), CheckpointError> {
-    r.take(16)?;
-    r.bytes("moment texts")?;
-    r.take(8)?;
-    r.leb("created_at_ms")?;
-    r.leb("version")?;
-    r.take(3)?;
-    let id_count = r.count("moment ids", 16)?;
-    r.take(16 * id_count)?;
-    Ok(())
-}
+/// Fewest bytes of one encoded moment (id, texts' length, capture time,
+/// created_at, version, three flags, id count).
+const MIN_MOMENT_BYTES: usize = 16 + 1 + 8 + 1 + 1 + 3 + 1;
 
-/// The body of [`decode`]: the second half of the moments on a thread of
-/// `scope`, the first half and then the request rows and other items on
-/// another, the caller's, which joins both.
+/// The body of [`decode`] (the file's bytes up to `body_end`): the prelude;
+/// the second half of the moments on a thread of `scope` and the first
+/// half on another, each from where the prelude says it starts; the
+/// request index section and the other items on the caller's, which joins
+/// both. Body offsets in errors count from the body's start.
 fn decode_body<'scope, 'env>(
-    body: &'env [u8],
+    file: &'env [u8],
+    body_end: usize,
+    shared: Option<&Arc<Backing>>,
     header: &Header,
     mirror: &mut Mirror,
     scope: &'scope std::thread::Scope<'scope, 'env>,
 ) -> Result<(), CheckpointError> {
-    let mut r = Reader { buf: body, at: 0 };
-    let moments = r.count("moments", 16 + 1 + 8 + 1 + 1 + 3 + 1)?;
-    let first_half = moments / 2;
-    // Where the second half and the request rows start: one pass over the
-    // moments' lengths.
-    let mut second = Reader {
-        buf: body,
-        at: r.at,
+    let body = &file[HEADER_BYTES..body_end];
+    let prelude = |k: usize| {
+        body.get(8 * k..8 * k + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .ok_or(CheckpointError::Prelude {
+                why: "the body is shorter than its prelude",
+            })
     };
-    for _ in 0..first_half {
-        skip_moment(&mut second)?;
-    }
-    let mut rest = Reader {
-        buf: body,
-        at: second.at,
+    let (moments, split, split_at, requests_at) =
+        (prelude(0)?, prelude(1)?, prelude(2)?, prelude(3)?);
+    let fits = |value: u64| usize::try_from(value).ok().filter(|&v| v <= body.len());
+    let bad = |why| CheckpointError::Prelude { why };
+    let (Some(split_at), Some(requests_at)) = (fits(split_at), fits(requests_at)) else {
+        return Err(bad("an offset lies past the body"));
     };
-    for _ in first_half..moments {
-        skip_moment(&mut rest)?;
+    if split_at < PRELUDE_BYTES || requests_at < split_at {
+        return Err(bad("its offsets are out of order"));
     }
-    let late = scope.spawn(move || decode_moments(&mut second, moments - first_half, 0));
-    let early = scope.spawn(move || decode_moments(&mut r, first_half, moments));
-    decode_rest(&mut rest, header, mirror)?;
+    if !(HEADER_BYTES + requests_at).is_multiple_of(8) {
+        return Err(bad("the request index is not at a multiple of 8 bytes"));
+    }
+    // The moments must fit their bytes (no huge allocation for a forged
+    // count); the split is the middle.
+    let moments = usize::try_from(moments)
+        .ok()
+        .filter(|&m| m <= (requests_at - PRELUDE_BYTES) / MIN_MOMENT_BYTES)
+        .ok_or(bad("more moments than their bytes hold"))?;
+    if split != (moments / 2) as u64 {
+        return Err(bad("the split is not the middle moment"));
+    }
+    let split = moments / 2;
+    // Each half reads only its own stretch; the second half ends in the
+    // zero padding before the request index.
+    let mut early = Reader {
+        buf: &body[..split_at],
+        at: PRELUDE_BYTES,
+    };
+    let mut late = Reader {
+        buf: &body[..requests_at],
+        at: split_at,
+    };
+    let late =
+        scope.spawn(move || decode_moments(&mut late, moments - split, 0, (None, requests_at)));
+    let early =
+        scope.spawn(move || decode_moments(&mut early, split, moments, (Some(split_at), split_at)));
+    let rest = decode_rest(file, body_end, requests_at, shared, header, mirror);
     let panicked = |_| CheckpointError::Panicked {
         what: "a moment decoding thread",
     };
-    let (mut list, early_live) = early.join().map_err(panicked)??;
-    let (late_list, late_live) = late.join().map_err(panicked)??;
+    let early = early.join().map_err(panicked)?;
+    let late = late.join().map_err(panicked)?;
+    rest?;
+    let (mut list, early_live) = early?;
+    let (late_list, late_live) = late?;
     if let (Some((last, _)), Some((first, _))) = (list.last(), late_list.first()) {
         if last >= first {
             return Err(CheckpointError::MomentOrder { id: *first });
@@ -698,66 +766,34 @@ fn decode_body<'scope, 'env>(
     Ok(())
 }
 
-/// The request rows and the other items, after the moments; checks that
-/// no byte is left over, and sets the mirror's seq and time.
+/// The request index section at body byte `requests_at` and the other
+/// items after it; checks that no byte is left over, and sets the mirror's
+/// request index, seq and time.
 fn decode_rest(
-    r: &mut Reader<'_>,
+    file: &[u8],
+    body_end: usize,
+    requests_at: usize,
+    shared: Option<&Arc<Backing>>,
     header: &Header,
     mirror: &mut Mirror,
 ) -> Result<(), CheckpointError> {
-    let body = r.buf;
-    let rows = r.count("request rows", 1 + 1 + 1 + 1 + 1)?;
-    mirror.requests.reserve(rows);
-    // Rows are inserted a few behind the one read, with the table slot of
-    // each asked for when it is read (a cache miss per row otherwise).
-    let mut pending: std::collections::VecDeque<(u64, &str, RequestRow)> =
-        std::collections::VecDeque::with_capacity(PREFETCH_AHEAD + 1);
-    let insert = |mirror: &mut Mirror, (hash, key, row): (u64, &str, RequestRow)| {
-        if mirror
-            .requests
-            .insert_first_hashed(hash, key.as_bytes(), &row)
-        {
-            Ok(())
-        } else {
-            Err(CheckpointError::RequestTwice {
-                key: key.to_owned(),
-            })
+    let section_at = HEADER_BYTES + requests_at;
+    let (backing, start, limit) = match shared {
+        Some(shared) => (Arc::clone(shared), section_at, body_end),
+        None => {
+            let len = stored::section_extent(file, section_at, body_end)?;
+            let copy = file[section_at..section_at + len].to_vec();
+            (Arc::new(Backing::Owned(copy)), 0, len)
         }
     };
-    let mut last_seq = 0;
-    for _ in 0..rows {
-        let key = r.text("request id")?;
-        let seq = r.leb("request seq")?;
-        let code = u16::try_from(r.leb("op kind")?).map_err(|_| CheckpointError::OpKindAboveU16)?;
-        let kind = OpKind::from_code(code).ok_or(CheckpointError::UnknownOpKind { code })?;
-        let entity = match r.take(1)?[0] {
-            0 => Entity::Id(Id(r.u128()?)),
-            1 => Entity::Name(r.text("entity name")?.to_owned()),
-            tag => {
-                return Err(CheckpointError::EntityTag {
-                    key: key.to_owned(),
-                    tag,
-                })
-            }
-        };
-        if seq <= last_seq || seq > header.at.seq {
-            return Err(CheckpointError::RequestOrder {
-                key: key.to_owned(),
-                seq,
-            });
-        }
-        last_seq = seq;
-        let hash = mirror.requests.hash_str(key);
-        mirror.requests.prefetch_hash(hash);
-        pending.push_back((hash, key, RequestRow { seq, kind, entity }));
-        if pending.len() > PREFETCH_AHEAD {
-            let next = pending.pop_front().expect("more than PREFETCH_AHEAD");
-            insert(mirror, next)?;
-        }
-    }
-    for next in pending {
-        insert(mirror, next)?;
-    }
+    let (requests, section_end) =
+        stored::decode_section(&backing, start, limit, header.request_seed, header.at.seq)?;
+    mirror.requests = RequestIndex::from_stored(header.request_seed, requests);
+    let body = &file[HEADER_BYTES..body_end];
+    let mut r = Reader {
+        buf: body,
+        at: section_end - start + requests_at,
+    };
     for media in r.items::<Media>("media")? {
         if mirror.media.insert(media.id, media).is_some() {
             return Err(CheckpointError::IdTwice { what: "media" });
@@ -803,10 +839,6 @@ fn decode_rest(
     Ok(())
 }
 
-/// Request rows read ahead of their insert, so that each row's table slot
-/// is in cache by then.
-const PREFETCH_AHEAD: usize = 16;
-
 /// A bounds-checked cursor over a body.
 struct Reader<'a> {
     buf: &'a [u8],
@@ -840,10 +872,6 @@ impl<'a> Reader<'a> {
             .ok_or(CheckpointError::RunsPast { what, at: self.at })?;
         self.at = next;
         Ok(bytes)
-    }
-
-    fn text(&mut self, what: &'static str) -> Result<&'a str, CheckpointError> {
-        std::str::from_utf8(self.bytes(what)?).map_err(|_| CheckpointError::NotUtf8 { what })
     }
 
     /// A count of items of at least `min_item_bytes` each, refused when
@@ -931,20 +959,63 @@ pub fn load(
     log_dir: &Path,
     empty: Mirror,
 ) -> Result<(Header, Mirror), CheckpointError> {
-    let file = std::fs::File::open(path).map_err(|source| CheckpointError::Unreadable {
-        path: path.to_owned(),
-        source,
-    })?;
+    let file = open_regular(path)?;
+    // What the file was before its bytes are checked: the mapping used in
+    // place is watched against it (a write in place after this is seen).
+    let seen = file
+        .metadata()
+        .map_err(|source| CheckpointError::Unreadable {
+            path: path.to_owned(),
+            source,
+        })?;
     // SAFETY: see above: nothing writes a checkpoint file in place.
-    let bytes =
+    let map =
         unsafe { memmap2::Mmap::map(&file) }.map_err(|source| CheckpointError::Unmappable {
             path: path.to_owned(),
             source,
         })?;
+    let shared = Arc::new(Backing::Mapped(map));
+    let bytes = match &*shared {
+        Backing::Mapped(map) => &map[..],
+        Backing::Owned(bytes) => &bytes[..],
+    };
     // The trailer's hash is checked by `decode`, beside the body.
-    let header = header_fields(&bytes)?;
+    let header = header_fields(bytes)?;
     check_against_log(path, &header, log_dir)?;
-    decode(&bytes, empty)
+    let (header, mut mirror) = decode_with(bytes, Some(&shared), empty)?;
+    // The request index stays in the file: mapped alone, so the rest of
+    // the file (moments and items, now in the mirror) leaves the process.
+    let remapped = mirror
+        .requests
+        .stored()
+        .map(|stored| {
+            let watched = stored::WatchedFile::new(&file, path, &seen)?;
+            stored.remapped(&file, watched)
+        })
+        .transpose()
+        .map_err(|source| CheckpointError::Unmappable {
+            path: path.to_owned(),
+            source,
+        })?;
+    if let Some(stored) = remapped {
+        mirror.requests.set_stored(stored);
+    }
+    Ok((header, mirror))
+}
+
+/// Opens the checkpoint file at `path` for reading, once its metadata
+/// (symbolic links followed) says it is a regular file: opening a FIFO
+/// would wait for a writer for ever. Errors: [`CheckpointError::NotAFile`],
+/// [`CheckpointError::Unreadable`].
+fn open_regular(path: &Path) -> Result<std::fs::File, CheckpointError> {
+    let unreadable = |source| CheckpointError::Unreadable {
+        path: path.to_owned(),
+        source,
+    };
+    if !std::fs::metadata(path).map_err(unreadable)?.is_file() {
+        return Err(CheckpointError::NotAFile);
+    }
+    std::fs::File::open(path).map_err(unreadable)
 }
 
 /// The cheap checks of one checkpoint file, without reading its body:
@@ -968,7 +1039,7 @@ fn peek_header(path: &Path) -> Result<Header, CheckpointError> {
         path: path.to_owned(),
         source,
     };
-    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    let mut file = open_regular(path)?;
     let len = file.metadata().map_err(unreadable)?.len();
     let mut head = [0u8; HEADER_BYTES];
     file.read_exact(&mut head)
@@ -1000,6 +1071,7 @@ fn peek_header(path: &Path) -> Result<Header, CheckpointError> {
         },
         ts_ms: u64_at(24),
         body_bytes,
+        request_seed: u64_at(88),
     };
     Ok(header)
 }
@@ -1058,7 +1130,8 @@ pub fn newest_candidate(
 /// point's offset. A checkpoint is only ever written from the committed
 /// log, so the ops up to its seq were acknowledged; a log that no longer
 /// holds them was truncated or lost segments (or the file was copied in
-/// from another log: the operator moves it away to start anyway).
+/// from another, longer log: the operator moves it away to start anyway).
+/// A log that reaches the seq is no such proof ([`past_the_log`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PastTheLog {
     /// The checkpoint file.
@@ -1107,7 +1180,8 @@ fn short_of(log_dir: &Path, at: &LogPoint) -> Option<String> {
 }
 
 /// The newest checkpoint in `data_dir` that proves the log in `log_dir`
-/// lost committed records ([`PastTheLog`]), if any. Reads only headers,
+/// lost committed records ([`PastTheLog`]), if any: its point lies past
+/// the log and the log does not reach its seq. Reads only headers,
 /// and the whole file of a checkpoint whose point is past the log (to
 /// check its trailer: a damaged file proves nothing and is skipped, as
 /// startup ignores it). Startup refuses such a log before recovery changes
@@ -1122,7 +1196,27 @@ pub fn past_the_log(data_dir: &Path, log_dir: &Path) -> Option<PastTheLog> {
             return None;
         }
         let why = short_of(log_dir, &header.at)?;
-        whole(&file, &header).then_some(PastTheLog { file, seq, why })
+        (whole(&file, &header) && !log_reaches(log_dir, seq)).then_some(PastTheLog {
+            file,
+            seq,
+            why,
+        })
+    })
+}
+
+/// True when the log in `log_dir` holds committed records up to `seq`
+/// (read only, as the tools read a live log): then a checkpoint at `seq`
+/// whose point is not in this log (its segment missing or shorter) does
+/// not describe this log, a copy from another log or from before a
+/// compaction rewrote the segment, and proves nothing lost; it is ignored
+/// as any checkpoint that does not check. False when the log cannot be
+/// read that far.
+fn log_reaches(log_dir: &Path, seq: u64) -> bool {
+    LogReader::open_live_from(log_dir, Arc::new(OsFs), u32::MAX, seq).is_ok_and(|reader| {
+        reader
+            .segments()
+            .last()
+            .is_some_and(|last| last.last_seq >= seq)
     })
 }
 
@@ -1364,7 +1458,8 @@ mod tests {
     /// A mirror with moments (edited, deleted, without texts), request
     /// rows with id and name entities, a mark and a message.
     fn sample_mirror(creates: u64, tail: u64) -> Mirror {
-        let mut mirror = Mirror::new();
+        // A fixed seed: the request index's table in the file follows it.
+        let mut mirror = Mirror::with_request_seed(0x5eed);
         let mut seq = 0;
         let mut apply = |mirror: &mut Mirror, body: OpBody| {
             seq += 1;
@@ -1393,6 +1488,20 @@ mod tests {
                 caption: None,
                 lang: None,
                 captured_at_ms: Some(-5),
+            }),
+        );
+        // The third photo's original (version 2 keeps the photo, issue 27).
+        apply(
+            &mut mirror,
+            OpBody::MediaPut(crate::op::MediaPut {
+                id: Id::from_parts(crate::synth::BASE_MS + 1_000_001, 6),
+                moment_id: Id::from_parts(crate::synth::BASE_MS + 1_000_000, 5),
+                role: crate::op::MediaRole::Original,
+                sha256: crate::op::Sha256([0xab; 32]),
+                size_bytes: 1234,
+                content_type: "image/jpeg".into(),
+                device: "phone-2".into(),
+                photo: 2,
             }),
         );
         apply(
@@ -1437,7 +1546,8 @@ mod tests {
         assert_eq!(back.live_moments, mirror.live_moments);
         assert_eq!(back.threads, mirror.threads);
         // One state, one file: encoding the decoded mirror gives the same
-        // bytes (the request index's random hasher is not in the file).
+        // bytes (it hashes request ids with the file's seed).
+        assert_eq!(back.requests.seed(), 0x5eed);
         assert_eq!(encode(&back, &point(&back)), bytes);
     }
 
@@ -1456,8 +1566,8 @@ mod tests {
         assert_eq!(bytes.len(), PINNED_LEN);
     }
 
-    const PINNED_HASH: &str = "03aa8cd67c230f46b480dc3f4a8925757fc97c51a642d56850584cb13e944c5d";
-    const PINNED_LEN: usize = 632;
+    const PINNED_HASH: &str = "7384614e4a2ecf94ac7e6dd0f2fc8c9dc40a3535d7aacbfe263e700146fbca11";
+    const PINNED_LEN: usize = 978;
 
     #[test]
     fn every_flipped_byte_and_every_cut_is_refused_without_panic() {
@@ -1483,12 +1593,20 @@ mod tests {
     fn another_version_is_refused_by_name() {
         let mirror = sample_mirror(3, 0);
         let mut bytes = encode(&mirror, &point(&mirror));
-        bytes[8] = 2;
-        let trailer = bytes.len() - TRAILER_BYTES;
-        let hash = blake3::hash(&bytes[..trailer]);
-        bytes[trailer..].copy_from_slice(hash.as_bytes());
-        let error = decode(&bytes, Mirror::new()).unwrap_err();
-        assert!(error.to_string().contains("format version 2"), "{error}");
+        // The version before (1, media without their photo) and one after.
+        for other in [FORMAT_VERSION - 1, FORMAT_VERSION + 1] {
+            bytes[8..10].copy_from_slice(&other.to_le_bytes());
+            let trailer = bytes.len() - TRAILER_BYTES;
+            let hash = blake3::hash(&bytes[..trailer]);
+            bytes[trailer..].copy_from_slice(hash.as_bytes());
+            let error = decode(&bytes, Mirror::new()).unwrap_err();
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("format version {other}")),
+                "{error}"
+            );
+        }
     }
 
     /// A body that is well framed (checksum recomputed) but lies about its

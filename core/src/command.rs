@@ -68,6 +68,9 @@ pub struct PutMedia {
     pub moment_id: Id,
     /// Copy or original.
     pub role: MediaRole,
+    /// Which photo of the moment (`X-Photo`), `0 ..`
+    /// [`crate::wire::PHOTOS_PER_MOMENT`]; the HTTP layer refuses others.
+    pub photo: u8,
     /// SHA-256 of the bytes.
     pub sha256: [u8; 32],
     /// Number of bytes.

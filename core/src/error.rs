@@ -129,21 +129,27 @@ pub enum Conflict {
         /// SHA-256 of the offered bytes.
         offered_sha256: [u8; 32],
     },
-    /// The media id belongs to another moment or role (SPEC section 4).
-    #[error("media {media_id} belongs to moment {moment_id} as its {}", role.name())]
+    /// The media id belongs to another moment, photo or role (SPEC section
+    /// 4; the photo from issue 27).
+    #[error("media {media_id} belongs to moment {moment_id} as the {} of its photo {photo}", role.name())]
     MediaOwner {
         /// The media id.
         media_id: Id,
         /// The moment it belongs to.
         moment_id: Id,
+        /// Its photo there.
+        photo: u8,
         /// Its role there.
         role: MediaRole,
     },
-    /// The moment's role is filled by another media (SPEC section 4).
-    #[error("moment {moment_id} already has its {}: media {media_id}", role.name())]
+    /// The role of the moment's photo is filled by another media (SPEC
+    /// section 4; each photo holds one copy and one original, issue 27).
+    #[error("moment {moment_id} already has the {} of its photo {photo}: media {media_id}", role.name())]
     RoleTaken {
         /// The moment.
         moment_id: Id,
+        /// The photo asked for.
+        photo: u8,
         /// The role asked for.
         role: MediaRole,
         /// The media that fills it.

@@ -101,7 +101,12 @@ impl fmt::Display for Id {
 impl serde::Serialize for Id {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         if serializer.is_human_readable() {
-            serializer.collect_str(self)
+            // The same string `Display` writes, without the formatting
+            // machinery (`collect_str` goes through `fmt::write`).
+            let mut out = [0u8; ULID_LEN];
+            self.encode(&mut out);
+            let text = std::str::from_utf8(&out).map_err(serde::ser::Error::custom)?;
+            serializer.serialize_str(text)
         } else {
             serializer.serialize_u128(self.0)
         }

@@ -108,6 +108,9 @@ impl OpKind {
     pub fn current_version(self) -> u16 {
         match self {
             OpKind::LogCompact => spark_log_format::COMPACTION_KIND_VERSION,
+            // Version 2 added the photo number (issue 27: several photos
+            // per moment); version 1 reads as photo 0.
+            OpKind::MediaPut => 2,
             _ => 1,
         }
     }
@@ -251,9 +254,11 @@ impl<'de> Deserialize<'de> for Sha256 {
     }
 }
 
-/// Payload of `media.put`, version 1: the blob is durable under its SHA-256
+/// Payload of `media.put`, version 2: the blob is durable under its SHA-256
 /// before this op is written. Uploads carry no request id: the phone-minted
-/// media id plus the hash make a replay harmless.
+/// media id plus the hash make a replay harmless. Version 2 is version 1
+/// with `photo` added at the end; a version-1 record reads as photo 0
+/// ([`MediaPutV1`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MediaPut {
     /// The phone-minted media id.
@@ -270,6 +275,44 @@ pub struct MediaPut {
     pub content_type: String,
     /// The device that sent it.
     pub device: String,
+    /// Which photo of the moment it is, `0 ..`
+    /// [`crate::wire::PHOTOS_PER_MOMENT`] (`X-Photo`, issue 27).
+    pub photo: u8,
+}
+
+/// Payload of `media.put`, version 1 (before several photos per moment):
+/// read only, as photo 0 of its moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MediaPutV1 {
+    /// The phone-minted media id.
+    pub id: Id,
+    /// The moment it belongs to.
+    pub moment_id: Id,
+    /// Copy or original.
+    pub role: MediaRole,
+    /// SHA-256 of the bytes.
+    pub sha256: Sha256,
+    /// Number of bytes.
+    pub size_bytes: u64,
+    /// The `Content-Type` it was uploaded with.
+    pub content_type: String,
+    /// The device that sent it.
+    pub device: String,
+}
+
+impl From<MediaPutV1> for MediaPut {
+    fn from(v1: MediaPutV1) -> MediaPut {
+        MediaPut {
+            id: v1.id,
+            moment_id: v1.moment_id,
+            role: v1.role,
+            sha256: v1.sha256,
+            size_bytes: v1.size_bytes,
+            content_type: v1.content_type,
+            device: v1.device,
+            photo: 0,
+        }
+    }
 }
 
 /// What a turn is for (SPEC section 4).
@@ -816,6 +859,9 @@ impl Op {
             OpKind::MomentCreate => OpBody::MomentCreate(codec::decode(bytes).map_err(wrap)?),
             OpKind::MomentEdit => OpBody::MomentEdit(codec::decode(bytes).map_err(wrap)?),
             OpKind::MomentDelete => OpBody::MomentDelete(codec::decode(bytes).map_err(wrap)?),
+            OpKind::MediaPut if version == 1 => {
+                OpBody::MediaPut(codec::decode::<MediaPutV1>(bytes).map_err(wrap)?.into())
+            }
             OpKind::MediaPut => OpBody::MediaPut(codec::decode(bytes).map_err(wrap)?),
             OpKind::TurnStart => OpBody::TurnStart(codec::decode(bytes).map_err(wrap)?),
             OpKind::TurnFinish => OpBody::TurnFinish(codec::decode(bytes).map_err(wrap)?),

@@ -19,16 +19,33 @@
 //! only probes. A short request id travels inline in its
 //! [`HashedRequestId`], so the fold thread frees no memory the decoding
 //! thread allocated. The hash is foldhash seeded at random per index, so
-//! request ids chosen by clients cannot be picked to collide.
+//! request ids chosen by clients cannot be picked to collide (the seed is
+//! 64 random bits per new index, kept by its checkpoints).
+//!
+//! An index loaded from a checkpoint is used in place: the checkpoint's
+//! request index section (`log-format/CHECKPOINT.md`, "Request index") is
+//! this table, its rows and its arena as they lie in the file, probed
+//! through the file's mapping ([`stored`]); request ids that come after
+//! the checkpoint go into the in-memory part. So a start from a checkpoint
+//! no longer builds the index (every row faulted into fresh memory and
+//! inserted), which grew with every request id ever seen (SPEC section 3
+//! keeps them forever). The hash's seed is part of the index and of the
+//! checkpoint, so the stored table stays valid.
 //!
 //! Limits: at most `u32::MAX - 1` rows (about 4.3 billion request ids, some
 //! 300 GB of mirror; far beyond any machine this runs on).
 
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use crate::ids::Id;
 use crate::op::{Entity, OpKind};
+
+pub(crate) mod stored;
+
+use stored::StoredIndex;
+pub use stored::{DetachedRows, MappedRows, StoredIndexError};
 
 /// What a request id produced: a row of the request index.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +61,11 @@ pub struct RequestRow {
 /// The index. Clone, compare and debug-print it like a map.
 #[derive(Clone)]
 pub struct RequestIndex {
-    /// The hash table: empty, or a power of two of slots, each 0 (free) or
+    /// The rows of the checkpoint the index was loaded from, used in place
+    /// (positions before the in-memory rows'); `None` for an index built
+    /// in memory alone.
+    stored: Option<Arc<StoredIndex>>,
+    /// The in-memory hash table (of the rows added after `stored`): empty, or a power of two of slots, each 0 (free) or
     /// the hash's top 32 bits (bits 32..64) and the row's position plus
     /// one (bits 0..32). A request id's first slot is given by the top bits
     /// of its hash; probing goes on to the next slot, wrapping around.
@@ -53,21 +74,28 @@ pub struct RequestIndex {
     rows: Vec<Row>,
     /// The request ids and entity names the rows point at.
     arena: TextArena,
-    hasher: foldhash::fast::RandomState,
-    /// Random per index (and kept by its clones): tells whether a
-    /// [`HashedRequestId`] was hashed with this index's hasher.
-    seed_tag: u64,
+    hasher: foldhash::fast::FixedState,
+    /// The hash's seed: random for a new index, kept by its clones and its
+    /// checkpoints. Also tells whether a [`HashedRequestId`] was hashed
+    /// like this index hashes.
+    seed: u64,
 }
 
 /// Fewest slots of a table that holds anything.
 const MIN_SLOTS: usize = 16;
+
+/// Most rows of an index, stored and in memory together (positions are
+/// 32 bits, plus one).
+const MAX_ROWS: usize = u32::MAX as usize - 1;
 
 /// Most rows per 10 slots (a load of at most 0.7: an insert of a new
 /// request id probes about 6 slots on average, within one or two cache
 /// lines).
 const MAX_LOAD_TENTHS: usize = 7;
 
-/// One row, compact: 32 bytes.
+/// One row, compact: 32 bytes (a checkpoint stores it as these three
+/// fields, little-endian, with its texts' [`TextRef`]s as byte offsets
+/// into the section's arena).
 #[derive(Clone, Copy)]
 struct Row {
     /// Seq of the op that first carried the request id.
@@ -185,7 +213,8 @@ impl Key {
 pub struct HashedRequestId {
     key: Key,
     hash: u64,
-    seed_tag: u64,
+    /// The seed it was hashed with.
+    seed: u64,
 }
 
 impl HashedRequestId {
@@ -209,8 +238,8 @@ impl fmt::Debug for HashedRequestId {
 /// startup replay's decoding thread holds one.
 #[derive(Clone)]
 pub struct RequestHasher {
-    hasher: foldhash::fast::RandomState,
-    seed_tag: u64,
+    hasher: foldhash::fast::FixedState,
+    seed: u64,
 }
 
 impl RequestHasher {
@@ -219,20 +248,15 @@ impl RequestHasher {
         HashedRequestId {
             hash: self.hasher.hash_one(request_id.as_bytes()),
             key: Key::new(request_id),
-            seed_tag: self.seed_tag,
+            seed: self.seed,
         }
     }
 }
 
 impl Default for RequestIndex {
+    /// An empty index with a random seed.
     fn default() -> Self {
-        RequestIndex {
-            slots: Vec::new(),
-            rows: Vec::new(),
-            arena: TextArena::default(),
-            hasher: foldhash::fast::RandomState::default(),
-            seed_tag: rand::random(),
-        }
+        RequestIndex::with_seed(rand::random())
     }
 }
 
@@ -258,6 +282,25 @@ enum Probe {
 }
 
 impl RequestIndex {
+    /// An empty index hashing with `seed` (foldhash's fixed state with
+    /// `seed` as its per-hasher seed): what a checkpoint's index is loaded
+    /// with, so that its stored table stays valid.
+    pub fn with_seed(seed: u64) -> RequestIndex {
+        RequestIndex {
+            stored: None,
+            slots: Vec::new(),
+            rows: Vec::new(),
+            arena: TextArena::default(),
+            hasher: foldhash::fast::FixedState::with_seed(seed),
+            seed,
+        }
+    }
+
+    /// The hash's seed (kept by checkpoints).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     fn hash(&self, request_id: &[u8]) -> u64 {
         self.hasher.hash_one(request_id)
     }
@@ -344,14 +387,26 @@ impl RequestIndex {
 
     /// The row of `request_id`, if an op carried it.
     pub fn get(&self, request_id: &str) -> Option<RequestRow> {
-        let at = self.position(self.hash_str(request_id), request_id)?;
+        let hash = self.hash_str(request_id);
+        if let Some(stored) = &self.stored {
+            if let Some(at) = stored.position(hash, request_id.as_bytes()) {
+                return Some(stored.row(at));
+            }
+        }
+        let at = self.position(hash, request_id)?;
         Some(self.row(&self.rows[at]))
     }
 
     /// The request id and row that the op at `seq` left, if it carried a
     /// request id that was new then. A binary search: rows are added in
-    /// seq order, at most one per op.
+    /// seq order, at most one per op (the stored rows all come before the
+    /// in-memory ones).
     pub fn by_seq(&self, seq: u64) -> Option<(&str, RequestRow)> {
+        if let Some(stored) = &self.stored {
+            if let Some(at) = stored.by_seq(seq) {
+                return Some((stored.key(at), stored.row(at)));
+            }
+        }
         let at = self.rows.binary_search_by_key(&seq, |row| row.seq).ok()?;
         let row = &self.rows[at];
         Some((self.arena.get(row.key()), self.row(row)))
@@ -359,33 +414,51 @@ impl RequestIndex {
 
     /// True if an op carried `request_id`.
     pub fn contains_key(&self, request_id: &str) -> bool {
-        self.position(self.hash_str(request_id), request_id)
-            .is_some()
+        let hash = self.hash_str(request_id);
+        self.stored_contains(hash, request_id.as_bytes())
+            || self.position(hash, request_id).is_some()
+    }
+
+    /// True if the stored rows hold `request_id` (with its `hash`).
+    fn stored_contains(&self, hash: u64, request_id: &[u8]) -> bool {
+        self.stored
+            .as_ref()
+            .is_some_and(|stored| stored.position(hash, request_id).is_some())
+    }
+
+    /// Number of stored rows (used in place from a checkpoint).
+    fn stored_len(&self) -> usize {
+        self.stored.as_ref().map_or(0, |stored| stored.len())
     }
 
     /// Number of request ids.
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.stored_len() + self.rows.len()
     }
 
     /// True when no op carried a request id.
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.len() == 0
     }
 
     /// Every `(request id, row)`, in the order the rows were added (seq
     /// order).
     pub fn iter(&self) -> impl Iterator<Item = (&str, RequestRow)> + '_ {
-        self.rows
-            .iter()
-            .map(|row| (self.arena.get(row.key()), self.row(row)))
+        let stored = self.stored.as_deref();
+        (0..self.stored_len())
+            .filter_map(move |at| stored.map(|s| (s.key(at), s.row(at))))
+            .chain(
+                self.rows
+                    .iter()
+                    .map(|row| (self.arena.get(row.key()), self.row(row))),
+            )
     }
 
     /// A hasher for this index, to hash request ids on another thread.
     pub fn hasher(&self) -> RequestHasher {
         RequestHasher {
             hasher: self.hasher.clone(),
-            seed_tag: self.seed_tag,
+            seed: self.seed,
         }
     }
 
@@ -405,13 +478,16 @@ impl RequestIndex {
     /// up, ahead of its [`RequestIndex::insert_first`]: a hint, no state
     /// changes. Does nothing for an id hashed for another index.
     pub fn prefetch(&self, request_id: &HashedRequestId) {
-        if request_id.seed_tag == self.seed_tag {
+        if request_id.seed == self.seed {
             self.prefetch_hash(request_id.hash);
         }
     }
 
     /// [`RequestIndex::prefetch`] for a hash under this index.
     pub(crate) fn prefetch_hash(&self, hash: u64) {
+        if let Some(stored) = &self.stored {
+            stored.prefetch(hash);
+        }
         if self.slots.is_empty() {
             return;
         }
@@ -424,7 +500,7 @@ impl RequestIndex {
     /// hashed again here.
     pub(crate) fn insert_first(&mut self, request_id: HashedRequestId, row: RequestRow) {
         let key = request_id.key.as_bytes();
-        let hash = if request_id.seed_tag == self.seed_tag {
+        let hash = if request_id.seed == self.seed {
             request_id.hash
         } else {
             self.hash(key)
@@ -441,6 +517,9 @@ impl RequestIndex {
         request_id: &[u8],
         row: &RequestRow,
     ) -> bool {
+        if self.stored_contains(hash, request_id) {
+            return false;
+        }
         if Self::slots_for(self.rows.len() + 1) > self.slots.len() {
             self.grow_to(Self::slots_for(self.rows.len() + 1).max(2 * self.slots.len()));
         }
@@ -449,7 +528,7 @@ impl RequestIndex {
         };
         let position = u32::try_from(self.rows.len())
             .ok()
-            .filter(|&p| p < u32::MAX)
+            .filter(|&p| p < u32::MAX && self.len() < MAX_ROWS)
             .expect("at most u32::MAX - 1 request ids");
         self.slots[free] = (u64::from(tag_of(hash)) << 32) | u64::from(position + 1);
         let key = self.arena.push(request_id);

@@ -65,6 +65,7 @@ async fn orphans_are_reported_and_damage_fails_the_audit() {
             id: media_id,
             moment_id: moment,
             role: MediaRole::Copy,
+            photo: 0,
             sha256: digest,
             size_bytes: 14,
             content_type: "image/jpeg".into(),

@@ -65,10 +65,31 @@ fn create_or_known<T: Serialize>(
 
 /// Sets `ETag: "<version>"`, a moment's version.
 pub(crate) fn with_etag(mut response: Response, version: u32) -> Response {
-    if let Ok(value) = HeaderValue::from_str(&format!("\"{version}\"")) {
-        response.headers_mut().insert(header::ETAG, value);
-    }
+    response.headers_mut().insert(header::ETAG, etag(version));
     response
+}
+
+/// `"<version>"` as a header value: a create's version 1 without an
+/// allocation, any other written digit by digit.
+fn etag(version: u32) -> HeaderValue {
+    if version == 1 {
+        return HeaderValue::from_static("\"1\"");
+    }
+    // A quote, at most 10 digits, a quote.
+    let mut text = [b'"'; 12];
+    let mut end = text.len() - 1;
+    let mut rest = version;
+    loop {
+        end -= 1;
+        // `rest % 10` is below 10.
+        text[end] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    text[end - 1] = b'"';
+    HeaderValue::from_bytes(&text[end - 1..]).expect("quotes and digits are a header value")
 }
 
 /// The response of a write command's outcome (see the table above).
@@ -175,5 +196,18 @@ pub(crate) fn outcome_response(outcome: Outcome) -> Response {
             replayed,
             message,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::etag;
+
+    /// The ETag of a version is the version in quotes, as `format!` wrote it.
+    #[test]
+    fn etags_are_quoted_versions() {
+        for version in [0, 1, 2, 9, 10, 11, 99, 100, 12_345, 999_999_999, u32::MAX] {
+            assert_eq!(etag(version).to_str().unwrap(), format!("\"{version}\""));
+        }
     }
 }

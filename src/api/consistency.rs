@@ -100,8 +100,9 @@ pub fn take_min_seq(req: &mut Request) -> Result<Option<u64>, ApiError> {
         }
         req.query = kept.join("&");
     }
+    static MIN_SEQ: warp::http::HeaderName = warp::http::HeaderName::from_static(MIN_SEQ_HEADER);
     let from_header = req
-        .header(MIN_SEQ_HEADER)?
+        .header(&MIN_SEQ)?
         .map(|v| parse("X-Spark-Min-Seq", v))
         .transpose()?;
     match (from_query, from_header) {

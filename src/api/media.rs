@@ -12,8 +12,8 @@ use futures_util::{Stream, TryStreamExt};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use spark_core::wire::{
-    HEADER_CONTENT_SHA256, HEADER_MEDIA_ROLE, HEADER_MOMENT_ID, MEDIA_ROLE_COPY,
-    MEDIA_ROLE_ORIGINAL,
+    HEADER_CONTENT_SHA256, HEADER_MEDIA_ROLE, HEADER_MOMENT_ID, HEADER_PHOTO, MEDIA_ROLE_COPY,
+    MEDIA_ROLE_ORIGINAL, PHOTOS_PER_MOMENT,
 };
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc;
@@ -61,13 +61,24 @@ fn upload_of(id: Id, req: &Request) -> Result<Upload, ApiError> {
             )))
         }
     };
+    let photo = match req.header(HEADER_PHOTO)? {
+        None => 0,
+        Some(text) => parse_photo(text).ok_or_else(|| {
+            ApiError::invalid_request(format!(
+                "X-Photo {:?} is not a photo number from 0 to {}",
+                clipped(text, 20),
+                PHOTOS_PER_MOMENT - 1
+            ))
+        })?,
+    };
     let content_type = req
         .header("content-type")?
         .unwrap_or("application/octet-stream")
         .to_owned();
     if content_type.len() > CONTENT_TYPE_MAX_BYTES || !content_type.contains('/') {
         return Err(ApiError::invalid_request(format!(
-            "Content-Type {content_type:.60?} is not a media type of at most {CONTENT_TYPE_MAX_BYTES} bytes"
+            "Content-Type {:?} is not a media type of at most {CONTENT_TYPE_MAX_BYTES} bytes",
+            clipped(&content_type, 60)
         )));
     }
     let declared_sha256 = match req.header(HEADER_CONTENT_SHA256)? {
@@ -80,11 +91,41 @@ fn upload_of(id: Id, req: &Request) -> Result<Upload, ApiError> {
         id,
         moment_id,
         role,
+        photo,
         content_type,
         declared_sha256,
         declared_length_bytes: None,
         device: req.device.clone(),
     })
+}
+
+/// The photo number of an `X-Photo` header: ASCII decimal digits only (no
+/// sign, no spaces; leading zeros allowed) for a number below
+/// [`PHOTOS_PER_MOMENT`]; `None` otherwise.
+fn parse_photo(text: &str) -> Option<u8> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = text.trim_start_matches('0');
+    if digits.is_empty() {
+        return Some(0);
+    }
+    // More than 3 digits is past any u8 (and saves parsing a long value).
+    if digits.len() > 3 {
+        return None;
+    }
+    digits
+        .parse::<u8>()
+        .ok()
+        .filter(|photo| *photo < PHOTOS_PER_MOMENT)
+}
+
+/// At most the first `max_chars` characters of a client's value, for a
+/// problem's detail (`{:.N?}` does not shorten a `Debug` string).
+fn clipped(text: &str, max_chars: usize) -> &str {
+    text.char_indices()
+        .nth(max_chars)
+        .map_or(text, |(end, _)| &text[..end])
 }
 
 /// `400 digest_mismatch`: `X-Content-SHA256` names other bytes.
@@ -520,6 +561,25 @@ fn set_header(response: &mut Response, name: header::HeaderName, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn photo_numbers() {
+        for (text, photo) in [("0", 0), ("9", 9), ("01", 1), ("0009", 9), ("000", 0)] {
+            assert_eq!(parse_photo(text), Some(photo), "{text:?}");
+        }
+        let long = "7".repeat(20_000);
+        for text in ["", "10", "256", "-1", "+1", "1.0", "1 2", "٣", "０", &long] {
+            assert_eq!(parse_photo(text), None, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_detail_quotes_at_most_so_many_characters() {
+        assert_eq!(clipped("abc", 2), "ab");
+        assert_eq!(clipped("ab", 2), "ab");
+        assert_eq!(clipped("äöü", 2), "äö");
+        assert_eq!(clipped(&"7".repeat(20_000), 20).len(), 20);
+    }
 
     #[test]
     fn ranges() {

@@ -265,16 +265,19 @@ fn conflict_members(conflict: &Conflict) -> Map<String, Value> {
         Conflict::MediaOwner {
             media_id,
             moment_id,
+            photo,
             role,
         }
         | Conflict::RoleTaken {
             moment_id,
+            photo,
             role,
             media_id,
         } => {
             put("media_id", media_id.to_string());
             put("moment_id", moment_id.to_string());
             put("role", role.name().into());
+            members.insert("photo".into(), Value::from(*photo));
         }
         Conflict::JobMoment { job_id, moment_id } => {
             put("job_id", job_id.clone());

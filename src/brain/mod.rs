@@ -26,13 +26,22 @@ pub struct BrainRequest {
     pub caption: Option<String>,
     /// Language tag of the text, if known.
     pub lang: Option<String>,
-    /// The bytes of the moment's small copy, when it was uploaded.
-    pub copy: Option<Vec<u8>>,
-    /// The copy's `Content-Type`, when it was uploaded.
-    pub copy_content_type: Option<String>,
+    /// The small copies of the moment's photos that were uploaded, in photo
+    /// order (`X-Photo`; a moment holds up to 10 photos, issue 27); empty
+    /// when none was.
+    pub copies: Vec<CopyImage>,
     /// The turn's mode: `practical` (a reading of one sign) or `recall` (a
     /// quick-recall session over kept phrases).
     pub mode: String,
+}
+
+/// One photo's small copy, as a brain reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CopyImage {
+    /// The bytes, as uploaded (checked against their SHA-256).
+    pub bytes: Vec<u8>,
+    /// Their `Content-Type`, as uploaded.
+    pub content_type: String,
 }
 
 /// What a brain answered.

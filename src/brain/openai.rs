@@ -17,7 +17,9 @@ use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{millis, Brain, BrainAnswer, BrainError, BrainRequest, DEFAULT_BRAIN_TIMEOUT_MS};
+use super::{
+    millis, Brain, BrainAnswer, BrainError, BrainRequest, CopyImage, DEFAULT_BRAIN_TIMEOUT_MS,
+};
 
 /// The adapter name the OpenAI brain puts on its answers.
 pub const ADAPTER: &str = "openai";
@@ -131,8 +133,12 @@ impl OpenAiBrain {
             .as_deref()
             .map(str::trim)
             .filter(|t| !t.is_empty());
-        let copy = request.copy.as_deref().filter(|c| !c.is_empty());
-        if text.is_none() && copy.is_none() {
+        let copies: Vec<&CopyImage> = request
+            .copies
+            .iter()
+            .filter(|c| !c.bytes.is_empty())
+            .collect();
+        if text.is_none() && copies.is_empty() {
             return Err(BrainError(
                 "nothing to read: the moment has no text and no uploaded photo".into(),
             ));
@@ -160,19 +166,23 @@ impl OpenAiBrain {
         {
             user.push_str(&format!("Language: {lang}\n"));
         }
-        if copy.is_some() {
-            user.push_str("The photo of the sign is attached.\n");
+        match copies.len() {
+            0 => {}
+            1 => user.push_str("The photo of the sign is attached.\n"),
+            n => user.push_str(&format!(
+                "{n} photos of the sign are attached, in the order they were taken.\n"
+            )),
         }
 
-        let user_content = match copy {
-            Some(bytes) => {
-                let url = data_url(bytes, request.copy_content_type.as_deref());
-                json!([
-                    {"type": "text", "text": user},
-                    {"type": "image_url", "image_url": {"url": url}},
-                ])
-            }
-            None => Value::String(user),
+        let user_content = if copies.is_empty() {
+            Value::String(user)
+        } else {
+            let mut parts = vec![json!({"type": "text", "text": user})];
+            parts.extend(copies.iter().map(|copy| {
+                let url = data_url(&copy.bytes, Some(copy.content_type.as_str()));
+                json!({"type": "image_url", "image_url": {"url": url}})
+            }));
+            Value::Array(parts)
         };
         let mut body = json!({
             "model": self.config.model,

@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::Clock;
 use spark_core::ids::Id;
+use spark_core::mirror::MomentView;
 use spark_core::op::{Op, OpBody};
 
 use super::{EngineError, Outcome, Shared, WriterRequest};
@@ -475,6 +476,10 @@ impl Journal {
             );
             let mut seq = first_seq;
             for (ops, plan, reply) in writes {
+                // A create's payload, handed back by the fold: its answer is
+                // built from it (the strings moved, not copied back out of
+                // the mirror).
+                let mut created = None;
                 for body in ops {
                     if let OpBody::TurnStart(t) = &body {
                         started_turns.push(t.id);
@@ -488,7 +493,16 @@ impl Journal {
                     seq += 1;
                     notices.push(super::ChangeNotice::of(&op));
                     appended.add(op.body.kind().name());
-                    if let Err(e) = mirror.apply(op) {
+                    let applied = if matches!(plan, Plan::Created(_)) {
+                        mirror.apply_keeping_create(op).map(|kept| {
+                            if kept.is_some() {
+                                created = kept;
+                            }
+                        })
+                    } else {
+                        mirror.apply(op)
+                    };
+                    if let Err(e) = applied {
                         // The sequencer decided an op the fold refuses: a bug.
                         // The op is durable but its effect is not published;
                         // restart replays it and reports the same refusal.
@@ -504,7 +518,23 @@ impl Journal {
                         return None;
                     }
                 }
-                answers.push((plan.outcome(&mirror), reply));
+                let outcome = match (plan, created) {
+                    (Plan::Created(id), Some(p)) if p.id == id => {
+                        let moment = MomentView::of_create(p, ts_ms);
+                        debug_assert_eq!(
+                            Some(&moment),
+                            mirror.moment(id).map(|m| mirror.moment_view(m)).as_ref(),
+                            "a create's answer is the mirror's view of the moment it made"
+                        );
+                        Ok(Outcome::MomentCreated {
+                            created: true,
+                            replayed: None,
+                            moment,
+                        })
+                    }
+                    (plan, _) => plan.outcome(&mirror),
+                };
+                answers.push((outcome, reply));
             }
             // The fold applied exactly the ops the log appended, in order.
             assert_eq!(
@@ -623,6 +653,18 @@ impl Journal {
         let mut writes: Vec<Write> = Vec::new();
         let mut batch_ops = 0;
         let mirror = self.shared.mirror.read();
+        // A checkpoint file the request index reads in place that was
+        // written to (an operator's `cp` over it) could answer a retry with
+        // another record, or miss it and write a duplicate: checked before
+        // the first probe, and again below before anything is answered or
+        // written (a file cut short is seen here, before a probe could read
+        // past its end).
+        if let Some(reason) = mirror.requests.mapped_file_changed() {
+            drop(mirror);
+            tracing::error!(%reason, "the write path is stopped until restart");
+            self.poison_and_refuse_replies(reason, batch.into_iter().map(|(_, reply)| reply));
+            return (0, Vec::new());
+        }
         // A known answer (a retry) is acknowledged once what it was read
         // from is: in `sync` mode, archived.
         let mut known = Vec::new();
@@ -645,7 +687,15 @@ impl Journal {
             }
         }
         let committed_seq = mirror.seq;
+        let changed = mirror.requests.mapped_file_changed();
         drop(mirror);
+        if let Some(reason) = changed {
+            tracing::error!(%reason, "the write path is stopped until restart");
+            let replies = known.into_iter().map(|(_, reply)| reply);
+            let replies = replies.chain(writes.into_iter().map(|(_, _, reply)| reply));
+            self.poison_and_refuse_replies(reason, replies);
+            return (ts_ms, Vec::new());
+        }
         self.answer(committed_seq, known);
         (ts_ms, writes)
     }
@@ -722,8 +772,17 @@ impl Journal {
     }
 
     fn poison_and_refuse(&mut self, reason: String, writes: Vec<Write>) {
+        self.poison_and_refuse_replies(reason, writes.into_iter().map(|(_, _, reply)| reply));
+    }
+
+    /// [`Self::poison_and_refuse`] for the replies alone.
+    fn poison_and_refuse_replies(
+        &mut self,
+        reason: String,
+        replies: impl IntoIterator<Item = Reply>,
+    ) {
         *self.shared.poison.lock() = Some(reason.clone());
-        for (_, _, reply) in writes {
+        for reply in replies {
             let _ = reply.send(Err(EngineError::Unavailable(reason.clone())));
         }
         let deferred: Vec<_> = self.deferred.drain(..).collect();

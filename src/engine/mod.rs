@@ -428,6 +428,22 @@ impl Engine {
         self.shared.gate.as_ref()
     }
 
+    /// Stops using the request index rows of the checkpoint the engine
+    /// started from in place (`log-format/CHECKPOINT.md`, "Request
+    /// index"): copies them into memory, without holding the mirror's lock
+    /// meanwhile, then swaps the copy in under a brief write lock. Answers
+    /// do not change. Until then the file's blocks stay allocated even once
+    /// it is removed, so the compactor (and a replica following a
+    /// compaction) calls this after removing checkpoints that hold content
+    /// it erases (SPEC section 13). True if the index was detached.
+    pub fn detach_request_index(&self) -> bool {
+        let Some(rows) = self.shared.mirror.read().requests.mapped_rows() else {
+            return false;
+        };
+        let copy = rows.copy();
+        self.shared.mirror.write().requests.detach(copy)
+    }
+
     /// Runs `f` over the published mirror (durable state only), under a
     /// read lock: keep `f` short.
     pub fn read<R>(&self, f: impl FnOnce(&Mirror) -> R) -> R {
@@ -661,9 +677,10 @@ enum FoldStop {
 }
 
 /// Where the replay starts: the checkpoint file to load (checked by
-/// [`spark_core::checkpoint::peek`]; loading checks its checksum and body)
-/// and its point in the log, or nothing (an empty mirror, the whole log).
-type ReplayStart = Option<(std::path::PathBuf, LogPoint)>;
+/// [`spark_core::checkpoint::peek`]; loading checks its checksum and body),
+/// its point in the log and its request index's seed, or nothing (an empty
+/// mirror, the whole log).
+type ReplayStart = Option<(std::path::PathBuf, LogPoint, u64)>;
 
 /// Starts the replay's fold thread: it folds the batches it receives, in
 /// order, and sends each emptied buffer back to be filled again.
@@ -681,7 +698,7 @@ fn spawn_replay_fold(
     std::thread::Builder::new()
         .name("spark-replay-fold".into())
         .spawn(move || {
-            if let Some((file, point)) = start {
+            if let Some((file, point, _)) = start {
                 match spark_core::checkpoint::load(&file, &log_dir, mirror) {
                     Ok((_, loaded)) if loaded.seq == point.seq => mirror = loaded,
                     Ok(_) => {
@@ -763,6 +780,10 @@ fn replay_log(
     settings: &Settings,
     fs: Arc<dyn Fs>,
 ) -> Result<(Log, RecoveryReport, Mirror, u64), EngineOpenError> {
+    // A checkpoint write a crash cut short leaves `*.ckpt.tmp`: never read,
+    // and it may hold content a later delete erases (SPEC section 13), so
+    // it goes now, whether or not checkpoints are on.
+    spark_core::checkpoint::remove_temp_files(&*fs, &settings.data_dir);
     // Before recovery cuts anything: a whole checkpoint past the log's end
     // proves acknowledged records are gone; starting would hand their seqs
     // out again.
@@ -776,14 +797,16 @@ fn replay_log(
     let start = if settings.log.checkpoint_interval_ops > 0 {
         let (candidate, ignored) =
             spark_core::checkpoint::newest_candidate(&settings.data_dir, &settings.log_dir());
+        // Each newer file that fails its checks; an older one that passes
+        // may still be used (the start then says which).
         for ignored in ignored {
-            tracing::warn!(file = %ignored.file.display(), why = %ignored.why, "checkpoint ignored; replaying the log instead");
+            tracing::warn!(file = %ignored.file.display(), why = %ignored.why, "checkpoint ignored");
         }
-        candidate.map(|(file, header)| (file, header.at))
+        candidate.map(|(file, header)| (file, header.at, header.request_seed))
     } else {
         None
     };
-    let Some((file, point)) = start else {
+    let Some((file, point, seed)) = start else {
         let (log, recovery, mirror) =
             replay_log_from(settings, Arc::clone(&fs), None)?.map_err(|(_, why)| {
                 EngineOpenError::DataDir {
@@ -794,7 +817,7 @@ fn replay_log(
         return refuse_if_committed_past(settings, (log, recovery, mirror, 0));
     };
     let checkpoint_seq = point.seq;
-    match replay_log_from(settings, Arc::clone(&fs), Some((file.clone(), point)))? {
+    match replay_log_from(settings, Arc::clone(&fs), Some((file.clone(), point, seed)))? {
         Ok((log, recovery, mirror)) if log.head().seq >= checkpoint_seq => {
             // A newer whole checkpoint that was ignored (its chain value no
             // longer matches: zeros or damage where its records were) may
@@ -868,7 +891,7 @@ fn replay_log_from(
     fs: Arc<dyn Fs>,
     start: ReplayStart,
 ) -> Result<Replayed, EngineOpenError> {
-    let point = start.as_ref().map(|(_, point)| *point);
+    let point = start.as_ref().map(|(_, point, _)| *point);
     let from_checkpoint = point.is_some();
     let (batches, received) =
         std::sync::mpsc::sync_channel::<ReplayBatch>(REPLAY_BATCHES_IN_FLIGHT);
@@ -877,7 +900,13 @@ fn replay_log_from(
     // and faulting it in again (zeroed pages) is the largest cost of replay
     // on a VM.
     let (recycle, recycled) = std::sync::mpsc::channel::<Vec<(PreparedOp, u64)>>();
-    let mirror = Mirror::new();
+    // From a checkpoint, the mirror hashes request ids with the seed of the
+    // checkpoint's stored table, so that the ids prepared here are hashed
+    // once.
+    let mirror = match &start {
+        Some((_, _, seed)) => Mirror::with_request_seed(*seed),
+        None => Mirror::new(),
+    };
     // Ops are decoded and prepared (creates built and boxed, request ids
     // hashed) on this thread, and folded on the fold thread.
     let preparer = mirror.preparer();

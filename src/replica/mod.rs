@@ -1056,6 +1056,11 @@ impl Follower {
         }
         checkpoints += crate::retention::remove_stale_checkpoints(&OsFs, &self.data_dir, &log_dir)
             .map_err(|e| FollowError::Retry(e.to_string()))?;
+        if checkpoints > 0 {
+            // No removed checkpoint stays mapped by the mirror's request
+            // index (its blocks would stay allocated).
+            self.engine.detach_request_index();
+        }
         tracing::info!(
             manifest = manifest.number,
             erased = erased.len(),

@@ -130,6 +130,7 @@ fn photo_capture(n: u8) -> Capture {
             bytes: vec![n; 1000],
             content_type: "image/png".into(),
         },
+        more_photos: Vec::new(),
         text: Some(format!("sign {n}")),
         caption: None,
         lang: Some("de".into()),

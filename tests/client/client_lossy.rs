@@ -18,8 +18,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use spark_client::outbox::sha256_hex;
 use spark_client::{
-    image, Capture, Client, DrainOptions, EntryState, MediaBytes, Outbox, ReqwestTransport,
-    SystemClientClock,
+    image, Capture, Client, DrainOptions, EntryState, MediaBytes, Outbox, PhotoBytes,
+    ReqwestTransport, SystemClientClock,
 };
 use spark_engine::brain::scripted::ScriptedBrain;
 use spark_engine::brain::Brain;
@@ -195,16 +195,26 @@ async fn fifty_captures_through_a_lossy_link_land_exactly_once() {
         ..DrainOptions::default()
     });
 
+    let photo_bytes = |n: u32| {
+        let original = photo(n);
+        PhotoBytes {
+            copy: image::make_copy(&original).unwrap(),
+            original: MediaBytes {
+                content_type: image::content_type_of(&original),
+                bytes: original,
+            },
+        }
+    };
+    // Every fifth capture is a moment of three photos (issue 27).
+    let more = |n: u32| if n.is_multiple_of(5) { 2 } else { 0 };
     let mut entries = Vec::new();
     for n in 0..50 {
-        let original = photo(n);
+        let first = photo_bytes(n);
         let entry = client
             .capture(Capture {
-                copy: image::make_copy(&original).unwrap(),
-                original: MediaBytes {
-                    content_type: image::content_type_of(&original),
-                    bytes: original,
-                },
+                copy: first.copy,
+                original: first.original,
+                more_photos: (1..=more(n)).map(|k| photo_bytes(1000 * k + n)).collect(),
                 text: Some(format!("Ausfahrt {n} freihalten")),
                 caption: None,
                 lang: Some("de".into()),
@@ -228,8 +238,9 @@ async fn fifty_captures_through_a_lossy_link_land_exactly_once() {
     assert_eq!((report.pending_entries, report.parked_entries), (0, 0));
     assert!(resets > 0 && dropped > 0, "the link really was lossy");
 
-    // Every capture landed whole: its moment, its two media with the
-    // bytes' hashes, exactly one turn.
+    // Every capture landed whole: its moment, its media (a copy and an
+    // original per photo, with the bytes' hashes and photo numbers),
+    // exactly one turn.
     for stored in client.outbox().scan().unwrap().entries {
         assert_eq!(stored.state(), EntryState::Done);
         let (status, moment) = server
@@ -237,16 +248,26 @@ async fn fifty_captures_through_a_lossy_link_land_exactly_once() {
             .await;
         assert_eq!(status, 200, "seed {seed}: {moment}");
         let media = moment["media"].as_array().unwrap();
-        assert_eq!(media.len(), 2, "seed {seed}: {moment}");
-        for (id, role, file) in [
-            (stored.copy_id, "copy", &stored.copy),
-            (stored.original_id, "original", &stored.original),
-        ] {
+        assert_eq!(
+            media.len(),
+            2 * (1 + stored.more_photos.len()),
+            "seed {seed}: {moment}"
+        );
+        let mut uploads = vec![
+            (stored.copy_id, 0, "copy", &stored.copy),
+            (stored.original_id, 0, "original", &stored.original),
+        ];
+        for more in &stored.more_photos {
+            uploads.push((more.copy_id, more.photo, "copy", &more.copy));
+            uploads.push((more.original_id, more.photo, "original", &more.original));
+        }
+        for (id, photo, role, file) in uploads {
             let item = media
                 .iter()
                 .find(|m| m["id"] == id.to_string().as_str())
                 .unwrap_or_else(|| panic!("seed {seed}: no {role} in {moment}"));
             assert_eq!(item["role"], role);
+            assert_eq!(item["photo"], photo);
             assert_eq!(item["sha256"], file.sha256.as_str());
             let bytes = std::fs::read(client.outbox().media_path(&stored, file)).unwrap();
             assert_eq!(sha256_hex(&bytes), file.sha256);
@@ -272,7 +293,7 @@ async fn fifty_captures_through_a_lossy_link_land_exactly_once() {
     }
     let expected: BTreeMap<&str, usize> = [
         ("moment.create", 50),
-        ("media.put", 100),
+        ("media.put", 100 + 10 * 4),
         ("turn.start", 50),
         // Each turn's own outcome, written by the server, not the client.
         ("turn.finish", 50),

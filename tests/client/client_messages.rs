@@ -392,6 +392,7 @@ async fn a_message_to_a_moment_still_in_the_outbox_waits_for_it() {
                 bytes: b"original".to_vec(),
                 content_type: "image/jpeg".into(),
             },
+            more_photos: Vec::new(),
             text: Some("Ausgang".into()),
             caption: None,
             lang: None,

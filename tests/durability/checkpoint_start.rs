@@ -50,10 +50,13 @@ fn settings(data: &Path, checkpoints: bool) -> Settings {
 /// Appends synthetic creates `from..to` to the log of `data`, 20 to a
 /// batch (so that the small segments roll every few batches).
 fn append_creates(data: &Path, from: u64, to: u64) {
-    let (mut log, _) = Log::open(&log_dir(data), log_config(), Arc::new(OsFs), |_| {
-        Ok::<(), ()>(())
-    })
-    .unwrap_or_else(|_| panic!("the log opens"));
+    append_creates_with(data, from, to, log_config());
+}
+
+/// [`append_creates`] into a log with segments of `config`.
+fn append_creates_with(data: &Path, from: u64, to: u64, config: LogConfig) {
+    let (mut log, _) = Log::open(&log_dir(data), config, Arc::new(OsFs), |_| Ok::<(), ()>(()))
+        .unwrap_or_else(|_| panic!("the log opens"));
     let ops: Vec<(u16, u16, Vec<u8>)> = (from..to)
         .map(|k| synth::moment_create(k).encode().unwrap())
         .collect();
@@ -216,6 +219,46 @@ fn a_clean_log_scrubs_clean_from_a_checkpoint() {
         json!({"status": "clean", "segments": engine.recovery().deferred.len(),
                "checked": engine.recovery().deferred.len(), "damage": []})
     );
+}
+
+#[test]
+fn the_request_index_used_in_place_answers_as_a_full_replay_and_after_being_detached() {
+    let dir = data_with_checkpoint();
+    let (full, _) = digest(dir.path(), false);
+    let engine = open(dir.path(), true).unwrap();
+    // The checkpoint's request rows are used in place (mapped) and the
+    // rows after it are in memory: every request id answers as after a
+    // full replay, which built the whole index in memory.
+    assert!(engine.read(|m| m.requests.mapped_rows().is_some()));
+    assert_eq!(engine.read(|m| m.digest()), full);
+    let answers = |engine: &Engine| {
+        engine.read(|m| {
+            (0..CREATES + CREATES_AFTER + 2)
+                .map(|k| {
+                    let request_id = format!("outbox-{k:012}-c2d98960");
+                    (
+                        m.requests.get(&request_id),
+                        m.requests
+                            .by_seq(k + 1)
+                            .map(|(id, row)| (id.to_owned(), row)),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let before = answers(&engine);
+    assert_eq!(
+        before.iter().filter(|(row, _)| row.is_some()).count() as u64,
+        CREATES + CREATES_AFTER
+    );
+    assert!(
+        engine.detach_request_index(),
+        "the mapped rows are detached"
+    );
+    assert!(engine.read(|m| m.requests.mapped_rows().is_none()));
+    assert!(!engine.detach_request_index(), "nothing left to detach");
+    assert_eq!(answers(&engine), before);
+    assert_eq!(engine.read(|m| m.digest()), full);
 }
 
 #[test]
@@ -554,6 +597,154 @@ fn a_last_segment_cut_short_below_a_checkpoint_is_refused_and_left_as_it_is() {
     std::fs::rename(&checkpoint, dir.path().join("aside.ckpt")).unwrap();
     let engine = open(dir.path(), true).expect("starts once the operator moved the proof away");
     assert!(engine.head().seq < CREATES);
+}
+
+/// A whole checkpoint copied in from another data directory (a restore of
+/// `checkpoint/` from the wrong backup, a break-test's `cp`), whose point
+/// lies past this log's segment but whose seq this log reaches: it does
+/// not describe this log and proves nothing lost. Ignored with its
+/// warning, and the start replays the log (it was refused as "lost
+/// acknowledged records").
+#[test]
+fn a_foreign_checkpoint_whose_seq_the_log_reaches_is_ignored_not_proof_of_loss() {
+    let dir = data_with_checkpoint();
+    let (full, head) = digest(dir.path(), false);
+    assert_eq!(head, CREATES + CREATES_AFTER);
+    // Another log of the same length in one big segment: its checkpoint's
+    // point lies far past this log's first (32 KiB) segment.
+    let other = tempfile::tempdir().unwrap();
+    append_creates_with(other.path(), 7, CREATES + 7, LogConfig::default());
+    let (foreign, at) = write_checkpoint(other.path());
+    assert_eq!((at.seq, at.segment_first_seq), (CREATES, 1));
+    for (_, file) in spark_core::checkpoint::list(dir.path()) {
+        std::fs::remove_file(file).unwrap();
+    }
+    let copied = spark_core::checkpoint::checkpoint_dir(dir.path()).join(name(&foreign));
+    std::fs::copy(&foreign, &copied).unwrap();
+    assert!(
+        std::fs::metadata(segment_at(dir.path(), &at))
+            .unwrap()
+            .len()
+            < at.frame_end_offset,
+        "the point lies past this log's segment"
+    );
+
+    assert_eq!(
+        spark_core::checkpoint::past_the_log(dir.path(), &log_dir(dir.path())),
+        None
+    );
+    let engine = open(dir.path(), true).expect("starts, the foreign checkpoint ignored");
+    assert_eq!(engine.head().seq, CREATES + CREATES_AFTER);
+    assert_eq!(engine.read(|m| m.digest()), full);
+}
+
+/// Startup with a FIFO named as the newest checkpoint (opening it would
+/// wait for a writer for ever) and a `*.ckpt.tmp` a crash left mid-write
+/// (it may hold content a later delete erases, SPEC section 13): the FIFO
+/// is ignored as not a regular file, the engine starts from the real
+/// checkpoint, and the temp file is removed even with checkpoints off.
+#[test]
+fn a_fifo_named_as_a_checkpoint_is_ignored_and_a_temp_file_removed_at_start() {
+    let dir = data_with_checkpoint();
+    let checkpoints = spark_core::checkpoint::checkpoint_dir(dir.path());
+    let fifo = checkpoints.join("00000000000000999999.ckpt");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    let temp = checkpoints.join(format!(
+        "00000000000000999998{}",
+        spark_core::checkpoint::TMP_SUFFIX
+    ));
+    std::fs::write(&temp, b"MARKER left by a crash mid-write").unwrap();
+
+    let data = dir.path().to_owned();
+    let (sent, opened) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sent.send(open(&data, true).map(|engine| engine.head().seq));
+    });
+    let head = opened
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the start does not hang on the FIFO")
+        .expect("starts");
+    assert_eq!(head, CREATES + CREATES_AFTER);
+    assert_eq!(
+        spark_core::checkpoint::peek(&fifo, &log_dir(dir.path()))
+            .err()
+            .map(|e| e.to_string()),
+        Some("not a regular file".to_owned())
+    );
+    assert!(!temp.exists(), "the temp file is removed at start");
+
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::write(&temp, b"MARKER left by a crash mid-write").unwrap();
+    drop(open(dir.path(), false).expect("starts with checkpoints off"));
+    assert!(!temp.exists(), "removed with checkpoints off too");
+}
+
+/// The checkpoint whose request index the engine reads in place, written
+/// to while it runs (a newcomer's break test: `cp` of another checkpoint
+/// over it gave duplicate creates, cutting it short killed the engine with
+/// SIGBUS): the next batch is refused, a retry included, the write path
+/// stops until a restart, and nothing is written; the restart checks the
+/// file again and answers the retry as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_written_in_place_while_its_index_is_read_stops_the_write_path() {
+    use spark_engine::engine::{Command, CreateMoment};
+    let create = |request_id: String| {
+        Command::CreateMoment(CreateMoment {
+            id: None,
+            request_id: Some(request_id),
+            text: Some("a retry".into()),
+            caption: None,
+            lang: None,
+            captured_at_ms: None,
+            device: "t".into(),
+        })
+    };
+    let retry = || create(format!("outbox-{:012}-c2d98960", 5));
+    let other = data_with_checkpoint();
+    let foreign = std::fs::read(&spark_core::checkpoint::list(other.path())[0].1).unwrap();
+    for cut_short in [false, true] {
+        let dir = data_with_checkpoint();
+        let checkpoint = spark_core::checkpoint::list(dir.path())[0].1.clone();
+        let engine = open(dir.path(), true).unwrap();
+        assert!(engine.read(|m| m.requests.mapped_rows().is_some()));
+        let head = engine.head().seq;
+        let answered = format!("{:?}", engine.submit(retry()).await.unwrap());
+        assert_eq!(engine.head().seq, head, "a retry writes nothing");
+
+        if cut_short {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&checkpoint)
+                .unwrap();
+            file.set_len(64).unwrap();
+        } else {
+            std::fs::write(&checkpoint, &foreign).unwrap();
+        }
+        for command in [retry(), create("a-new-request".into())] {
+            let refused = engine.submit(command).await.expect_err("refused");
+            assert!(
+                refused
+                    .to_string()
+                    .contains("written to while the engine ran")
+                    && refused.to_string().contains(&name(&checkpoint)),
+                "{refused}"
+            );
+        }
+        assert_eq!(engine.head().seq, head, "nothing written");
+        drop(engine);
+
+        let engine = open(dir.path(), true).expect("restarts");
+        assert_eq!(
+            format!("{:?}", engine.submit(retry()).await.unwrap()),
+            answered,
+            "the retry is answered as before (cut short: {cut_short})"
+        );
+        assert_eq!(engine.head().seq, head);
+    }
 }
 
 /// The segments from the one holding a checkpoint's point on deleted: the

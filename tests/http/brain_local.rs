@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use crate::common;
 
 use spark_engine::brain::local::{LocalBrain, LocalConfig};
-use spark_engine::brain::{Brain, BrainRequest};
+use spark_engine::brain::{Brain, BrainRequest, CopyImage};
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -32,11 +32,17 @@ fn ocr_brain(test: &str) -> Option<LocalBrain> {
     common::run_or_skip(test, missing, "SPARK_REQUIRE_OCR").then_some(brain)
 }
 
+fn sign(name: &str) -> CopyImage {
+    CopyImage {
+        bytes: fixture(name),
+        content_type: "image/png".into(),
+    }
+}
+
 fn sign_request(text: Option<&str>) -> BrainRequest {
     BrainRequest {
         moment_text: text.map(Into::into),
-        copy: Some(fixture("sign.png")),
-        copy_content_type: Some("image/png".into()),
+        copies: vec![sign("sign.png")],
         mode: "practical".into(),
         ..BrainRequest::default()
     }
@@ -61,6 +67,35 @@ async fn ocr_reads_the_sign_image() {
     // The glossary explains what it recognised.
     assert!(answer.text.contains("emergency exit"), "{}", answer.text);
     assert!(answer.text.contains("no entry"), "{}", answer.text);
+}
+
+/// Issue 27: the copies of several photos are read in photo order, the
+/// second sign's text after the first's; a damaged copy among them is left
+/// out while the others read.
+#[tokio::test]
+async fn ocr_reads_every_photo_in_order() {
+    let Some(brain) = ocr_brain("brain_local::ocr_reads_every_photo_in_order") else {
+        return;
+    };
+    let request = BrainRequest {
+        copies: vec![
+            sign("sign.png"),
+            CopyImage {
+                bytes: b"not an image".to_vec(),
+                content_type: "image/png".into(),
+            },
+            sign("sign2.png"),
+        ],
+        ..sign_request(None)
+    };
+    let answer = brain.read(request).await.unwrap();
+    assert_eq!(answer.source, "ocr", "{}", answer.text);
+    let lower = answer.text.to_lowercase();
+    let first = lower.find("kein zutritt").expect("the first photo's text");
+    let second = lower
+        .find("bitte klingeln")
+        .expect("the second photo's text");
+    assert!(first < second, "photo order: {}", answer.text);
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{json, Value};
 use spark_engine::brain::openai::{OpenAiBrain, OpenAiConfig, RECALL_SYSTEM_PROMPT};
-use spark_engine::brain::{Brain, BrainRequest};
+use spark_engine::brain::{Brain, BrainRequest, CopyImage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -134,8 +134,10 @@ async fn sends_text_image_and_key() {
     let png = sign_png();
     let answer = brain
         .read(BrainRequest {
-            copy: Some(png.clone()),
-            copy_content_type: Some("image/png".into()),
+            copies: vec![CopyImage {
+                bytes: png.clone(),
+                content_type: "image/png".into(),
+            }],
             lang: Some("de".into()),
             ..practical(Some("Notausgang"))
         })
@@ -176,6 +178,43 @@ async fn sends_text_image_and_key() {
         base64::engine::general_purpose::STANDARD.encode(&png)
     );
     assert_eq!(parts[1]["image_url"]["url"], expected.as_str());
+}
+
+/// Issue 27: every photo's copy is attached, in photo order, and the text
+/// says how many.
+#[tokio::test]
+async fn several_photos_are_attached_in_order() {
+    let (base, mut seen) = fake_server(Reply::Answer("Two signs.".into())).await;
+    let brain = OpenAiBrain::new(OpenAiConfig::new(base, "m"));
+    let copies: Vec<CopyImage> = [&b"first"[..], b"second", b"third"]
+        .iter()
+        .map(|bytes| CopyImage {
+            bytes: bytes.to_vec(),
+            content_type: "image/jpeg".into(),
+        })
+        .collect();
+    brain
+        .read(BrainRequest {
+            copies,
+            ..practical(None)
+        })
+        .await
+        .unwrap();
+    let req = seen.recv().await.unwrap();
+    let parts = req.body["messages"][1]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(parts.len(), 4, "{parts:?}");
+    let text = parts[0]["text"].as_str().unwrap();
+    assert!(text.contains("3 photos of the sign are attached"), "{text}");
+    for (part, bytes) in parts[1..].iter().zip([&b"first"[..], b"second", b"third"]) {
+        let url = format!(
+            "data:image/jpeg;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        );
+        assert_eq!(part["image_url"]["url"], url.as_str());
+    }
 }
 
 #[tokio::test]

@@ -36,6 +36,21 @@ async fn put(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+/// Starts a practical turn on moment `m` with `request_id` and waits until
+/// it is done.
+async fn practical_turn_done(server: &TestServer, m: &str, request_id: &str) {
+    let (s, v) = server
+        .post(
+            &format!("/api/moments/{m}/turns"),
+            json!({"client_request_id": request_id, "mode": "practical"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    let turn = v["turn"]["id"].as_str().unwrap().to_owned();
+    let (_, done) = server.get(&format!("/api/turns/{turn}?wait=20")).await;
+    assert_eq!(done["status"], "done", "{done}");
+}
+
 async fn moment(server: &TestServer) -> String {
     let id = ulid();
     let (s, _) = server
@@ -478,5 +493,191 @@ async fn uploads_are_never_served_as_an_active_document() {
             );
         }
     }
+    server.stop().await;
+}
+
+/// Issue 27: a moment holds up to 10 photos (`X-Photo` 0 to 9), each with
+/// one copy and one original. Each upload keeps its photo number through a
+/// restart; a taken photo role, a known media id under another photo and a
+/// bad `X-Photo` are refused and write nothing; the brain reads every
+/// photo's copy, in photo order whatever the upload order.
+#[tokio::test]
+async fn a_moment_holds_several_photos() {
+    use spark_engine::brain::scripted::ScriptedBrain;
+
+    let dir = tempfile::tempdir().unwrap();
+    let brain = ScriptedBrain::echo();
+    let server = TestServer::start_with_brains(
+        settings(dir.path()),
+        vec![("pippa", Arc::new(brain.clone()) as Arc<_>)],
+    )
+    .await;
+    let m = moment(&server).await;
+    // Photo 2 first, then photo 0 (no header), then photo 1: upload order
+    // is not photo order.
+    let mut uploads = Vec::new();
+    for (photo, header) in [(2u8, Some("2")), (0, None), (1, Some("1"))] {
+        for role in ["copy", "original"] {
+            let id = ulid();
+            let bytes = format!("{role} of photo {photo}").into_bytes();
+            let extra: Vec<(&str, &str)> = header.map(|h| ("X-Photo", h)).into_iter().collect();
+            let (s, v) = put(&server, &id, &m, role, bytes, &extra).await;
+            assert_eq!(s, 201, "{v}");
+            assert_eq!(v["media"]["photo"], photo, "{v}");
+            assert_eq!(v["media"]["role"], role);
+            uploads.push((id, photo, role));
+        }
+    }
+
+    // Another upload of the copy role, as photo `photo`.
+    let copy_as = |id: String, photo: &'static str, bytes: &'static [u8]| {
+        let (server, m) = (&server, m.clone());
+        async move {
+            put(
+                server,
+                &id,
+                &m,
+                "copy",
+                bytes.to_vec(),
+                &[("X-Photo", photo)],
+            )
+            .await
+        }
+    };
+    // A photo's role holds one media: 409 naming the photo.
+    let (s, v) = copy_as(ulid(), "1", b"late").await;
+    assert_eq!(
+        (s, v["conflict"].clone(), v["photo"].clone()),
+        (409, json!("media_role"), json!(1)),
+        "{v}"
+    );
+    assert_eq!(v["media_id"], uploads[4].0.as_str());
+    // A known media id under another photo: 409 media_owner.
+    let id = uploads[0].0.clone();
+    let (s, v) = copy_as(id.clone(), "3", b"copy of photo 2").await;
+    assert_eq!(
+        (s, v["conflict"].clone(), v["photo"].clone()),
+        (409, json!("media_owner"), json!(2)),
+        "{v}"
+    );
+    // The same upload again (same id, photo and bytes) answers 200.
+    let (s, v) = copy_as(id, "2", b"copy of photo 2").await;
+    assert_eq!((s, v["created"].clone()), (200, json!(false)), "{v}");
+    // X-Photo outside 0..=9, or not a plain number: 400, nothing written
+    // (white space around a header value is not part of it, RFC 9110).
+    for bad in ["10", "-1", "+1", "1.0", "one", "1 2", "", "256", "99999"] {
+        let (s, v) = copy_as(ulid(), bad, b"x").await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (400, json!("invalid_request")),
+            "X-Photo {bad:?}: {v}"
+        );
+    }
+    // X-Photo on two lines with different values: 400 naming it; a long
+    // bad value is quoted short.
+    let (s, v) = put(
+        &server,
+        &ulid(),
+        &m,
+        "copy",
+        b"x".to_vec(),
+        &[("X-Photo", "3"), ("X-Photo", "4")],
+    )
+    .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (400, json!("invalid_request")),
+        "{v}"
+    );
+    assert!(v["detail"].as_str().unwrap().contains("x-photo"), "{v}");
+    let long = "7".repeat(20_000);
+    let (s, v) = put(
+        &server,
+        &ulid(),
+        &m,
+        "copy",
+        b"x".to_vec(),
+        &[("X-Photo", &long)],
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(v["detail"].as_str().unwrap().len() < 200, "{v}");
+
+    // The brain reads the three copies in photo order.
+    practical_turn_done(&server, &m, "photos-turn").await;
+    let asked = brain.requests();
+    let copies: Vec<String> = asked[0]
+        .copies
+        .iter()
+        .map(|c| String::from_utf8(c.bytes.clone()).unwrap())
+        .collect();
+    assert_eq!(
+        copies,
+        ["copy of photo 0", "copy of photo 1", "copy of photo 2"]
+    );
+
+    // After a restart (the log replayed), the moment lists its media in
+    // upload order, each with its photo.
+    server.stop().await;
+    let server = TestServer::start(dir.path()).await;
+    let (_, got) = server.get(&format!("/api/moments/{m}")).await;
+    let listed: Vec<(String, u64, String)> = got["media"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["id"].as_str().unwrap().to_owned(),
+                x["photo"].as_u64().unwrap(),
+                x["role"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, u64, String)> = uploads
+        .iter()
+        .map(|(id, photo, role)| (id.clone(), u64::from(*photo), (*role).to_owned()))
+        .collect();
+    assert_eq!(listed, expected);
+    assert_eq!(
+        got["version"],
+        1 + 6 + 1,
+        "the create, six uploads, the turn"
+    );
+    server.stop().await;
+    let puts = log_records(dir.path())
+        .iter()
+        .filter(|(_, kind)| *kind == 4)
+        .count();
+    assert_eq!(puts, 6, "one media.put per stored media, none for refusals");
+}
+
+/// `brains.copies_max_bytes`: the first photo's copy is always read; a
+/// later one only while the copies taken and it stay within the limit, so
+/// a turn of ten large copies does not hold them all in memory.
+#[tokio::test]
+async fn a_turn_reads_copies_within_brains_copies_max_bytes() {
+    use spark_engine::brain::scripted::ScriptedBrain;
+
+    let dir = tempfile::tempdir().unwrap();
+    let brain = ScriptedBrain::echo();
+    let mut settings = settings(dir.path());
+    settings.brains.copies_max_bytes = 1000;
+    let server =
+        TestServer::start_with_brains(settings, vec![("pippa", Arc::new(brain.clone()) as Arc<_>)])
+            .await;
+    let m = moment(&server).await;
+    // Photo 0 and 1 of 600 bytes, photo 2 of 300: 0 and 2 fit, 1 does not.
+    for (photo, size) in [("0", 600usize), ("1", 600), ("2", 300)] {
+        let bytes = vec![photo.as_bytes()[0]; size];
+        let (s, v) = put(&server, &ulid(), &m, "copy", bytes, &[("X-Photo", photo)]).await;
+        assert_eq!(s, 201, "{v}");
+    }
+    practical_turn_done(&server, &m, "budget-turn").await;
+    let read: Vec<(u8, usize)> = brain.requests()[0]
+        .copies
+        .iter()
+        .map(|c| (c.bytes[0], c.bytes.len()))
+        .collect();
+    assert_eq!(read, [(b'0', 600), (b'2', 300)]);
     server.stop().await;
 }

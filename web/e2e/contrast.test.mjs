@@ -1,6 +1,6 @@
 // WCAG AA for text, light and dark: every visible text on the page (the
-// feed with moments, waiting, parked and failed rows, the undo bar, an
-// error, a notice, a moment whose reading failed with "Read again" and
+// feed with moments, waiting, parked and failed rows, the undo bar, the
+// preview strip of several photos, an error, a notice, a moment whose reading failed with "Read again" and
 // its refusal) reaches 4.5:1 against what is behind it (3:1 for large
 // text), backgrounds with alpha blended over their parents.
 import { test } from "node:test";
@@ -111,6 +111,12 @@ test("every visible text has AA contrast, light and dark, in the feed's states a
     await context.setOffline(true);
     await capture(page, photoPng(320, 240, 123), "wartet");
     await page.locator('#feed [data-outbox="pending"]').waitFor();
+    // Two photos chosen (the numbered preview strip and its note), then a file that is no photo.
+    await page.setInputFiles("#capture-pick", [
+      { name: "eins.png", mimeType: "image/png", buffer: photoPng(320, 240, 124) },
+      { name: "zwei.png", mimeType: "image/png", buffer: photoPng(320, 240, 125) },
+    ]);
+    await until(async () => (await page.locator("#capture-preview img").count()) === 2, "the strip");
     await page.setInputFiles("#capture-pick", { name: "notiz.txt", mimeType: "text/plain", buffer: Buffer.from("hallo") });
     await until(async () => (await page.textContent("#capture-error")).includes("notiz.txt"), "the refusal");
     await page.evaluate(() => window.scrollTo(0, 0));

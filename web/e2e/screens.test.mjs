@@ -1,5 +1,5 @@
-// Screenshots of the page's main screens (the feed, a moment, the start
-// without the engine) on a phone and a desktop, in the light and the dark
+// Screenshots of the page's main screens (the feed, a capture of several
+// photos before Save, a moment of two photos, the start without the engine) on a phone and a desktop, in the light and the dark
 // colour scheme, against the real engine with photos of signs drawn here;
 // and the text on each screen keeps a contrast of at least 4.5:1 (WCAG AA)
 // in both schemes. The screenshots go to web/e2e/out/screens/, or, with
@@ -24,7 +24,7 @@ const SCHEMES = ["light", "dark"];
 const SIGNS = [
   { lines: ["AUSFAHRT", "FREIHALTEN"], bg: "#1d4ed8", fg: "#ffffff", wall: "#8a8f98", text: "Ausfahrt freihalten" },
   { lines: ["BITTE NICHT", "RAUCHEN"], bg: "#f4f4f0", fg: "#b91c1c", wall: "#a0805c", text: "Bitte nicht rauchen" },
-  { lines: ["NOTAUSGANG"], bg: "#15803d", fg: "#ffffff", wall: "#c9c4b8", text: "Notausgang" },
+  { lines: ["NOTAUSGANG"], bg: "#15803d", fg: "#ffffff", wall: "#c9c4b8", text: "Notausgang", more: [{ lines: ["NOTAUSGANG", "→"], bg: "#15803d", fg: "#ffffff", wall: "#7c6f5f" }] },
 ];
 
 /** A photo of `sign` (PNG bytes), drawn in the page's canvas: a wall, a shadow, the sign with its border and bold lines. */
@@ -116,10 +116,35 @@ test("screenshots of the main screens, phone and desktop, light and dark, with r
   const { context } = await launch();
   try {
     const page = await openPage(context, engine.base);
-    for (const sign of SIGNS) await capture(page, await signPhoto(page, sign), sign.text, `${sign.text}.png`);
+    for (const sign of SIGNS) {
+      if (!sign.more) {
+        await capture(page, await signPhoto(page, sign), sign.text, `${sign.text}.png`);
+        continue;
+      }
+      // A moment of several photos (issue 27): the sign and a second view of it.
+      const photos = [sign, ...sign.more];
+      await page.setInputFiles("#capture-pick", await Promise.all(photos.map(async (p, i) => ({ name: `${sign.text} ${i + 1}.png`, mimeType: "image/png", buffer: await signPhoto(page, p) }))));
+      await until(async () => (await page.locator("#capture-preview img").count()) === photos.length, "the previews");
+      await page.fill("#capture-text", sign.text);
+      await page.click("#capture-save");
+      await page.waitForSelector("#capture-form[data-photos='0']", { state: "attached" });
+    }
     await until(async () => (await page.locator('#feed [data-moment-id][data-reading="done"]').count()) === SIGNS.length, "every reading", 90_000);
     await page.waitForFunction(() => [...document.querySelectorAll("#feed img")].every((i) => i.complete && i.naturalWidth > 0));
     await shoot(page, "feed");
+
+    // A capture of three photos before Save: the preview strip, each photo numbered and removable.
+    const strip = [
+      { lines: ["EINFAHRT"], bg: "#1d4ed8", fg: "#ffffff", wall: "#9ca3af" },
+      { lines: ["EINFAHRT", "FREIHALTEN"], bg: "#1d4ed8", fg: "#ffffff", wall: "#78716c" },
+      { lines: ["TAG UND", "NACHT"], bg: "#f4f4f0", fg: "#111111", wall: "#a8a29e" },
+    ];
+    await page.setInputFiles("#capture-pick", await Promise.all(strip.map(async (p, i) => ({ name: `einfahrt-${i + 1}.png`, mimeType: "image/png", buffer: await signPhoto(page, p) }))));
+    await until(async () => (await page.locator("#capture-preview img").count()) === strip.length, "the strip");
+    await page.fill("#capture-text", "Einfahrt freihalten, Tag und Nacht");
+    await shoot(page, "capture");
+    await page.click("#capture-clear");
+    await page.fill("#capture-text", "");
 
     const first = await page.locator("#feed [data-moment-id]").first().getAttribute("data-moment-id");
     await openMoment(page, first);

@@ -1,5 +1,5 @@
 // Undo of the last Save while the engine has none of it: the queued
-// moments and their media leave the outbox and the photos and text come
+// moment and its photos leave the outbox and the photos and text come
 // back into the form; never after the moment's create was acknowledged
 // (mid-send, the undo waits for the answer); after a create that had no
 // answer, the engine is asked first.
@@ -48,17 +48,17 @@ test("offline: Undo takes the last Save (two photos) out of the outbox with its 
       { name: "zwei.png", mimeType: "image/png", buffer: photoPng(320, 240, 102) },
     ]);
     await until(async () => (await page.locator("#capture-preview img").count()) === 2, "two previews");
-    assert.ok(await page.locator("#capture-several").isVisible(), "says each photo is its own moment");
+    assert.match(await page.textContent("#capture-several"), /saved as one moment/, "says the photos make one moment");
     await page.fill("#capture-text", "doch nicht");
     await page.click("#capture-save");
-    await until(async () => (await page.locator('#feed [data-outbox="pending"]').count()) === 2, "two waiting rows");
-    assert.deepEqual(await stores(page), { entries: 2, blobs: 4 });
+    await until(async () => (await page.locator('#feed [data-outbox="pending"]').count()) === 1, "one waiting row");
+    assert.deepEqual(await stores(page), { entries: 1, blobs: 4 });
     const bar = page.locator("#undo");
     await bar.waitFor();
-    assert.match(await page.textContent("#undo-text"), /Saved 2 captures on this device; not sent yet/);
+    assert.match(await page.textContent("#undo-text"), /Saved a capture of 2 photos on this device; not sent yet/);
     await page.screenshot({ path: path.join(outDir, "undo.png") });
     await page.click("#undo-save");
-    await until(async () => /Undone: 2 captures were removed/.test(await page.textContent("#undo-text")), "the undo said");
+    await until(async () => /Undone: the capture of 2 photos was removed/.test(await page.textContent("#undo-text")), "the undo said");
     assert.deepEqual(await stores(page), { entries: 0, blobs: 0 }, "nothing left in the outbox");
     assert.equal(await page.locator("#feed [data-outbox]").count(), 0);
     assert.equal(await page.locator("#capture-preview img").count(), 2, "the photos are back in the form");
@@ -71,7 +71,7 @@ test("offline: Undo takes the last Save (two photos) out of the outbox with its 
     assert.equal((await api(engine.base, "/api/moments")).moments.length, 0);
     // Saved again from the form: sent, and no undo once the engine has it.
     await page.click("#capture-save");
-    await until(async () => (await page.locator("#feed [data-moment-id]").count()) === 2, "both sent");
+    await until(async () => (await page.locator("#feed [data-moment-id]").count()) === 1, "sent, as one moment");
     await until(async () => await page.locator("#undo-save").isHidden(), "no undo after the engine has them");
   } finally {
     await context.close();

@@ -8,8 +8,8 @@ use super::prepare::{prepare, PreparedBody};
 use super::{FastMap, Job, Mark, Media, Message, Mirror, Moment, Recall, Turn, TurnStatus};
 use crate::ids::Id;
 use crate::op::{
-    Entity, JobStart, MarkKeep, MediaPut, MessagePost, MomentEdit, Op, OpBody, OpKind, RecallStart,
-    TurnStart,
+    Entity, JobStart, MarkKeep, MediaPut, MessagePost, MomentCreate, MomentEdit, Op, OpBody,
+    OpKind, RecallStart, TurnStart,
 };
 
 use super::PreparedOp;
@@ -60,7 +60,8 @@ pub enum FoldError {
         /// Why.
         why: &'static str,
     },
-    /// A `media.put` whose media id exists, or whose role is already filled.
+    /// A `media.put` whose media id exists, whose photo's role is already
+    /// filled, or whose photo number is past the last.
     #[error("seq {seq}: media {id} cannot be put: {why}")]
     MediaConflict {
         /// The op's seq.
@@ -82,6 +83,17 @@ impl Mirror {
     pub fn apply(&mut self, op: Op) -> Result<(), FoldError> {
         let prepared = prepare(&self.requests.hasher(), op);
         self.apply_prepared(prepared)
+    }
+
+    /// [`Mirror::apply`], handing a `moment.create`'s payload back once it
+    /// is applied (without its request id, which the request index took):
+    /// the writer builds the create's answer from it
+    /// ([`super::MomentView::of_create`]), its strings moved rather than
+    /// read back from the mirror and copied. `Ok(None)` for any other op.
+    pub fn apply_keeping_create(&mut self, op: Op) -> Result<Option<MomentCreate>, FoldError> {
+        let (prepared, kept) = super::prepare::prepare_keeping_create(&self.requests.hasher(), op);
+        self.apply_prepared(prepared)?;
+        Ok(kept)
     }
 
     /// THE fold, for an op made ready by [`super::Preparer::prepare`] (or by
@@ -138,7 +150,7 @@ impl Mirror {
             // Not reached from `prepare` (it boxes creates), kept whole so
             // that the fold never depends on how it was called.
             OpBody::MomentCreate(p) => {
-                self.insert_moment(seq, p.id, Box::new(Moment::created(p, seq, ts_ms)))?
+                self.insert_moment(seq, p.id, Box::new(Moment::created(&p, seq, ts_ms)))?
             }
             OpBody::MomentEdit(p) => self.fold_edit(at, p)?,
             OpBody::MomentDelete(p) => {
@@ -250,15 +262,23 @@ impl Mirror {
         if self.media.contains_key(&p.id) {
             return Err(conflict("the media id exists".into()));
         }
-        let moment = live_moment(&mut self.moments, at, p.moment_id)?;
-        if let Some(other) = moment
-            .media()
-            .iter()
-            .find(|m| self.media.get(m).is_some_and(|x| x.role == p.role))
-        {
+        if p.photo >= crate::wire::PHOTOS_PER_MOMENT {
             return Err(conflict(format!(
-                "the {} is already media {other}",
-                p.role.name()
+                "photo {} is past the last photo a moment holds ({})",
+                p.photo,
+                crate::wire::PHOTOS_PER_MOMENT - 1
+            )));
+        }
+        let moment = live_moment(&mut self.moments, at, p.moment_id)?;
+        if let Some(other) = moment.media().iter().find(|m| {
+            self.media
+                .get(m)
+                .is_some_and(|x| x.role == p.role && x.photo == p.photo)
+        }) {
+            return Err(conflict(format!(
+                "the {} of photo {} is already media {other}",
+                p.role.name(),
+                p.photo
             )));
         }
         moment.push_media(p.id);
@@ -269,6 +289,7 @@ impl Mirror {
                 id: p.id,
                 moment_id: p.moment_id,
                 role: p.role,
+                photo: p.photo,
                 sha256: p.sha256,
                 size_bytes: p.size_bytes,
                 content_type: p.content_type,

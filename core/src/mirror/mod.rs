@@ -361,6 +361,9 @@ pub struct Media {
     pub moment_id: Id,
     /// Copy or original.
     pub role: MediaRole,
+    /// Which photo of the moment, `0 ..` [`crate::wire::PHOTOS_PER_MOMENT`]
+    /// (issue 27; 0 for uploads written before several photos).
+    pub photo: u8,
     /// SHA-256 of the bytes: the blob's address under `<data>/media/blobs/`.
     pub sha256: Sha256,
     /// Number of bytes.
@@ -532,6 +535,17 @@ impl Mirror {
     /// An empty mirror (seq 0).
     pub fn new() -> Mirror {
         Mirror::default()
+    }
+
+    /// An empty mirror whose request index hashes with `seed`: the mirror
+    /// a checkpoint with that seed is loaded into
+    /// ([`crate::checkpoint::Header::request_seed`]), so that request ids
+    /// prepared for it beforehand need no second hash.
+    pub fn with_request_seed(seed: u64) -> Mirror {
+        Mirror {
+            requests: RequestIndex::with_seed(seed),
+            ..Mirror::default()
+        }
     }
 
     /// A moment by id, tombstones included.

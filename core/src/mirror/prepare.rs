@@ -78,6 +78,16 @@ impl Preparer {
 }
 
 pub(super) fn prepare(hasher: &RequestHasher, op: Op) -> PreparedOp {
+    prepare_keeping_create(hasher, op).0
+}
+
+/// [`prepare`], handing a create's payload back (its request id taken out
+/// for the index) instead of dropping it: the moment is built from its
+/// strings, which stay the caller's.
+pub(super) fn prepare_keeping_create(
+    hasher: &RequestHasher,
+    op: Op,
+) -> (PreparedOp, Option<MomentCreate>) {
     let Op {
         seq,
         ts_ms,
@@ -92,33 +102,31 @@ pub(super) fn prepare(hasher: &RequestHasher, op: Op) -> PreparedOp {
         };
         (hasher.hashed(request_id), row)
     });
-    let body = match body {
-        OpBody::MomentCreate(p) => PreparedBody::Create {
-            id: p.id,
-            moment: {
-                let mut moment = Box::new(Moment::created(p, seq, ts_ms));
-                // An erased create (SPEC section 13) makes an erased moment;
-                // its other ops were erased with it.
-                if erased {
-                    moment.erase();
-                }
-                moment
-            },
-        },
-        other => PreparedBody::Other(Box::new(other)),
+    let (body, kept) = match body {
+        OpBody::MomentCreate(p) => {
+            let mut moment = Box::new(Moment::created(&p, seq, ts_ms));
+            // An erased create (SPEC section 13) makes an erased moment;
+            // its other ops were erased with it.
+            if erased {
+                moment.erase();
+            }
+            (PreparedBody::Create { id: p.id, moment }, Some(p))
+        }
+        other => (PreparedBody::Other(Box::new(other)), None),
     };
-    PreparedOp {
+    let prepared = PreparedOp {
         seq,
         ts_ms,
         request,
         body,
-    }
+    };
+    (prepared, kept)
 }
 
 impl Moment {
     /// The moment a `moment.create` at `seq`, `ts_ms` makes (the payload's
     /// device is dropped: the mirror does not keep it).
-    pub(super) fn created(p: MomentCreate, seq: u64, ts_ms: u64) -> Moment {
+    pub(super) fn created(p: &MomentCreate, seq: u64, ts_ms: u64) -> Moment {
         Moment::new(
             p.id,
             p.text.as_deref(),

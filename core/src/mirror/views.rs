@@ -39,6 +39,30 @@ pub struct MomentView {
     pub turns: Vec<Id>,
 }
 
+impl MomentView {
+    /// The view of the moment the `moment.create` `p` made at server time
+    /// `ts_ms`, as [`Mirror::moment_view`] shows it right after that op
+    /// (version 1, not deleted, no media, no turns), the payload's strings
+    /// moved into it: the writer answers a create with it without reading
+    /// the moment back from the mirror (issue 28).
+    pub fn of_create(p: crate::op::MomentCreate, ts_ms: u64) -> MomentView {
+        MomentView {
+            id: p.id,
+            text: p.text,
+            caption: p.caption,
+            lang: p.lang,
+            captured_at: p.captured_at_ms.map(crate::time::format_rfc3339_ms),
+            // Cast: server times are below i64::MAX ms for 292 million years.
+            created_at: crate::time::format_rfc3339_ms(ts_ms as i64),
+            version: 1,
+            deleted: false,
+            erased: false,
+            media: Vec::new(),
+            turns: Vec::new(),
+        }
+    }
+}
+
 /// A media record as the API shows it (SPEC section 10).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct MediaView {
@@ -48,6 +72,8 @@ pub struct MediaView {
     pub moment_id: Id,
     /// `copy` or `original`.
     pub role: MediaRole,
+    /// Which photo of the moment, from 0 (issue 27).
+    pub photo: u8,
     /// SHA-256 of the bytes, 64 lower-case hex characters.
     pub sha256: String,
     /// Number of bytes.
@@ -98,6 +124,7 @@ impl Mirror {
             id: media.id,
             moment_id: media.moment_id,
             role: media.role,
+            photo: media.photo,
             sha256: hex::encode(media.sha256.0),
             size: media.size_bytes,
             content_type: media.content_type.clone(),

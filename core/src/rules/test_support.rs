@@ -93,6 +93,7 @@ pub(crate) fn put(id: Id, moment_id: Id, role: MediaRole, byte: u8) -> PutMedia 
         id,
         moment_id,
         role,
+        photo: 0,
         sha256: [byte; 32],
         size_bytes: 1,
         content_type: "image/jpeg".into(),

@@ -20,6 +20,16 @@ pub const HEADER_MOMENT_ID: &str = "x-moment-id";
 /// `PUT /api/media/{media id}` (SPEC section 4).
 pub const HEADER_MEDIA_ROLE: &str = "x-media-role";
 
+/// `X-Photo`: which photo of its moment an upload is, a decimal from 0 to
+/// [`PHOTOS_PER_MOMENT`] - 1, optional on `PUT /api/media/{media id}` (0
+/// when absent; issue 27: several photos per moment, each with one copy
+/// and one original).
+pub const HEADER_PHOTO: &str = "x-photo";
+
+/// How many photos a moment holds at most (issue 27): `X-Photo` runs from 0
+/// to this minus one.
+pub const PHOTOS_PER_MOMENT: u8 = 10;
+
 /// `X-Content-SHA256`: the SHA-256 of an upload's bytes as 64 hex
 /// characters, optional on `PUT /api/media/{media id}`; the server refuses
 /// bytes that hash otherwise (`400 digest_mismatch`).

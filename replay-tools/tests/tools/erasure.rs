@@ -72,6 +72,7 @@ async fn plant(engine: &Engine, store: &MediaStore, n: u64, marker: &str) -> Id 
         id: Id::from_parts(now, 10 * n as u128 + 2),
         moment_id: id,
         role: MediaRole::Copy,
+        photo: 0,
         sha256,
         size_bytes: photo.len() as u64,
         content_type: "image/jpeg".into(),

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-use super::{millis, Brain, BrainAnswer, BrainError, BrainRequest};
+use super::{millis, Brain, BrainAnswer, BrainError, BrainRequest, CopyImage};
 pub use glossary::{glossary, glossary_hits, GlossaryEntry};
 pub use reading::normalise_whitespace;
 use reading::{practical_reading, recall_prompt};
@@ -156,29 +156,53 @@ impl LocalBrain {
         })
     }
 
-    /// The text OCR reads off the moment's copy, or why there is none (no
-    /// copy, OCR off, no `tesseract`, a failed or empty run), as the
-    /// reading's first line says it.
+    /// The text OCR reads off the moment's copies, in photo order (the
+    /// texts of several photos one after the other, a blank line between),
+    /// or why there is none (no copy, OCR off, no `tesseract`, failed or
+    /// empty runs), as the reading's first line says it. A photo whose run
+    /// fails or finds nothing is left out while another one reads.
     async fn read_copy(&self, request: &BrainRequest) -> Result<String, String> {
-        let bytes = match request.copy.as_deref() {
-            None => return Err("no photo was uploaded".into()),
-            Some([]) => return Err("the uploaded photo is empty".into()),
-            Some(_) if !self.config.ocr => return Err("OCR is switched off".into()),
-            Some(bytes) => bytes,
-        };
-        let program = self.tesseract_program()?;
-        let text = tesseract::run_ocr(
-            &program,
-            self.config.ocr_lang.as_deref(),
-            millis(self.config.timeout_ms),
-            bytes,
-            request.copy_content_type.as_deref(),
-        )
-        .await?;
-        if text.trim().is_empty() {
-            return Err("OCR found no text in the photo".into());
+        let copies: Vec<&CopyImage> = request
+            .copies
+            .iter()
+            .filter(|c| !c.bytes.is_empty())
+            .collect();
+        if copies.is_empty() {
+            return Err(if request.copies.is_empty() {
+                "no photo was uploaded".into()
+            } else {
+                "the uploaded photo is empty".into()
+            });
         }
-        Ok(text)
+        if !self.config.ocr {
+            return Err("OCR is switched off".into());
+        }
+        let program = self.tesseract_program()?;
+        let mut texts = Vec::new();
+        let mut first_failure = None;
+        for copy in copies {
+            let read = tesseract::run_ocr(
+                &program,
+                self.config.ocr_lang.as_deref(),
+                millis(self.config.timeout_ms),
+                &copy.bytes,
+                Some(copy.content_type.as_str()),
+            )
+            .await;
+            match read {
+                Ok(text) if !text.trim().is_empty() => texts.push(text.trim_end().to_owned()),
+                Ok(_) => {
+                    first_failure.get_or_insert_with(|| "OCR found no text in the photo".into());
+                }
+                Err(why) => {
+                    first_failure.get_or_insert(why);
+                }
+            }
+        }
+        if texts.is_empty() {
+            return Err(first_failure.unwrap_or_default());
+        }
+        Ok(texts.join("\n\n"))
     }
 }
 
@@ -193,6 +217,13 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+
+    fn copy(bytes: Vec<u8>) -> CopyImage {
+        CopyImage {
+            bytes,
+            content_type: "image/png".into(),
+        }
+    }
 
     fn request(text: Option<&str>, mode: &str) -> BrainRequest {
         BrainRequest {
@@ -290,7 +321,7 @@ mod tests {
             ..LocalConfig::default()
         });
         let mut req = request(Some("Kein Zutritt"), "practical");
-        req.copy = Some(vec![1, 2, 3]);
+        req.copies = vec![copy(vec![1, 2, 3])];
         let answer = brain.read(req).await.unwrap();
         assert_eq!(answer.source, "text");
         assert!(answer.text.contains("OCR is switched off"));
@@ -312,7 +343,7 @@ mod tests {
             ..LocalConfig::default()
         });
         let mut req = request(Some("Ausgang"), "practical");
-        req.copy = Some(vec![0x89, b'P', b'N', b'G']);
+        req.copies = vec![copy(vec![0x89, b'P', b'N', b'G'])];
         let started = Instant::now();
         let answer = brain.read(req.clone()).await.unwrap();
         assert!(started.elapsed() < Duration::from_secs(30));
@@ -342,7 +373,7 @@ mod tests {
             ..LocalConfig::default()
         });
         let mut req = request(None, "practical");
-        req.copy = Some(vec![1]);
+        req.copies = vec![copy(vec![1])];
         let err = brain.read(req).await.unwrap_err();
         assert!(err.0.contains("nothing to read"), "{err}");
         assert!(err.0.contains("bad image"), "{err}");

@@ -26,8 +26,9 @@ try {
   run("npm", ["install", "--no-audit", "--no-fund", "--prefer-offline", path.join(work, packed.filename)], scratch);
   writeFileSync(
     path.join(scratch, "use.mjs"),
-    `import { SparkClient, mintUlid, systemClock, fitWithin, REUSE_MARGIN_MS } from "@spark/client";
+    `import { SparkClient, mintUlid, systemClock, fitWithin, REUSE_MARGIN_MS, MAX_PHOTOS } from "@spark/client";
 if (typeof SparkClient.open !== "function") throw new Error("no SparkClient.open");
+if (MAX_PHOTOS !== 10) throw new Error("MAX_PHOTOS");
 if (mintUlid(systemClock).length !== 26) throw new Error("mintUlid");
 if (fitWithin(2048, 1536).width !== 1024) throw new Error("fitWithin");
 if (REUSE_MARGIN_MS !== 240000) throw new Error("REUSE_MARGIN_MS");
@@ -37,13 +38,16 @@ console.log("imported @spark/client");
   process.stdout.write(run("node", ["use.mjs"], scratch));
   writeFileSync(
     path.join(scratch, "use.ts"),
-    `import { SparkClient, type CaptureInput, type Entry, type MessageRecord, type ChangeNotice, type components } from "@spark/client";
+    `import { SparkClient, MAX_PHOTOS, type CaptureInput, type Entry, type MessageRecord, type ChangeNotice, type components } from "@spark/client";
 type Moment = components["schemas"]["Moment"];
 export async function example(photo: Blob, show: (m: Moment | string) => void): Promise<MessageRecord> {
   const client = await SparkClient.open();
   client.addEventListener("change", (e) => show((e as CustomEvent<ChangeNotice>).detail.kind));
   const input: CaptureInput = { photo, text: "Ausfahrt freihalten" };
   const entry: Entry = await client.capture(input);
+  const several: CaptureInput = { photos: [{ photo }, { photo, copy: photo }], text: null };
+  const more: Entry = await client.capture(several);
+  if (more.photos.length > MAX_PHOTOS) show(String(more.photos[0]?.photo));
   return client.sendMessage(entry.moment_id, "what does it mean?");
 }
 `,

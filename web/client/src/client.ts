@@ -8,18 +8,32 @@ import type { components } from "./generated/api.js";
 import { CLOCK_WINDOW_MS, REUSE_MARGIN_MS } from "./generated/rules.js";
 import { mintRequestId, mintUlid, sha256Hex, ulidTime } from "./ids.js";
 import { makeCopy as canvasCopy } from "./image.js";
-import { Outbox, STEPS, type Entry, type MessageError, type MessageRecord, type Step } from "./outbox.js";
+import { entrySteps, MAX_PHOTOS, Outbox, type Entry, type MessageError, type MessageRecord, type PhotoFiles, type PlannedStep, type Role, type Step } from "./outbox.js";
 
 type Schemas = components["schemas"];
 /** A change notice from `/api/events` (SPEC section 4). */
 export type ChangeNotice = Schemas["ChangeNotice"];
 
-/** What a capture holds before it is stored. */
-export interface CaptureInput {
-  /** The photo as taken (sent last, as the original). */
+/** One photo of a capture before it is stored. */
+export interface PhotoInput {
+  /** The photo as taken (sent after the turn started, as the original). */
   photo: Blob;
-  /** The small copy; made from `photo` in a canvas when left out. */
+  /** The small copy the brain reads; made from `photo` in a canvas when left out. */
   copy?: Blob;
+}
+
+/**
+ * What a capture holds before it is stored: one photo (`photo`, with an
+ * optional `copy`) or several (`photos`, 1 to {@link MAX_PHOTOS}, in the
+ * order the brain reads them), and the text.
+ */
+export interface CaptureInput {
+  /** The photo as taken, for a capture of one photo (sent last, as the original). */
+  photo?: Blob;
+  /** The small copy of `photo`; made from it in a canvas when left out. */
+  copy?: Blob;
+  /** The photos of a capture of several, in photo order (photo 0 first); instead of `photo`. */
+  photos?: PhotoInput[];
   text?: string | null;
   caption?: string | null;
   lang?: string | null;
@@ -78,7 +92,8 @@ type Broadcast =
  * comes after passing trouble (ms since the epoch; null when none is due).
  */
 export interface SendState {
-  sending: { entry: string; step: Step } | null;
+  /** The request in flight: its entry, its step and, for an upload, which photo. */
+  sending: { entry: string; step: Step; photo?: number } | null;
   nextPassAt: number | null;
 }
 
@@ -470,7 +485,8 @@ export class SparkClient extends EventTarget {
   /** Updates {@link sendState}: emits `outbox` here and, from the sending tab, tells the others. */
   private setSendState(change: Partial<SendState>): void {
     const next = { ...this.sendState, ...change };
-    if (next.sending?.entry === this.sendState.sending?.entry && next.sending?.step === this.sendState.sending?.step && next.nextPassAt === this.sendState.nextPassAt) return;
+    const same = next.sending?.entry === this.sendState.sending?.entry && next.sending?.step === this.sendState.sending?.step && next.sending?.photo === this.sendState.sending?.photo;
+    if (same && next.nextPassAt === this.sendState.nextPassAt) return;
     this.sendState = next;
     this.dispatchEvent(new Event("outbox"));
     if (this.isSender) this.post({ type: "sendstate", state: next });
@@ -548,33 +564,49 @@ export class SparkClient extends EventTarget {
   }
 
   /**
-   * Stores a capture: mints the moment, copy and original ids, the entry id
-   * (the moment create's request id) and the turn's request id, makes the
-   * small copy, hashes both files and writes it all in one transaction.
-   * When this resolves the capture is durable and its ids are final; the
-   * sending tab sends it.
+   * Stores a capture: mints the moment id, the entry id (the moment
+   * create's request id), the turn's request id and, per photo, the copy
+   * and original ids; makes the small copies, hashes every file and writes
+   * it all in one transaction. When this resolves the capture is durable
+   * and its ids are final; the sending tab sends it. One photo (`photo`)
+   * or up to {@link MAX_PHOTOS} (`photos`); anything else throws before
+   * anything is stored.
    */
   async capture(input: CaptureInput): Promise<Entry> {
-    const copyBlob = input.copy ?? (await (this.options.makeCopy ?? canvasCopy)(input.photo));
-    const [copyBytes, originalBytes] = await Promise.all([copyBlob.arrayBuffer(), input.photo.arrayBuffer()]);
-    const [copySha, originalSha] = await Promise.all([sha256Hex(copyBytes), sha256Hex(originalBytes)]);
+    const inputs = captureInputs(input);
+    const makeCopy = this.options.makeCopy ?? canvasCopy;
+    const files = await Promise.all(
+      inputs.map(async (p) => {
+        const copy = p.copy ?? (await makeCopy(p.photo));
+        const [copyBytes, originalBytes] = await Promise.all([copy.arrayBuffer(), p.photo.arrayBuffer()]);
+        const [copySha, originalSha] = await Promise.all([sha256Hex(copyBytes), sha256Hex(originalBytes)]);
+        return { copy, photo: p.photo, copyBytes, originalBytes, copySha, originalSha };
+      }),
+    );
+    const id = mintRequestId(this.clock);
+    const momentId = mintUlid(this.clock);
+    const turnRequestId = mintRequestId(this.clock);
+    const photos: PhotoFiles[] = files.map((f, photo) => ({
+      photo,
+      copy: { id: mintUlid(this.clock), content_type: f.copy.type || "image/jpeg", size: f.copyBytes.byteLength, sha256: f.copySha },
+      original: { id: mintUlid(this.clock), content_type: f.photo.type || "application/octet-stream", size: f.originalBytes.byteLength, sha256: f.originalSha },
+    }));
     const entry: Entry = {
-      id: mintRequestId(this.clock),
-      moment_id: mintUlid(this.clock),
-      turn_request_id: mintRequestId(this.clock),
+      id,
+      moment_id: momentId,
+      turn_request_id: turnRequestId,
       text: input.text ?? null,
       caption: input.caption ?? null,
       lang: input.lang ?? null,
       captured_at: rfc3339((input.capturedAt ?? new Date(this.clock.now())).getTime()),
-      copy: { id: mintUlid(this.clock), content_type: copyBlob.type || "image/jpeg", size: copyBytes.byteLength, sha256: copySha },
-      original: { id: mintUlid(this.clock), content_type: input.photo.type || "application/octet-stream", size: originalBytes.byteLength, sha256: originalSha },
+      photos,
       done: [],
       state: "pending",
       parked: null,
       turn_id: null,
       last_error: null,
     };
-    await this.outbox.putCapture(entry, copyBytes, originalBytes);
+    await this.outbox.putCapture(entry, files.map((f) => ({ copy: f.copyBytes, original: f.originalBytes })));
     this.outboxChanged();
     this.kick();
     return entry;
@@ -630,7 +662,7 @@ export class SparkClient extends EventTarget {
     return outcome;
   }
 
-  private stepRequest(entry: Entry, step: Step): Promise<Verdict> {
+  private stepRequest(entry: Entry, { step, photo }: PlannedStep): Promise<Verdict> {
     switch (step) {
       case "create_moment":
         return this.send("POST", "/api/moments", {
@@ -648,27 +680,31 @@ export class SparkClient extends EventTarget {
         } satisfies Schemas["StartTurnRequest"]);
       case "upload_copy":
       case "upload_original":
-        return this.upload(entry, step === "upload_copy" ? "copy" : "original");
+        return this.upload(entry, step === "upload_copy" ? "copy" : "original", photo ?? 0);
     }
   }
 
-  private async upload(entry: Entry, role: "copy" | "original"): Promise<Verdict> {
-    const bytes = await this.outbox.bytes(entry.id, role);
-    const media = entry[role];
-    if (!bytes) {
-      return { kind: "refused", refusal: { status: 0, code: "missing_bytes", detail: `the ${role}'s bytes are not in the outbox`, body: null } };
+  /** Uploads one photo's copy or original: `PUT /api/media/{id}` with its moment, role and `X-Photo` number. */
+  private async upload(entry: Entry, role: Role, photo: number): Promise<Verdict> {
+    const files = entry.photos.find((p) => p.photo === photo);
+    const bytes = files && (await this.outbox.bytes(entry.id, role, photo));
+    if (!files || !bytes) {
+      return { kind: "refused", refusal: { status: 0, code: "missing_bytes", detail: `the ${role}'s bytes of photo ${photo + 1} are not in the outbox`, body: null } };
     }
+    const media = files[role];
     return this.send("PUT", `/api/media/${media.id}`, bytes, {
       "X-Moment-Id": entry.moment_id,
       "X-Media-Role": role,
+      "X-Photo": String(photo),
       "Content-Type": media.content_type,
       "X-Content-SHA256": media.sha256,
     });
   }
 
   /**
-   * One pass: every pending entry's steps in order (moment, copy, turn,
-   * original), each step done skipped, then every pending message. Passing
+   * One pass: every pending entry's steps in order (moment, each photo's
+   * copy, turn, each photo's original), each step done skipped, then every
+   * pending message. Passing
    * trouble ends the pass (the link is in trouble, not one entry); a
    * permanent 4xx parks its entry and the pass goes on with the next.
    */
@@ -686,18 +722,22 @@ export class SparkClient extends EventTarget {
     }
     const ids = (await this.outbox.entries()).filter((e) => e.state === "pending").map((e) => e.id);
     for (const id of ids) {
-      for (const step of STEPS) {
+      const first = await this.outbox.entry(id);
+      if (!first) continue;
+      const plan = entrySteps(first);
+      for (const planned of plan) {
+        const { step, photo, key } = planned;
         // Each step under the step lock, on the entry as stored now: an
         // undo between two steps took it away, or it is done or parked.
         const outcome = await this.stepLocked(async (): Promise<"next" | "stop" | "wait"> => {
           const entry = await this.outbox.entry(id);
           if (!entry || entry.state !== "pending") return "stop";
-          if (entry.done.includes(step)) return "next";
+          if (entry.done.includes(key)) return "next";
           report.requests += 1;
-          this.setSendState({ sending: { entry: id, step } });
+          this.setSendState({ sending: { entry: id, step, ...(photo === null ? {} : { photo }) } });
           let verdict: Verdict;
           try {
-            verdict = await this.stepRequest(entry, step);
+            verdict = await this.stepRequest(entry, planned);
           } finally {
             this.setSendState({ sending: null });
           }
@@ -711,7 +751,7 @@ export class SparkClient extends EventTarget {
           }
           if (verdict.kind === "refused") {
             entry.state = "parked";
-            entry.parked = { step, status: verdict.refusal.status, code: verdict.refusal.code, detail: verdict.refusal.detail };
+            entry.parked = { step, ...(photo === null ? {} : { photo }), status: verdict.refusal.status, code: verdict.refusal.code, detail: verdict.refusal.detail };
             await this.outbox.saveEntry(entry);
             this.outboxChanged();
             return "stop";
@@ -719,10 +759,10 @@ export class SparkClient extends EventTarget {
           if (step === "start_turn") {
             entry.turn_id = (verdict.body as Schemas["TurnStartedAnswer"] | null)?.turn?.id ?? null;
           }
-          entry.done.push(step);
+          entry.done.push(key);
           entry.last_error = null;
           report.stepsDone += 1;
-          if (entry.done.length === STEPS.length) entry.state = "done";
+          if (plan.every((p) => entry.done.includes(p.key))) entry.state = "done";
           await this.outbox.saveEntry(entry);
           this.outboxChanged();
           return "next";
@@ -884,4 +924,13 @@ export function clockError(refusal: Refusal): MessageError {
     };
   }
   return { code: "clock_skew", detail: `Not sent: this device's clock is off from the engine's (${refusal.detail}). ${todo}` };
+}
+
+/** The photos of a capture, checked: one (`photo`) or 1 to {@link MAX_PHOTOS} (`photos`). */
+function captureInputs(input: CaptureInput): PhotoInput[] {
+  if (input.photos !== undefined && (input.photo !== undefined || input.copy !== undefined)) throw new Error("a capture takes `photo` (and `copy`) or `photos`, not both");
+  const photos = input.photos ?? (input.photo !== undefined ? [input.copy !== undefined ? { photo: input.photo, copy: input.copy } : { photo: input.photo }] : []);
+  if (!photos.length) throw new Error("a capture needs a photo");
+  if (photos.length > MAX_PHOTOS) throw new Error(`a moment holds at most ${MAX_PHOTOS} photos, not ${photos.length}`);
+  return photos;
 }

@@ -2,12 +2,23 @@
 // every id minted before any request, and outgoing messages with ADR-036's
 // states. Every write is one readwrite transaction with strict durability,
 // so what a call wrote is on disk when its promise resolves.
+//
+// A capture holds up to MAX_PHOTOS photos (issue 27: several photos per
+// moment), each a copy and an original uploaded with its `X-Photo` number.
+// Entries stored by the build before (one `copy` and one `original`) are
+// read as photo 0: they are rewritten when the outbox opens, and read so
+// wherever they come from (see `normaliseEntry`). Photo 0's bytes and step
+// names are the ones that build used, so what it had done stays done.
 import { openDB, type IDBPDatabase, type DBSchema } from "idb";
 
-/** The steps of a capture's send, in the seed's order: the answer shows soonest. */
+/** The steps of a capture's send, in the seed's order: the answer shows soonest. With several photos the uploads repeat per photo: the moment, every copy, the turn, every original. */
 export const STEPS = ["create_moment", "upload_copy", "start_turn", "upload_original"] as const;
 /** One step of a capture's send. */
 export type Step = (typeof STEPS)[number];
+/** The most photos a moment holds (`X-Photo` 0 to 9). */
+export const MAX_PHOTOS = 10;
+/** A media file's role. */
+export type Role = "copy" | "original";
 
 /** A media file of a capture, as stored (its bytes live in the `blobs` store). */
 export interface MediaFile {
@@ -20,9 +31,46 @@ export interface MediaFile {
   sha256: string;
 }
 
+/** One photo of a capture: its number (`X-Photo`, 0 to 9, the order the brain reads them in), its copy and its original. */
+export interface PhotoFiles {
+  photo: number;
+  copy: MediaFile;
+  original: MediaFile;
+}
+
+/**
+ * One request of a capture's send: the step and, for an upload, which
+ * photo. `key` is what `Entry.done` records: the step's name for photo 0
+ * (as the build before several photos recorded it) and `<step>:<photo>`
+ * for the others.
+ */
+export interface PlannedStep {
+  step: Step;
+  photo: number | null;
+  key: string;
+}
+
+/** The key `Entry.done` records for a step (of `photo`, for an upload). */
+export function stepKey(step: Step, photo: number | null = null): string {
+  return (step === "upload_copy" || step === "upload_original") && photo ? `${step}:${photo}` : step;
+}
+
+/** An entry's requests in send order: the moment, each photo's copy (in photo order), the turn, each photo's original. */
+export function entrySteps(entry: Pick<Entry, "photos">): PlannedStep[] {
+  const uploads = (step: Step) => entry.photos.map((p) => ({ step, photo: p.photo, key: stepKey(step, p.photo) }));
+  return [
+    { step: "create_moment", photo: null, key: "create_moment" },
+    ...uploads("upload_copy"),
+    { step: "start_turn", photo: null, key: "start_turn" },
+    ...uploads("upload_original"),
+  ];
+}
+
 /** Why an entry is parked: a permanent 4xx, for the person to see. */
 export interface Parked {
   step: Step;
+  /** The photo of an upload step (absent for the moment and the turn; entries parked before several photos lack it: photo 0). */
+  photo?: number;
   status: number;
   code?: string;
   detail: string;
@@ -39,10 +87,10 @@ export interface Entry {
   lang: string | null;
   /** RFC 3339. */
   captured_at: string;
-  copy: MediaFile;
-  original: MediaFile;
-  /** The steps done, each skipped on a retry. */
-  done: Step[];
+  /** The photos, in photo order (1 to MAX_PHOTOS). */
+  photos: PhotoFiles[];
+  /** The steps done (their {@link PlannedStep.key}), each skipped on a retry. */
+  done: string[];
   state: "pending" | "parked" | "done";
   parked: Parked | null;
   /** The practical turn's id once started. */
@@ -87,7 +135,7 @@ export interface MessageRecord {
 }
 
 interface Schema extends DBSchema {
-  entries: { key: string; value: Entry };
+  entries: { key: string; value: StoredEntry };
   blobs: { key: string; value: { key: string; bytes: ArrayBuffer } };
   messages: { key: string; value: MessageRecord; indexes: { order: number } };
 }
@@ -95,9 +143,29 @@ interface Schema extends DBSchema {
 /** The default database name. */
 export const DB_NAME = "spark-outbox";
 
-/** The key of a media file's bytes. */
-function blobKey(entryId: string, role: "copy" | "original"): string {
-  return `${entryId}:${role}`;
+/** The key of a media file's bytes: `<entry>:<role>` for photo 0 (as before several photos), `<entry>:<photo>:<role>` for the others. */
+function blobKey(entryId: string, role: Role, photo = 0): string {
+  return photo ? `${entryId}:${photo}:${role}` : `${entryId}:${role}`;
+}
+
+/** Every blob key of an entry (entry ids are ULIDs of one length, so the prefix is the entry's alone). */
+function entryBlobs(entryId: string): IDBKeyRange {
+  return IDBKeyRange.bound(`${entryId}:`, `${entryId}:\uffff`);
+}
+
+/** An entry as the build before several photos stored it. */
+type StoredEntry = Entry | (Omit<Entry, "photos"> & { photos?: undefined; copy: MediaFile; original: MediaFile });
+
+/**
+ * An entry in this build's shape: one stored by the build before several
+ * photos (`copy` and `original`, no `photos`) is its photo 0, with the same
+ * blob keys and step names, so it sends as it would have. Anything else is
+ * returned as it is.
+ */
+export function normaliseEntry(stored: StoredEntry): Entry {
+  if (Array.isArray(stored.photos)) return stored as Entry;
+  const { copy, original, ...rest } = stored as Omit<Entry, "photos"> & { copy: MediaFile; original: MediaFile };
+  return { ...rest, photos: [{ photo: 0, copy, original }] };
 }
 
 /** An entry as a done one is kept: its ids and steps, not its content. */
@@ -122,22 +190,31 @@ export class Outbox {
         },
       });
       const outbox = new Outbox(db);
-      await outbox.dropContentOfDoneEntries();
+      await outbox.upgradeEntries();
       return outbox;
     } finally {
       if (factory) (globalThis as { indexedDB?: IDBFactory }).indexedDB = previous;
     }
   }
 
-  /** Drops the text, caption and lang that done entries of earlier builds kept. */
-  private async dropContentOfDoneEntries(): Promise<void> {
+  /**
+   * Brings entries of earlier builds to this one's shape, in one
+   * transaction: one photo (`copy`, `original`) becomes `photos` with photo
+   * 0 (its bytes and done steps keep their keys), and the text, caption and
+   * lang that done entries kept are dropped.
+   */
+  private async upgradeEntries(): Promise<void> {
     const tx = this.tx(["entries"]);
     const entries = tx.objectStore("entries");
     const writes: Promise<unknown>[] = [];
-    for (const entry of await entries.getAll()) {
+    for (const stored of await entries.getAll()) {
+      let entry = normaliseEntry(stored);
+      let changed = entry !== stored;
       if (entry.state === "done" && (entry.text !== null || entry.caption !== null || entry.lang !== null)) {
-        writes.push(entries.put(withoutContent(entry)));
+        entry = withoutContent(entry);
+        changed = true;
       }
+      if (changed) writes.push(entries.put(entry));
     }
     await Promise.all([...writes, tx.done]);
   }
@@ -146,30 +223,38 @@ export class Outbox {
     return this.db.transaction(stores, "readwrite", { durability: "strict" });
   }
 
-  /** Stores a capture and its media bytes in one transaction; durable when this resolves. */
-  async putCapture(entry: Entry, copy: ArrayBuffer, original: ArrayBuffer): Promise<void> {
+  /**
+   * Stores a capture and its media bytes in one transaction; durable when
+   * this resolves. `bytes[i]` are the bytes of `entry.photos[i]`.
+   */
+  async putCapture(entry: Entry, bytes: { copy: ArrayBuffer; original: ArrayBuffer }[]): Promise<void> {
+    if (bytes.length !== entry.photos.length) throw new Error(`${entry.photos.length} photos but bytes of ${bytes.length}`);
     const tx = this.tx(["entries", "blobs"]);
+    const blobs = tx.objectStore("blobs");
     await Promise.all([
       tx.objectStore("entries").put(entry),
-      tx.objectStore("blobs").put({ key: blobKey(entry.id, "copy"), bytes: copy }),
-      tx.objectStore("blobs").put({ key: blobKey(entry.id, "original"), bytes: original }),
+      ...entry.photos.flatMap((p, i) => [
+        blobs.put({ key: blobKey(entry.id, "copy", p.photo), bytes: bytes[i]!.copy }),
+        blobs.put({ key: blobKey(entry.id, "original", p.photo), bytes: bytes[i]!.original }),
+      ]),
       tx.done,
     ]);
   }
 
   /** Every entry, in send order (entry id). */
   async entries(): Promise<Entry[]> {
-    return this.db.getAll("entries");
+    return (await this.db.getAll("entries")).map(normaliseEntry);
   }
 
   /** One entry. */
   async entry(id: string): Promise<Entry | undefined> {
-    return this.db.get("entries", id);
+    const stored = await this.db.get("entries", id);
+    return stored && normaliseEntry(stored);
   }
 
-  /** A media file's bytes. */
-  async bytes(entryId: string, role: "copy" | "original"): Promise<ArrayBuffer | undefined> {
-    return (await this.db.get("blobs", blobKey(entryId, role)))?.bytes;
+  /** A media file's bytes (of photo 0 unless `photo` says). */
+  async bytes(entryId: string, role: Role, photo = 0): Promise<ArrayBuffer | undefined> {
+    return (await this.db.get("blobs", blobKey(entryId, role, photo)))?.bytes;
   }
 
   /**
@@ -183,22 +268,14 @@ export class Outbox {
     const tx = this.tx(["entries", "blobs"]);
     const stored = entry.state === "done" ? withoutContent(entry) : entry;
     const writes: Promise<unknown>[] = [tx.objectStore("entries").put(stored)];
-    if (entry.state === "done") {
-      writes.push(tx.objectStore("blobs").delete(blobKey(entry.id, "copy")));
-      writes.push(tx.objectStore("blobs").delete(blobKey(entry.id, "original")));
-    }
+    if (entry.state === "done") writes.push(tx.objectStore("blobs").delete(entryBlobs(entry.id)));
     await Promise.all([...writes, tx.done]);
   }
 
-  /** Removes an entry and its bytes, in one transaction. */
+  /** Removes an entry and the bytes of all its photos, in one transaction. */
   async removeEntry(id: string): Promise<void> {
     const tx = this.tx(["entries", "blobs"]);
-    await Promise.all([
-      tx.objectStore("entries").delete(id),
-      tx.objectStore("blobs").delete(blobKey(id, "copy")),
-      tx.objectStore("blobs").delete(blobKey(id, "original")),
-      tx.done,
-    ]);
+    await Promise.all([tx.objectStore("entries").delete(id), tx.objectStore("blobs").delete(entryBlobs(id)), tx.done]);
   }
 
   /**

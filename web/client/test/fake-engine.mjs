@@ -63,14 +63,29 @@ export class FakeEngine {
       return json(201, { created: true, moment });
     }
     if (method === "PUT" && (m = path.match(/^\/api\/media\/(\w+)$/))) {
+      // As the engine (issue 27): `X-Photo` 0 to 9 (0 when absent); each
+      // photo of a moment holds one copy and one original.
+      const photoHeader = headers["x-photo"];
+      if (photoHeader !== undefined && !(/^[0-9]{1,3}$/.test(photoHeader) && Number(photoHeader) < 10)) return problem(400, "invalid_request", `X-Photo ${JSON.stringify(photoHeader)} is not a photo number from 0 to 9`);
+      const photo = Number(photoHeader ?? 0);
+      const role = headers["x-media-role"];
       const moment = this.moments.get(headers["x-moment-id"]);
       if (!moment) return problem(404, "not_found", "no such moment");
       const digest = Buffer.from(await crypto.subtle.digest("SHA-256", body)).toString("hex");
       if (headers["x-content-sha256"] && headers["x-content-sha256"] !== digest) return problem(400, "digest_mismatch", "hash");
       const known = this.media.get(m[1]);
-      if (known) return known.sha256 === digest ? json(200, { created: false, media: known }) : problem(409, "conflict", "other bytes");
-      const media = { id: m[1], moment_id: moment.id, role: headers["x-media-role"], sha256: digest, size: body.length };
+      if (known) {
+        const same = known.sha256 === digest && known.moment_id === moment.id && known.role === role && known.photo === photo;
+        if (same) return json(200, { created: false, media: known });
+        return known.sha256 !== digest
+          ? problem(409, "conflict", "other bytes", { conflict: "media_bytes", media_id: known.id })
+          : problem(409, "conflict", "another moment, photo or role", { conflict: "media_owner", media_id: known.id, moment_id: known.moment_id, photo: known.photo, role: known.role });
+      }
+      const taken = moment.media.find((x) => x.photo === photo && x.role === role);
+      if (taken) return problem(409, "conflict", `photo ${photo} of this moment already has a ${role}`, { conflict: "media_role", media_id: taken.id, moment_id: moment.id, photo, role });
+      const media = { id: m[1], moment_id: moment.id, role, photo, sha256: digest, size: body.length, content_type: headers["content-type"] ?? "application/octet-stream" };
       this.media.set(m[1], media);
+      moment.media.push(media);
       return json(201, { created: true, media });
     }
     if (method === "POST" && (m = path.match(/^\/api\/moments\/(\w+)\/turns$/))) {

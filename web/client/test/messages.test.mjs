@@ -136,7 +136,7 @@ test("a message to a moment still in the outbox waits for the moment's create", 
   await client.drainOnce(); // offline: the create waits
   await client.drainOnce();
   const paths = engine.log.map((r) => r.path);
-  assert.deepEqual(paths.slice(-5), ["/api/moments", `/api/media/${entry.copy.id}`, `/api/moments/${entry.moment_id}/turns`, `/api/media/${entry.original.id}`, "/api/messages"]);
+  assert.deepEqual(paths.slice(-5), ["/api/moments", `/api/media/${entry.photos[0].copy.id}`, `/api/moments/${entry.moment_id}/turns`, `/api/media/${entry.photos[0].original.id}`, "/api/messages"]);
   assert.equal((await client.outbox.message(message.id)).state, "sent");
   client.close();
 });

@@ -13,18 +13,18 @@ test("capture mints every id and stores photo, copy and ids durably before any r
   const p = photo("Ausfahrt");
   const entry = await client.capture({ photo: p, text: "Ausfahrt freihalten", lang: "de" });
   assert.equal(engine.log.length, 0, "no request before capture returns");
-  const ids = [entry.id, entry.moment_id, entry.turn_request_id, entry.copy.id, entry.original.id];
+  const ids = [entry.id, entry.moment_id, entry.turn_request_id, entry.photos[0].copy.id, entry.photos[0].original.id];
   for (const id of ids) assert.match(id, ULID);
   assert.equal(new Set(ids).size, 5, "every id distinct");
-  assert.equal(entry.original.sha256, await sha256Hex(await p.arrayBuffer()));
-  assert.equal(entry.copy.content_type, "image/jpeg");
+  assert.equal(entry.photos[0].original.sha256, await sha256Hex(await p.arrayBuffer()));
+  assert.equal(entry.photos[0].copy.content_type, "image/jpeg");
   client.close();
   // Another handle on the same database (a reload) finds it all.
   const again = await Outbox.open("spark-test", factory);
   const [stored] = await again.entries();
   assert.deepEqual(stored, entry);
-  assert.equal((await again.bytes(entry.id, "original")).byteLength, entry.original.size);
-  assert.equal((await again.bytes(entry.id, "copy")).byteLength, entry.copy.size);
+  assert.equal((await again.bytes(entry.id, "original")).byteLength, entry.photos[0].original.size);
+  assert.equal((await again.bytes(entry.id, "copy")).byteLength, entry.photos[0].copy.size);
   again.close();
 });
 
@@ -37,16 +37,16 @@ test("the send goes moment, copy, turn, original, and a done entry drops its byt
     engine.log.map((r) => `${r.method} ${r.path}`),
     [
       "POST /api/moments",
-      `PUT /api/media/${entry.copy.id}`,
+      `PUT /api/media/${entry.photos[0].copy.id}`,
       `POST /api/moments/${entry.moment_id}/turns`,
-      `PUT /api/media/${entry.original.id}`,
+      `PUT /api/media/${entry.photos[0].original.id}`,
     ],
   );
   const [create, copy, turn, original] = engine.log;
   assert.deepEqual(JSON.parse(create.body).client_request_id, entry.id);
   assert.equal(JSON.parse(create.body).id, entry.moment_id);
   assert.equal(copy.headers["x-media-role"], "copy");
-  assert.equal(copy.headers["x-content-sha256"], entry.copy.sha256);
+  assert.equal(copy.headers["x-content-sha256"], entry.photos[0].copy.sha256);
   assert.equal(copy.headers["x-moment-id"], entry.moment_id);
   assert.equal(JSON.parse(turn.body).client_request_id, entry.turn_request_id);
   assert.equal(JSON.parse(turn.body).mode, "practical");
@@ -79,7 +79,7 @@ test("a step done is skipped on the retry; a step whose answer was lost is repea
   assert.equal(report.wait, null);
   assert.deepEqual(
     engine.log.slice(before).map((r) => r.path),
-    [`/api/media/${entry.copy.id}`, `/api/moments/${entry.moment_id}/turns`, `/api/media/${entry.original.id}`],
+    [`/api/media/${entry.photos[0].copy.id}`, `/api/moments/${entry.moment_id}/turns`, `/api/media/${entry.photos[0].original.id}`],
     "the create is not sent again",
   );
   assert.equal(engine.moments.size, 1, "one moment for one capture");
@@ -100,13 +100,13 @@ test("entries send in capture order, and a parked entry does not hold up the nex
   assert.deepEqual(creates, [a.moment_id, b.moment_id, c.moment_id]);
   const parked = await client.outbox.entry(b.id);
   assert.equal(parked.state, "parked");
-  assert.deepEqual(parked.parked, { step: "upload_copy", status: 409, code: "conflict", detail: "scripted 409" });
+  assert.deepEqual(parked.parked, { step: "upload_copy", photo: 0, status: 409, code: "conflict", detail: "scripted 409" });
   assert.equal((await client.outbox.entry(c.id)).state, "done");
   // Retried by the person: the done step stays done.
   await client.retryEntry(b.id);
   const before = engine.log.length;
   await client.drainOnce();
-  assert.equal(engine.log[before].path, `/api/media/${b.copy.id}`);
+  assert.equal(engine.log[before].path, `/api/media/${b.photos[0].copy.id}`);
   assert.equal((await client.outbox.entry(b.id)).state, "done");
   client.close();
 });

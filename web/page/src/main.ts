@@ -1,9 +1,10 @@
 // The engine's page (SPEC section 12): the moments feed, newest first a
 // page at a time (`GET /api/moments?order=newest&after=&limit=`, with the
 // turns of the moments shown only), live over the event stream through the
-// client package (a change re-renders one row, not the list), capture from
-// a file or the camera with an undo while the engine has none of it, a
-// moment with its copy, Pippa's reading as it arrives, keeping phrases,
+// client package (a change re-renders one row, not the list), capture of
+// up to 10 photos per moment from files or the camera (a preview strip,
+// each photo removable) with an undo while the engine has none of it, a
+// moment with its photos, Pippa's reading as it arrives, keeping phrases,
 // quick recall, "Read again" for a reading that failed, the message thread
 // with pending and failed messages and a retry, every outbox state with what
 // it waits for, and a log view with the head, the chain value and a live tail.
@@ -12,11 +13,12 @@
 // from this device before any request, a failed load is tried again with
 // backoff (the status says so), and the status says whether the engine
 // answers ("Online", "Reconnecting…", "Offline"), never a raw HTTP line.
-import { SparkClient, STEPS, mintRequestId, statusClass, type ChangeNotice, type Entry, type MessageRecord, type Step, type WithdrawOutcome, type components } from "../../client/src/index.js";
+import { SparkClient, MAX_PHOTOS, entrySteps, mintRequestId, statusClass, type ChangeNotice, type Entry, type MessageRecord, type Step, type WithdrawOutcome, type components } from "../../client/src/index.js";
 import { followLastSeen, restoreLastSeen } from "./offline.js";
 import { startAppShell } from "./shell.js";
 
 type Moment = components["schemas"]["Moment"];
+type Media = components["schemas"]["Media"];
 type Turn = components["schemas"]["Turn"];
 type Message = components["schemas"]["Message"];
 type Mark = components["schemas"]["Mark"];
@@ -285,8 +287,23 @@ function waitWords(reason: string | null): string {
 
 // ---- the feed -----------------------------------------------------------
 
+/**
+ * The moment's copies in photo order (issue 27: up to 10 photos, each with
+ * one copy). Media uploaded before several photos have no `photo` in a
+ * feed saved by an earlier build: photo 0.
+ */
+function copies(m: Moment): Media[] {
+  return m.media.filter((x) => x.role === "copy").sort((a, b) => (a.photo ?? 0) - (b.photo ?? 0));
+}
+
+/** How many photos the moment has (photos with a copy or an original). */
+function photoCount(m: Moment): number {
+  return new Set(m.media.map((x) => x.photo ?? 0)).size;
+}
+
+/** The copy the feed shows: photo 0's (the first photo's, whatever its number). */
 function copyUrl(m: Moment): string | null {
-  const copy = m.media.find((x) => x.role === "copy");
+  const copy = copies(m)[0];
   return copy ? `/api/media/${copy.id}` : null;
 }
 
@@ -311,7 +328,7 @@ function momentRow(m: Moment): HTMLLIElement {
   const url = copyUrl(m);
   const t = reading(m);
   const row = el("li", {
-    "data-moment-id": m.id, "data-version": m.version, "data-reading": t?.status ?? "none", tabIndex: 0, role: "link",
+    "data-moment-id": m.id, "data-version": m.version, "data-photos": photoCount(m), "data-reading": t?.status ?? "none", tabIndex: 0, role: "link",
     onclick: () => void openMomentView(m.id),
     onkeydown: (e: KeyboardEvent) => {
       if (e.key === "Enter" || e.key === " ") {
@@ -324,7 +341,7 @@ function momentRow(m: Moment): HTMLLIElement {
     el("div", {},
       el("div", { className: "title" }, m.text || m.caption || "A sign"),
       el("div", { className: "snippet" }, readingText(t)),
-      el("div", { className: "muted" }, new Date(m.created_at).toLocaleString()),
+      el("div", { className: "muted" }, new Date(m.created_at).toLocaleString(), photoCount(m) > 1 ? ` · ${photoCount(m)} photos` : ""),
       el("div", { className: "muted", "data-outbox-note": "" }, outboxNote(m.id)),
     ),
   );
@@ -335,20 +352,27 @@ function momentRow(m: Moment): HTMLLIElement {
 function outboxNote(id: string): string {
   const e = outboxEntries.find((x) => x.moment_id === id && x.state === "pending");
   if (!e) return "";
-  const sending = client.sendState.sending?.entry === e.id ? client.sendState.sending.step : null;
-  return sending ? `Sending ${STEP_WORDS[sending]}…` : waitingFor(e);
+  const sending = client.sendState.sending?.entry === e.id ? client.sendState.sending : null;
+  return sending ? `Sending ${stepWords(e, sending.step, sending.photo)}…` : waitingFor(e);
 }
 
 const STEP_WORDS: Record<Step, string> = { create_moment: "the moment", upload_copy: "the small copy", start_turn: "the reading", upload_original: "the original photo" };
+
+/** A step of a capture in words; an upload of a capture of several photos says which photo ("the original of photo 2"). */
+function stepWords(e: Entry, step: Step, photo?: number | null): string {
+  if (e.photos.length < 2 || (step !== "upload_copy" && step !== "upload_original")) return STEP_WORDS[step];
+  return `${step === "upload_copy" ? "the small copy" : "the original"} of photo ${(photo ?? 0) + 1}`;
+}
 
 /** Object URLs of waiting captures' copies, by entry id. */
 const thumbs = new Map<string, string>();
 
 async function thumbUrl(e: Entry): Promise<string | null> {
   if (thumbs.has(e.id)) return thumbs.get(e.id)!;
-  const bytes = await client.outbox.bytes(e.id, "copy").catch(() => undefined);
+  const first = e.photos[0];
+  const bytes = first && (await client.outbox.bytes(e.id, "copy", first.photo).catch(() => undefined));
   if (!bytes) return null;
-  const url = URL.createObjectURL(new Blob([bytes], { type: e.copy.content_type }));
+  const url = URL.createObjectURL(new Blob([bytes], { type: e.photos[0]?.copy.content_type ?? "image/jpeg" }));
   thumbs.set(e.id, url);
   return url;
 }
@@ -364,8 +388,8 @@ function waitingFor(e: Entry): string {
   const trouble = waitWords(e.last_error);
   if (trouble) return `${trouble}${retry}`;
   if (client.link === "reconnecting") return `Waiting for the engine to answer.${retry}`;
-  const step = STEPS.find((s) => !e.done.includes(s));
-  if (e.done.length && step) return `The moment is on the engine; waiting to send ${STEP_WORDS[step]}.`;
+  const step = entrySteps(e).find((s) => !e.done.includes(s.key));
+  if (e.done.length && step) return `The moment is on the engine; waiting to send ${stepWords(e, step.step, step.photo)}.`;
   const ahead = outboxEntries.filter((o) => o.state === "pending" && o.id < e.id).length;
   if (ahead) return `Waiting: ${ahead} capture${ahead === 1 ? "" : "s"} before it ${ahead === 1 ? "is" : "are"} sent first.`;
   return "Waiting to be sent.";
@@ -378,23 +402,25 @@ function rowButton(label: string, action: () => Promise<void> | void, name?: str
 
 /** A capture in the outbox: waiting (what for), sending (which step) or parked (the engine's reason), with what can be done. */
 function entryRow(e: Entry, thumb: string | null): HTMLLIElement {
-  const sending = client.sendState.sending?.entry === e.id ? client.sendState.sending.step : null;
+  const sending = client.sendState.sending?.entry === e.id ? client.sendState.sending : null;
   const state = e.state === "parked" ? "parked" : sending ? "sending" : "pending";
   let detail: string;
   if (e.parked) {
     const made = e.done.includes("create_moment") ? "The moment is saved, but the engine refused " : "The engine refused ";
-    detail = `${made}${STEP_WORDS[e.parked.step]}: ${e.parked.detail} (HTTP ${e.parked.status}${e.parked.code ? ` ${e.parked.code}` : ""}).`;
+    detail = `${made}${stepWords(e, e.parked.step, e.parked.photo)}: ${e.parked.detail} (HTTP ${e.parked.status}${e.parked.code ? ` ${e.parked.code}` : ""}).`;
   } else if (sending) {
-    detail = `Sending ${STEP_WORDS[sending]} (${e.done.length + 1} of 4)…`;
+    detail = `Sending ${stepWords(e, sending.step, sending.photo)} (${e.done.length + 1} of ${entrySteps(e).length})…`;
   } else {
     detail = waitingFor(e);
   }
   const title = e.text || "A sign";
+  const several = e.photos.length > 1 ? `${e.photos.length} photos` : "";
   const badge = { parked: "not sent", sending: "sending", pending: "waiting" }[state];
-  return el("li", { "data-entry-id": e.id, "data-outbox": state },
+  return el("li", { "data-entry-id": e.id, "data-outbox": state, "data-photos": e.photos.length },
     thumb ? el("img", { src: thumb, alt: "" }) : el("div", { className: "thumb" }),
     el("div", {},
       el("div", { className: "title" }, title, el("span", { className: `badge ${state}` }, badge)),
+      several ? el("div", { className: "muted" }, several) : null,
       el("div", { className: "snippet", "data-detail": "" }, detail),
       e.state === "parked"
         ? el("div", { className: "row actions" },
@@ -408,7 +434,7 @@ function entryRow(e: Entry, thumb: string | null): HTMLLIElement {
           ? el("div", { className: "row actions" },
               rowButton("Remove", async () => {
                 if (!confirm("Remove this capture from this device? The engine has none of it yet.")) return;
-                flash(withdrawWords([await client.withdrawEntry(e.id)]));
+                flash(withdrawWords([await client.withdrawEntry(e.id)], e.photos.length));
               }, `Remove “${title}”`),
             )
           : null,
@@ -429,17 +455,6 @@ function failedMessageRow(r: MessageRecord): HTMLLIElement {
       ),
     ),
   );
-}
-
-/** What undoing captures did, in words. */
-function withdrawWords(outcomes: WithdrawOutcome[]): string {
-  const count = (o: WithdrawOutcome) => outcomes.filter((x) => x === o).length;
-  const parts: string[] = [];
-  const undone = count("undone") + count("gone");
-  if (undone) parts.push(`Undone: ${undone === 1 ? "the capture was" : `${undone} captures were`} removed from this device; the engine has none of it.`);
-  if (count("acknowledged")) parts.push(`Too late for ${count("acknowledged") === 1 ? "one" : count("acknowledged")}: the engine already has it, so it stays (delete it from its moment).`);
-  if (count("unknown")) parts.push("Not undone: the connection dropped while it was being sent and the engine cannot be asked now whether it got it. Try again when the engine answers.");
-  return parts.join(" ");
 }
 
 /** Moments changed while the feed's first page was read: refreshed once it is shown. */
@@ -683,12 +698,19 @@ async function openMomentView(id: string): Promise<void> {
 function renderMoment(): void {
   const m = current();
   if (!m) return;
-  const url = copyUrl(m);
+  const shown = copies(m);
   const t = reading(m);
+  const count = photoCount(m);
+  // Every photo's copy, in photo order (the order the brain read them in).
+  const photos = shown.length > 1
+    ? el("ul", { className: "photos", "aria-label": `${shown.length} photos` },
+        ...shown.map((c, i) => el("li", { "data-photo": c.photo ?? 0 }, el("img", { src: `/api/media/${c.id}`, alt: `photo ${i + 1} of ${shown.length}` }))),
+      )
+    : shown[0] ? el("img", { src: `/api/media/${shown[0].id}`, alt: "the copy of the photo", "data-photo": shown[0].photo ?? 0 }) : el("div", { className: "thumb" });
   $("moment").replaceChildren(
-    url ? el("img", { src: url, alt: "the copy of the photo" }) : el("div", { className: "thumb" }),
+    photos,
     el("h2", { tabIndex: -1 }, m.text || m.caption || "A sign"),
-    el("p", { className: "muted" }, `captured ${m.captured_at ? new Date(m.captured_at).toLocaleString() : "—"} · ${m.media.length} media · version ${m.version}`),
+    el("p", { className: "muted" }, `captured ${m.captured_at ? new Date(m.captured_at).toLocaleString() : "—"} · ${count === 1 ? "1 photo" : `${count} photos`} · version ${m.version}`),
     el("h3", {}, "Pippa's reading"),
     el("div", { className: "reading", id: "moment-reading", "data-status": t?.status ?? "none" }, readingText(t) || "No reading yet."),
   );
@@ -1029,7 +1051,7 @@ function onChange(notice: ChangeNotice): void {
 
 // ---- capture ------------------------------------------------------------
 
-/** The photos chosen for the next Save, each with its preview's object URL. */
+/** The photos chosen for the next Save, in photo order, each with its preview's object URL. */
 let chosen: { file: File; url: string }[] = [];
 /** The checks of files being chosen (a Save waits for them). */
 let checking: Promise<void> = Promise.resolve();
@@ -1046,43 +1068,72 @@ async function unreadable(file: File): Promise<string | null> {
   }
 }
 
+/** Removes chosen photo `i` and keeps the keyboard in the strip: the next photo's Remove, else the one before, else "Choose photos". */
+function removeChosen(i: number): void {
+  const [gone] = chosen.splice(i, 1);
+  if (gone) URL.revokeObjectURL(gone.url);
+  renderChosen();
+  $("capture-error").textContent = "";
+  const buttons = $("capture-preview").querySelectorAll<HTMLButtonElement>("button.remove");
+  (buttons[Math.min(i, buttons.length - 1)] ?? $("capture-pick")).focus();
+}
+
+/** The preview strip: each chosen photo in the order it is saved in, with its number and a Remove button. */
 function renderChosen(): void {
+  const n = chosen.length;
   $("capture-preview").replaceChildren(
     ...chosen.map((c, i) =>
-      el("li", {},
-        el("img", { src: c.url, alt: `photo ${i + 1}: ${c.file.name}` }),
-        el("button", { type: "button", className: "remove", "aria-label": `Remove photo ${i + 1}`, onclick: () => { URL.revokeObjectURL(c.url); chosen.splice(i, 1); renderChosen(); } }, "×"),
+      el("li", { "data-photo": i },
+        el("img", { src: c.url, alt: `photo ${i + 1} of ${n}: ${c.file.name}` }),
+        n > 1 ? el("span", { className: "number", "aria-hidden": "true" }, String(i + 1)) : null,
+        el("button", { type: "button", className: "remove", "aria-label": `Remove photo ${i + 1} (${c.file.name})`, onclick: () => removeChosen(i) }, "×"),
       ),
     ),
   );
-  $("capture-form").dataset.photos = String(chosen.length);
-  $("capture-several").hidden = chosen.length < 2;
-  $<HTMLButtonElement>("capture-save").textContent = chosen.length > 1 ? `Save ${chosen.length} photos` : "Save";
+  $("capture-form").dataset.photos = String(n);
+  const several = $("capture-several");
+  several.hidden = n < 2;
+  several.textContent = n >= MAX_PHOTOS
+    ? `${n} photos: the most one moment holds. They are saved as one moment, in this order.`
+    : `${n} photos, saved as one moment in this order (up to ${MAX_PHOTOS}).`;
+  $<HTMLButtonElement>("capture-save").textContent = n > 1 ? `Save ${n} photos` : "Save";
 }
 
-/** Takes the files of a file input: readable photos join the preview; a bad file is refused with its reason. Nothing is stored. */
+/**
+ * Takes the files of a file input: readable photos join the strip, up to
+ * MAX_PHOTOS; a bad file, or one over the limit, is refused with its name
+ * and why, and what was typed and the photos already chosen stay. Nothing
+ * is stored.
+ */
 function choose(input: HTMLInputElement): void {
   const files = [...(input.files ?? [])];
   input.value = "";
   $("capture-error").textContent = "";
   checking = checking.then(async () => {
     const refused: string[] = [];
+    const over: string[] = [];
     for (const file of files) {
       const why = await unreadable(file);
       if (why) refused.push(why);
+      else if (chosen.length >= MAX_PHOTOS) over.push(`“${file.name}”`);
       else chosen.push({ file, url: URL.createObjectURL(file) });
     }
     renderChosen();
-    if (refused.length) $("capture-error").textContent = `Not added: ${refused.join("; ")}. What you typed is kept.`;
+    if (over.length) refused.push(`${over.join(", ")}: a moment holds at most ${MAX_PHOTOS} photos, and ${MAX_PHOTOS} are chosen (remove one to add another)`);
+    if (refused.length) $("capture-error").textContent = `Not added: ${refused.join("; ")}. What you typed and the photos chosen are kept.`;
   });
 }
 
-/** Save: each chosen photo becomes one capture with the typed text, stored in the outbox (and sent from there). */
+/** Save: the chosen photos (1 to MAX_PHOTOS, in the strip's order) and the typed text become one capture in the outbox (and are sent from there). */
 async function save(): Promise<void> {
   await checking;
   const text = $<HTMLInputElement>("capture-text");
   if (!chosen.length) {
     $("capture-error").textContent = "Take or choose a photo first. What you typed is kept.";
+    return;
+  }
+  if (chosen.length > MAX_PHOTOS) {
+    $("capture-error").textContent = `Not saved: a moment holds at most ${MAX_PHOTOS} photos, and ${chosen.length} are chosen. Remove ${chosen.length - MAX_PHOTOS}; what you typed is kept.`;
     return;
   }
   // Take the photos and the text, and clear both, before the first
@@ -1093,26 +1144,16 @@ async function save(): Promise<void> {
   text.value = "";
   renderChosen();
   $("capture-error").textContent = "";
-  const failed: { file: File; url: string }[] = [];
-  const saved: SavedPhoto[] = [];
   forgetLastSave();
-  for (const photo of photos) {
-    try {
-      const entry = await client.capture({ photo: photo.file, text: caption });
-      saved.push({ ...photo, entry: entry.id });
-    } catch (e) {
-      failed.push(photo);
-      $("capture-error").textContent = `Not saved: ${e instanceof Error ? e.message : String(e)}.`;
-    }
-  }
-  if (saved.length) {
-    lastSave = { photos: saved, text: caption };
+  try {
+    const entry = await client.capture({ photos: photos.map((p) => ({ photo: p.file })), text: caption });
+    lastSave = { entry: entry.id, photos, text: caption };
     undoNote = "";
     await renderOutbox();
-  }
-  if (failed.length) {
+  } catch (e) {
     // Give back what was not stored.
-    chosen = [...failed, ...chosen];
+    $("capture-error").textContent = `Not saved: ${e instanceof Error ? e.message : String(e)}. The photos and what you typed are kept.`;
+    chosen = [...photos, ...chosen];
     if (!text.value && caption) text.value = caption;
     renderChosen();
   }
@@ -1120,14 +1161,13 @@ async function save(): Promise<void> {
 
 // ---- undo of the last Save ------------------------------------------------
 
-/** A photo of the last Save: its outbox entry, and the file and preview to give back on an undo. */
+/** A photo of the last Save, to give back on an undo. */
 interface SavedPhoto {
-  entry: string;
   file: File;
   url: string;
 }
-/** The last Save (until the next), whose captures may be undone while the engine has none of them. */
-let lastSave: { photos: SavedPhoto[]; text: string | null } | null = null;
+/** The last Save (until the next): its one outbox entry, which may be undone while the engine has none of it, with its photos and text. */
+let lastSave: { entry: string; photos: SavedPhoto[]; text: string | null } | null = null;
 /** An undo in progress. */
 let undoing = false;
 
@@ -1138,67 +1178,73 @@ function forgetLastSave(): void {
 }
 
 /**
- * The last Save's photos that the engine has not acknowledged: still in the
- * outbox, their moment's create not done, and the moment not in the feed
- * (a create whose answer was lost shows there once the event stream tells).
+ * Whether the engine has acknowledged nothing of the last Save: still in
+ * the outbox, its moment's create not done, and the moment not in the
+ * feed (a create whose answer was lost shows there once the event stream
+ * tells).
  */
-function undoable(): SavedPhoto[] {
-  return (lastSave?.photos ?? []).filter((p) => {
-    const e = outboxEntries.find((x) => x.id === p.entry);
-    return e !== undefined && e.state !== "done" && !e.done.includes("create_moment") && !moments.has(e.moment_id);
-  });
+function undoable(): boolean {
+  const e = lastSave && outboxEntries.find((x) => x.id === lastSave!.entry);
+  return Boolean(e && e.state !== "done" && !e.done.includes("create_moment") && !moments.has(e.moment_id));
 }
 
 /** What the last undo did, in words, for a while ("" when nothing to say). */
 let undoNote = "";
 
-/** The undo bar under Save: offered while some of the last Save is not acknowledged; says what an undo did. */
+/** The undo bar under Save: offered while the last Save is not acknowledged; says what an undo did. */
 function renderUndo(): void {
   // Derived from the outbox as last read (a read that overlapped the Save
-  // may lack its entries: the next one puts the bar right); the last Save
+  // may lack its entry: the next one puts the bar right); the last Save
   // itself is kept until the next Save.
   const open = undoable();
-  $("undo-save").hidden = !open.length || undoing;
+  $("undo-save").hidden = !open || undoing;
   let text = undoNote;
   if (undoing) text = "Undoing…";
-  else if (open.length) {
-    const sending = open.some((p) => client.sendState.sending?.entry === p.entry);
-    text = `Saved ${open.length === 1 ? "a capture" : `${open.length} captures`} on this device; ${sending ? "sending now" : "not sent yet"}.`;
+  else if (open && lastSave) {
+    const sending = client.sendState.sending?.entry === lastSave.entry;
+    const n = lastSave.photos.length;
+    text = `Saved ${n === 1 ? "a capture" : `a capture of ${n} photos`} on this device; ${sending ? "sending now" : "not sent yet"}.`;
   }
   $("undo-text").textContent = text;
   $("undo").hidden = !text;
 }
 
+/** What undoing a capture did, in words. */
+function withdrawWords(outcomes: WithdrawOutcome[], photos = 1): string {
+  const count = (o: WithdrawOutcome) => outcomes.filter((x) => x === o).length;
+  const parts: string[] = [];
+  const undone = count("undone") + count("gone");
+  const what = photos > 1 ? `the capture of ${photos} photos was` : "the capture was";
+  if (undone) parts.push(`Undone: ${undone === 1 ? what : `${undone} captures were`} removed from this device; the engine has none of it.`);
+  if (count("acknowledged")) parts.push(`Too late for ${count("acknowledged") === 1 ? "one" : count("acknowledged")}: the engine already has it, so it stays (delete it from its moment).`);
+  if (count("unknown")) parts.push("Not undone: the connection dropped while it was being sent and the engine cannot be asked now whether it got it. Try again when the engine answers.");
+  return parts.join(" ");
+}
+
 /**
- * Undo of the last Save: each of its captures the engine has not
- * acknowledged leaves the outbox with its media (`withdrawEntry`, which
- * waits for a request of it in flight); the photos and the text come back
- * into the form. One the engine has stays, and the bar says so.
+ * Undo of the last Save while the engine has none of it: its capture
+ * leaves the outbox with every photo's bytes (`withdrawEntry`, which waits
+ * for a request of it in flight); the photos and the text come back into
+ * the form. One the engine has stays, and the bar says so.
  */
 async function undoSave(): Promise<void> {
   const save = lastSave;
-  const open = undoable();
-  if (!save || !open.length || undoing) return;
+  if (!save || !undoable() || undoing) return;
   undoing = true;
   undoNote = "";
   renderUndo();
-  const outcomes: WithdrawOutcome[] = [];
-  const back: SavedPhoto[] = [];
-  for (const photo of open) {
-    const outcome = await client.withdrawEntry(photo.entry);
-    outcomes.push(outcome);
-    if (outcome === "undone") back.push(photo);
-  }
+  const outcome = await client.withdrawEntry(save.entry);
   undoing = false;
-  if (back.length) {
+  const back = outcome === "undone";
+  if (back) {
     // Back into the form, to change or clear; their previews are kept.
-    save.photos = save.photos.filter((p) => !back.includes(p));
-    chosen = [...back.map(({ file, url }) => ({ file, url })), ...chosen];
+    lastSave = null;
+    chosen = [...save.photos, ...chosen];
     const text = $<HTMLInputElement>("capture-text");
     if (!text.value && save.text) text.value = save.text;
     renderChosen();
   }
-  const note = `${withdrawWords(outcomes)}${back.length ? " The photos are back above." : ""}`;
+  const note = `${withdrawWords([outcome], save.photos.length)}${back ? ` The ${save.photos.length === 1 ? "photo is" : "photos are"} back above.` : ""}`;
   undoNote = note;
   await renderOutbox();
   setTimeout(() => {

@@ -47,6 +47,7 @@ fn media_op(n: u128, moment: u128, role: MediaRole) -> OpBody {
         size_bytes: 10,
         content_type: "image/jpeg".into(),
         device: DEVICE.into(),
+        photo: 0,
     })
 }
 

@@ -70,7 +70,7 @@ export interface paths {
         get: operations["getMedia"];
         /**
          * Upload the copy or the original of a moment
-         * @description The bytes are streamed to disk while they are hashed (SHA-256) and stored once under their content address. The `Content-Type` of the body (any `type/subtype` of at most 255 bytes; `application/octet-stream` when absent) is kept and sent back on downloads. A known media id with the same bytes answers `200`; with other bytes (or another moment or role) `409`; a moment that already has media in this role is `409`.
+         * @description The bytes are streamed to disk while they are hashed (SHA-256) and stored once under their content address. The `Content-Type` of the body (any `type/subtype` of at most 255 bytes; `application/octet-stream` when absent) is kept and sent back on downloads. A known media id with the same bytes answers `200`; with other bytes (or another moment, photo or role) `409`; a photo of the moment that already has media in this role (another media id) is `409 media_role`. A moment holds up to 10 photos (`X-Photo` 0 to 9), each with one copy and one original.
          */
         put: operations["putMedia"];
         post?: never;
@@ -546,6 +546,8 @@ export interface components {
             moment_id: components["schemas"]["Ulid"];
             /** @enum {string} */
             role: "copy" | "original";
+            /** @description The photo's number in its moment, from 0 (SPEC section 4 as extended by issue 27: a moment holds up to 10 photos, each with at most one copy and one original). `0` for every upload made before several photos. */
+            photo: number;
             sha256: components["schemas"]["Sha256Hex"];
             /** @description Bytes. */
             size: number;
@@ -777,7 +779,7 @@ export interface components {
             /** @description `digest_mismatch`: what the bytes hash to. */
             actual_sha256?: components["schemas"]["Sha256Hex"];
             /**
-             * @description `conflict`: what kind of conflict, and so which members follow. `request_id`: the request id was used by another kind of request or for another entity (`request_id`, `used_by_kind`, `used_by`). `derived_request_id`: a recall's `<recall id>:turn` is already used (`request_id`). `turn_request`: the request id started a turn of another moment (`request_id`, `turn_id`, `moment_id`). `media_bytes`: the media id was uploaded with other bytes (`media_id`, `stored_sha256`, `offered_sha256`). `media_owner`: the media id belongs to another moment or role (`media_id`, `moment_id`, `role`: where it belongs). `media_role`: the moment's role is filled by another media (`media_id`: that media, `moment_id`, `role`). `job_moment`: the job id reads another moment (`job_id`, `moment_id`: the moment it reads). `message`: the message id was posted with another body or thread (`message_id`).
+             * @description `conflict`: what kind of conflict, and so which members follow. `request_id`: the request id was used by another kind of request or for another entity (`request_id`, `used_by_kind`, `used_by`). `derived_request_id`: a recall's `<recall id>:turn` is already used (`request_id`). `turn_request`: the request id started a turn of another moment (`request_id`, `turn_id`, `moment_id`). `media_bytes`: the media id was uploaded with other bytes (`media_id`, `stored_sha256`, `offered_sha256`). `media_owner`: the media id belongs to another moment, photo or role (`media_id`, `moment_id`, `photo`, `role`: where it belongs). `media_role`: the role of the moment's photo is filled by another media (`media_id`: that media, `moment_id`, `photo`, `role`). `job_moment`: the job id reads another moment (`job_id`, `moment_id`: the moment it reads). `message`: the message id was posted with another body or thread (`message_id`).
              * @enum {string}
              */
             conflict?: "request_id" | "derived_request_id" | "turn_request" | "media_bytes" | "media_owner" | "media_role" | "job_moment" | "message";
@@ -804,6 +806,8 @@ export interface components {
              * @enum {string}
              */
             role?: "copy" | "original";
+            /** @description `conflict`: the photo of the moment (`media_owner`, `media_role`), from 0. */
+            photo?: number;
             /** @description `conflict` `job_moment`: the job id. */
             job_id?: string;
             /** @description With `deleted` from `GET /api/moments/{id}`: the tombstone. */
@@ -1380,6 +1384,8 @@ export interface operations {
                 /** @description The moment the media belongs to. */
                 "X-Moment-Id": components["schemas"]["UlidIn"];
                 "X-Media-Role": "copy" | "original";
+                /** @description Which photo of the moment this is, from 0 to 9 (decimal; `0` when absent). Each photo holds at most one copy and one original; `400 invalid_request` for anything else. */
+                "X-Photo"?: number;
                 /** @description The SHA-256 the client computed, in hex; `400 digest_mismatch` when the bytes hash otherwise (nothing kept). */
                 "X-Content-SHA256"?: string;
             };
