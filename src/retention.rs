@@ -538,18 +538,22 @@ pub(crate) fn remove_checkpoints_from(
     remove_checkpoints_where(fs, data_dir, |seq, _| seq >= first_seq)
 }
 
-/// Removes the checkpoints `remove` picks (by seq and path), then fsyncs
-/// their directory. Returns how many.
+/// Removes the checkpoints `remove` picks (by seq and path), and every
+/// temporary file a checkpoint write that was cut short left
+/// (`<seq>.ckpt.tmp`: it may hold the content being erased), then fsyncs
+/// their directory. Returns how many checkpoints and temporary files.
+/// Called only while the checkpoint worker is held
+/// ([`Engine::hold_checkpoints`]), so no temporary file is being written.
 fn remove_checkpoints_where(
     fs: &dyn Fs,
     data_dir: &Path,
     remove: impl Fn(u64, &Path) -> bool,
 ) -> Result<usize, PassError> {
     let mut removed = 0;
-    for (seq, path) in spark_core::checkpoint::list(data_dir) {
-        if !remove(seq, &path) {
-            continue;
-        }
+    let picked = spark_core::checkpoint::list(data_dir)
+        .into_iter()
+        .filter(|(seq, path)| remove(*seq, path));
+    for (_, path) in picked.chain(spark_core::checkpoint::list_temp_files(data_dir)) {
         fs.remove_file(&path).map_err(|source| PassError::Io {
             what: format!("removing checkpoint {}", path.display()),
             source,

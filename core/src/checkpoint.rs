@@ -932,14 +932,28 @@ pub struct Loaded {
 /// The checkpoint files in `data_dir`, newest (highest seq) first, by file
 /// name; a missing directory lists as empty.
 pub fn list(data_dir: &Path) -> Vec<(u64, PathBuf)> {
+    list_named(data_dir, parse_file_name)
+}
+
+/// The temporary files of checkpoint writes a crash cut short
+/// (`<seq>.ckpt.tmp`, [`TMP_SUFFIX`]) in `data_dir`, newest first. The
+/// engine never reads them and removes them at its next start
+/// ([`remove_temp_files`]); until then they hold the bytes written to them,
+/// which `spark-replay audit erasure` looks for (SPEC section 13).
+pub fn list_temp_files(data_dir: &Path) -> Vec<(u64, PathBuf)> {
+    list_named(data_dir, |name| {
+        parse_file_name(&format!("{}{SUFFIX}", name.strip_suffix(TMP_SUFFIX)?))
+    })
+}
+
+/// The files of `data_dir`'s checkpoint directory whose name `seq_of`
+/// reads a seq from, newest first.
+fn list_named(data_dir: &Path, seq_of: impl Fn(&str) -> Option<u64>) -> Vec<(u64, PathBuf)> {
     let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(checkpoint_dir(data_dir))
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| {
-            let seq = parse_file_name(e.file_name().to_str()?)?;
-            Some((seq, e.path()))
-        })
+        .filter_map(|e| Some((seq_of(e.file_name().to_str()?)?, e.path())))
         .collect();
     out.sort_by_key(|(seq, _)| std::cmp::Reverse(*seq));
     out

@@ -277,9 +277,12 @@ fn owner(mirror: &Mirror, body: &OpBody) -> Option<Id> {
 }
 
 /// The checkpoint files at or after a due moment's create that hold it not
-/// erased. Each is decoded without the check against the log's chain (a
-/// stale checkpoint holds bytes too); one that does not decode is counted
-/// as holding every due moment created at or before its seq.
+/// erased, the temporary file of a write a crash cut short
+/// (`<seq>.ckpt.tmp`, removed at the engine's next start) among them. Each
+/// is decoded without the check against the log's chain (a stale
+/// checkpoint holds bytes too); one that does not decode (a cut temporary
+/// file, say) is counted as holding every due moment created at or before
+/// its seq.
 fn find_checkpoints(
     common: &Common,
     deleted: &BTreeMap<Id, Deleted>,
@@ -290,6 +293,7 @@ fn find_checkpoints(
         return;
     };
     let mut listed = spark_core::checkpoint::list(&common.data);
+    listed.extend(spark_core::checkpoint::list_temp_files(&common.data));
     listed.sort_by_key(|(seq, _)| *seq);
     for (seq, file) in listed.into_iter().filter(|(seq, _)| *seq >= first) {
         let decoded = std::fs::read(&file)

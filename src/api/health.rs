@@ -17,8 +17,9 @@ pub async fn healthz(_state: Arc<AppState>, _req: Request) -> Result<Response, A
 
 /// `GET /readyz`: `200 {"status":"ready"}` once the log is replayed (the
 /// server only listens after that) and while writes are accepted;
-/// `503 unavailable` once the write path is stopped by an I/O error (it
-/// stays so until a restart); `507 insufficient_storage` while writes are
+/// `503 unavailable` once the write path is stopped by an I/O error or
+/// by a checkpoint file the request index reads in place written to (it
+/// stays so until a restart; [`crate::engine::Engine::poisoned`]); `507 insufficient_storage` while writes are
 /// refused for want of disk space, saying why (below the reserve, or the
 /// log waiting for space to recover its tail); ready again by itself once
 /// space is back. With `[archive]`, the body has an `archive`

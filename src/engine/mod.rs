@@ -537,9 +537,17 @@ impl Engine {
         self.shared.head.lock().clone()
     }
 
-    /// Why the write path is stopped, if it is.
+    /// Why the write path is stopped (until a restart), if it is: an I/O
+    /// error stopped it, or the checkpoint file whose request index the
+    /// engine reads in place was written to since the start
+    /// ([`spark_core::request_index::RequestIndex::mapped_file_changed`]; the next batch
+    /// is refused and stops it), so `/readyz` says `503` before the next
+    /// write finds out.
     pub fn poisoned(&self) -> Option<String> {
-        self.shared.poison.lock().clone()
+        if let Some(reason) = self.shared.poison.lock().clone() {
+            return Some(reason);
+        }
+        self.read(|mirror| mirror.requests.mapped_file_changed())
     }
 
     /// Why writes are refused for want of disk space right now, if they are

@@ -948,7 +948,13 @@ impl Follower {
     async fn apply(&self, manifest: &Manifest) -> Result<(), FollowError> {
         let log_dir = spark_core::layout::log_dir(&self.data_dir);
         let compacts = !manifest.compactions.is_empty();
-        let _held = compacts.then(|| self.engine.hold_checkpoints());
+        // Awaited: the guard, not a future of it (a future held here would
+        // leave the checkpoint worker free to build from the segments being
+        // replaced).
+        let _held = match compacts {
+            true => Some(self.engine.hold_checkpoints().await),
+            false => None,
+        };
         match catch_up(
             &self.store,
             &log_dir,

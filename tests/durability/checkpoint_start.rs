@@ -724,6 +724,13 @@ async fn a_checkpoint_written_in_place_while_its_index_is_read_stops_the_write_p
         } else {
             std::fs::write(&checkpoint, &foreign).unwrap();
         }
+        // Not ready from the change on (`/readyz` asks `poisoned`), before
+        // a write finds out.
+        let not_ready = engine.poisoned().expect("the write path is stopped");
+        assert!(
+            not_ready.contains("written to while the engine ran"),
+            "{not_ready}"
+        );
         for command in [retry(), create("a-new-request".into())] {
             let refused = engine.submit(command).await.expect_err("refused");
             assert!(

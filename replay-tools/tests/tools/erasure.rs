@@ -208,6 +208,16 @@ async fn audit_erasure_verify_head_and_dump_on_a_compacted_log() {
     )
     .unwrap()
     .expect("a checkpoint is built");
+    // And the temporary file of a later checkpoint write a crash cut
+    // short before its rename, not yet removed by a restart: whole, it
+    // decodes (one cut short would count as holding every due moment).
+    let whole = std::fs::read(&built.file).unwrap();
+    let temp = built.file.with_file_name(format!(
+        "{:020}{}",
+        engine.head().seq + 1,
+        spark_core::checkpoint::TMP_SUFFIX
+    ));
+    std::fs::write(&temp, &whole).unwrap();
     let create_frame = create_frame_of(&log_dir, second);
     let cut_tail = log_dir.join("00000000000000000001.seg.torn-000000009999");
     std::fs::write(&cut_tail, &create_frame).unwrap();
@@ -249,6 +259,11 @@ async fn audit_erasure_verify_head_and_dump_on_a_compacted_log() {
         overdue["remaining"]["checkpoints"][0]["file"],
         built.file.display().to_string(),
         "{overdue}"
+    );
+    assert_eq!(
+        overdue["remaining"]["checkpoints"][1]["file"],
+        temp.display().to_string(),
+        "the temporary file holds it too: {overdue}"
     );
     assert_eq!(
         overdue["remaining"]["cut_tails"],
@@ -397,11 +412,16 @@ async fn audit_erasure_verify_head_and_dump_on_a_compacted_log() {
     }
 
     // The second moment erased too: the compactor also removes the cut
-    // tail's copy that names it, so nothing is overdue.
+    // tail's copy that names it and the temporary file, so nothing is
+    // overdue.
     let report = compactor.pass().await.unwrap();
     assert_eq!(report.erased, vec![second], "{report:?}");
     assert_eq!(report.cut_tails_removed, 1, "{report:?}");
     assert!(!cut_tail.exists(), "the cut tail's copy is removed");
+    assert!(
+        !temp.exists(),
+        "the temporary file of a cut checkpoint write is removed with the checkpoints"
+    );
     let (code, doc) = audit(data, &["--erase-after-ms", "0"]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(
