@@ -792,6 +792,17 @@ fn replay_log(
     // and it may hold content a later delete erases (SPEC section 13), so
     // it goes now, whether or not checkpoints are on.
     spark_core::checkpoint::remove_temp_files(&*fs, &settings.data_dir);
+    // Something else in the checkpoints' place: said now, not only at each
+    // checkpoint the worker fails to write (startups replay the whole log
+    // until it is moved away).
+    let checkpoints = spark_core::checkpoint::checkpoint_dir(&settings.data_dir);
+    if std::fs::metadata(&checkpoints).is_ok_and(|meta| !meta.is_dir()) {
+        tracing::warn!(
+            path = %checkpoints.display(),
+            "the checkpoint directory is not a directory: no checkpoint can be read or \
+             written (every start replays the whole log); move it away"
+        );
+    }
     // Before recovery cuts anything: a whole checkpoint past the log's end
     // proves acknowledged records are gone; starting would hand their seqs
     // out again.
