@@ -1,6 +1,6 @@
 // Editing and deleting a moment from the page, with If-Match: a change
 // made elsewhere meanwhile is never overwritten (412: the page shows the
-// moment as it is now and says so).
+// moment as it is now and says so, keeping what was typed in the form).
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { api, browserOrSkip, launch, openMoment, openPage, startEngine, until } from "./harness.mjs";
@@ -37,6 +37,10 @@ test("edit and delete a moment from the page; a stale edit is refused, not appli
     moment = await api(engine.base, `/api/moments/${id}`);
     assert.equal(moment.text, "von woanders", "the other change stays");
     await until(async () => (await page.textContent("#moment h2")) === "von woanders", "the view shows the moment as it is now");
+    // What was typed is kept in the form, to save again or cancel.
+    assert.equal(await page.isVisible("#edit-form"), true, "the edit form stays open");
+    assert.equal(await page.inputValue("#edit-text"), "von der Seite", "the draft is kept");
+    await page.click("#edit-cancel");
 
     // Delete.
     await page.click("#delete-moment");

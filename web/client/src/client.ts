@@ -42,7 +42,14 @@ export interface CaptureInput {
 
 /** How a client is made. */
 export interface ClientOptions {
-  /** The engine's origin; `""` (the default) is the page's own. */
+  /**
+   * The engine's origin; `""` (the default) is the page's own. In a
+   * browser it must be the page's origin: the engine grants no CORS
+   * preflight (every request carries `X-Spark-Client`, so even a GET needs
+   * one), and a cross-origin request fails as a network error would
+   * (`link` stays `reconnecting`). Serve the page from the engine or from
+   * a reverse proxy in front of it. Scripts (Node) may name any origin.
+   */
   baseUrl?: string;
   /** A bearer token, for scripts; a page signed in with `POST /api/session` needs none (the cookie goes along). */
   token?: string;
@@ -50,7 +57,12 @@ export interface ClientOptions {
   clock?: Clock;
   /** The IndexedDB database name (one outbox per name). */
   dbName?: string;
-  /** An IndexedDB factory (fake-indexeddb in tests); default the page's. */
+  /**
+   * An IndexedDB factory; default the page's (`globalThis.indexedDB`). In
+   * Node use `import "fake-indexeddb/auto"` (it also defines the
+   * `IDBRequest` and friends that the outbox's `idb` needs), not a bare
+   * `new IDBFactory()`.
+   */
   indexedDB?: IDBFactory;
   /** Makes the small copy (default: a canvas, at most 1024 px JPEG). */
   makeCopy?: (photo: Blob) => Promise<Blob>;
@@ -66,6 +78,25 @@ export interface ClientOptions {
   channelName?: string;
   /** Send by itself when this tab is the sender (default true); false leaves it to {@link SparkClient.drainOnce} (tests). */
   autoSend?: boolean;
+  /**
+   * How long a request may go unanswered before it counts as lost (a hung
+   * engine, a dropped link), in ms: default {@link DEFAULT_REQUEST_TIMEOUT_MS};
+   * a request with a byte body (a media upload) gets one more second per
+   * {@link UPLOAD_BYTES_PER_S} bytes on top.
+   */
+  requestTimeoutMs?: number;
+}
+
+/** How long a request without a byte body may go unanswered (ms) before it counts as lost. */
+export const DEFAULT_REQUEST_TIMEOUT_MS = 20_000;
+/** The slowest upload rate a media upload is given time for (bytes a second): 10 MB in about 5 minutes. */
+export const UPLOAD_BYTES_PER_S = 32 * 1024;
+
+/** A request's byte body's size, or 0. */
+function byteSize(body: BodyInit | undefined): number {
+  if (body instanceof Blob) return body.size;
+  if (body instanceof ArrayBuffer || ArrayBuffer.isView(body)) return body.byteLength;
+  return 0;
 }
 
 /** What one pass over the outbox did. */
@@ -384,6 +415,8 @@ export class SparkClient extends EventTarget {
    */
   private async checkCursor(): Promise<void> {
     const abort = new AbortController();
+    // A hung engine answers nothing: give up as a request would.
+    const timer = setTimeout(() => abort.abort(), this.options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS);
     try {
       const h: Record<string, string> = { [CLIENT_HEADER]: "web" };
       if (this.options.token) h["Authorization"] = `Bearer ${this.options.token}`;
@@ -408,6 +441,7 @@ export class SparkClient extends EventTarget {
       // Offline: the reopen tries again.
       this.setLink("reconnecting");
     } finally {
+      clearTimeout(timer);
       abort.abort();
     }
   }
@@ -533,7 +567,28 @@ export class SparkClient extends EventTarget {
       payload = JSON.stringify(body);
       h["Content-Type"] = "application/json";
     }
-    return this.fetchFn(`${this.baseUrl}${path}`, { method, headers: h, body: payload, credentials: "include", cache: "no-store" });
+    // A hung engine or a dropped link answers nothing: after the timeout
+    // the request is aborted and fails as a lost answer does (a retry
+    // sends the same ids).
+    // A long poll (`?wait=N`, in seconds) is given its N seconds on top.
+    const size = byteSize(payload);
+    const poll = Number(/[?&]wait=(\d+)/.exec(path)?.[1] ?? 0) * 1000;
+    const limit = (this.options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS) + poll + (size ? Math.ceil((size / UPLOAD_BYTES_PER_S) * 1000) : 0);
+    const abort = new AbortController();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        const error = new Error(`no answer in ${Math.round(limit / 1000)} s (timed out)`);
+        error.name = "TimeoutError";
+        abort.abort(error);
+        reject(error);
+      }, limit);
+    });
+    try {
+      return await Promise.race([this.fetchFn(`${this.baseUrl}${path}`, { method, headers: h, body: payload, credentials: "include", cache: "no-store", signal: abort.signal }), timedOut]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   /** A GET whose 2xx JSON body is returned; anything else throws with the problem's detail. */

@@ -282,9 +282,11 @@ export class Outbox {
    * Forgets what the device still holds of a deleted moment: its done
    * entries and the sent messages of its thread (SPEC section 13: nothing
    * a person deleted is kept). What is still to be sent stays, to be seen
-   * and removed by the person.
+   * and removed by the person, unless `unsent`: then the thread's messages
+   * still to send, or failed, go too (a deleted moment takes none; the page
+   * passes it once the moment's deletion is known).
    */
-  async forgetMoment(momentId: string): Promise<void> {
+  async forgetMoment(momentId: string, { unsent = false }: { unsent?: boolean } = {}): Promise<void> {
     const tx = this.tx(["entries", "messages"]);
     const entries = tx.objectStore("entries");
     const messages = tx.objectStore("messages");
@@ -293,7 +295,8 @@ export class Outbox {
       if (entry.moment_id === momentId && entry.state === "done") removals.push(entries.delete(entry.id));
     }
     for (const record of await messages.getAll()) {
-      if (record.thread_id === momentId && record.state === "sent") removals.push(messages.delete(record.id));
+      // A deleted moment's thread takes no message: with `unsent`, those still to send (or failed) go too.
+      if (record.thread_id === momentId && (record.state === "sent" || unsent)) removals.push(messages.delete(record.id));
     }
     await Promise.all([...removals, tx.done]);
   }

@@ -15,7 +15,7 @@ after(() => open.forEach((c) => c.close()));
  * A client on a fresh fake IndexedDB with a manual page clock `offsetMs`
  * from the fake engine's clock, sending only when the test drains.
  */
-export async function setup({ offsetMs = 0, factory = new IDBFactory(), engine } = {}) {
+export async function setup({ offsetMs = 0, factory = new IDBFactory(), engine, options = {} } = {}) {
   const serverClock = engine?.clockRef ?? new ManualClock(T0);
   engine ??= new FakeEngine(() => serverClock.now());
   engine.clockRef = serverClock;
@@ -30,6 +30,7 @@ export async function setup({ offsetMs = 0, factory = new IDBFactory(), engine }
     autoSend: false,
     channelName: `test-${++n}`,
     makeCopy: async (photo) => new Blob([new Uint8Array(await photo.arrayBuffer()).slice(0, 4)], { type: "image/jpeg" }),
+    ...options,
   });
   open.push(client);
   const advance = (ms) => {

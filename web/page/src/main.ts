@@ -13,7 +13,7 @@
 // from this device before any request, a failed load is tried again with
 // backoff (the status says so), and the status says whether the engine
 // answers ("Online", "Reconnecting…", "Offline"), never a raw HTTP line.
-import { SparkClient, MAX_PHOTOS, entrySteps, mintRequestId, statusClass, type ChangeNotice, type Entry, type MessageRecord, type Step, type WithdrawOutcome, type components } from "../../client/src/index.js";
+import { SparkClient, DEFAULT_REQUEST_TIMEOUT_MS, MAX_PHOTOS, entrySteps, mintRequestId, statusClass, type ChangeNotice, type Entry, type MessageRecord, type Step, type WithdrawOutcome, type components } from "../../client/src/index.js";
 import { followLastSeen, restoreLastSeen } from "./offline.js";
 import { startAppShell } from "./shell.js";
 
@@ -89,7 +89,7 @@ async function post(method: string, path: string, body?: object): Promise<Respon
 
 /** Whether the engine lets us in: with tokens configured and no session, it says 401. Throws when it does not answer. */
 async function signedIn(): Promise<boolean> {
-  const answer = await fetch("/api/log/head", { credentials: "include", cache: "no-store", headers: { "X-Spark-Client": "web" } });
+  const answer = await fetch("/api/log/head", { credentials: "include", cache: "no-store", headers: { "X-Spark-Client": "web" }, signal: AbortSignal.timeout(DEFAULT_REQUEST_TIMEOUT_MS) });
   return answer.status !== 401;
 }
 
@@ -119,7 +119,7 @@ function signIn(why: string): Promise<void> {
   $("signin-error").textContent = "";
   $("signin-why").textContent = why;
   $("signin").hidden = false;
-  void waitingWords().then((w) => ($("signin-waiting").textContent = w ? `${w} wait on this device; they are sent once you are signed in.` : ""));
+  void waitingWords().then((w) => ($("signin-waiting").textContent = w ? `${w} ${/^1 \w+$/.test(w) ? "waits" : "wait"} on this device; ${/^1 \w+$/.test(w) ? "it is" : "they are"} sent once you are signed in.` : ""));
   void setStatus();
   signing = new Promise((resolve) => {
     $("signin-form").onsubmit = async (e) => {
@@ -232,13 +232,27 @@ function show(view: "moments" | "moment" | "recall" | "log"): void {
     if (b.dataset.view === view || (view === "moment" && b.dataset.view === "moments")) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
   }
-  if (view !== "moment") openMoment = null;
+  if (view !== "moment") {
+    openMoment = null;
+    // The URL says the feed (or the view) again, not the moment left.
+    if (hashMoment()) history.replaceState(null, "", location.pathname + location.search);
+  }
   if (view === "recall") void renderPhrases();
   if (view === "log") void renderHead();
 }
 
 /** Set while the first load (or a load after a sign-in) fails: why, and when it is tried again (ms since the epoch). */
 let loadTrouble: { reason: string; retryAt: number } | null = null;
+
+/** Whether the engine cannot be reached now (no network, no answer, the first load failing): what needs it says so at once. */
+function engineAway(): boolean {
+  return !navigator.onLine || client.link === "offline" || client.link === "reconnecting" || loadTrouble !== null;
+}
+
+/** What needs the engine, said at once while it cannot be reached. */
+function needsEngine(what: string): string {
+  return `${what} needs the engine, which this device cannot reach now (${!navigator.onLine || client.link === "offline" ? "offline" : "no answer"}). Try again when it is back.`;
+}
 
 /** Whether the engine answers, in words. */
 function connectionWords(): string {
@@ -337,7 +351,7 @@ function momentRow(m: Moment): HTMLLIElement {
       }
     },
   },
-    url ? el("img", { src: url, alt: "", loading: "lazy" }) : el("div", { className: "thumb" }),
+    url ? el("img", { src: url, alt: "", loading: "lazy", "data-missing": "" }) : el("div", { className: "thumb" }),
     el("div", {},
       el("div", { className: "title" }, m.text || m.caption || "A sign"),
       el("div", { className: "snippet" }, readingText(t)),
@@ -448,7 +462,7 @@ function failedMessageRow(r: MessageRecord): HTMLLIElement {
     el("div", { className: "thumb" }),
     el("div", {},
       el("div", { className: "title" }, `Message: “${r.body}”`, el("span", { className: "badge failed" }, "not sent")),
-      el("div", { className: "snippet", "data-detail": "" }, r.error?.detail ?? "The engine refused it."),
+      el("div", { className: "snippet", "data-detail": "" }, messageError(r)),
       el("div", { className: "row actions" },
         rowButton("Retry", () => client.retryMessage(r.id), `Retry the message “${r.body}”`),
         rowButton("Open its moment", () => openMomentView(r.thread_id)),
@@ -638,7 +652,13 @@ function renderCount(): void {
 async function renderOutbox(): Promise<void> {
   const feed = $("feed");
   const entries = await client.outbox.entries();
-  const failed = (await client.outbox.messages()).filter((r) => r.state === "failed");
+  let failed = (await client.outbox.messages()).filter((r) => r.state === "failed");
+  const late = failed.filter((r) => deletedMoments.has(r.thread_id));
+  if (late.length) {
+    // Refused as its moment's deletion arrived: forgotten as the others were.
+    for (const id of new Set(late.map((r) => r.thread_id))) await client.outbox.forgetMoment(id, { unsent: true }).catch(() => undefined);
+    failed = failed.filter((r) => !deletedMoments.has(r.thread_id));
+  }
   outboxEntries = entries;
   // Waiting captures until their moment shows; parked ones always (a
   // capture parked after its moment was made still needs the person).
@@ -672,7 +692,40 @@ function current(): Moment | undefined {
   return moments.get(openMoment) ?? (offFeed?.id === openMoment ? offFeed : undefined);
 }
 
-async function openMomentView(id: string): Promise<void> {
+/** The moment a URL opens (`#/moments/<id>`), or null. */
+function hashMoment(): string | null {
+  return /^#\/moments\/([0-9A-Za-z]{26})$/.exec(location.hash)?.[1]?.toUpperCase() ?? null;
+}
+
+/** The feed's row opened last: the keyboard goes back to it on the way back to the feed. */
+let openedFrom: string | null = null;
+
+/** Shows the feed with the keyboard on the row opened last. */
+function showFeed(): void {
+  show("moments");
+  if (openedFrom) document.querySelector<HTMLElement>(`#feed [data-moment-id="${openedFrom}"]`)?.focus();
+}
+
+/**
+ * Back to the feed from a moment ("← Moments", Escape, the view of a
+ * deleted moment): the history entry the moment pushed is left (as the
+ * browser's Back would), or, for a moment opened by its URL, the URL
+ * becomes the feed's.
+ */
+function backToFeed(): void {
+  if ((history.state as { pushed?: boolean } | null)?.pushed && hashMoment()) {
+    history.back();
+    return;
+  }
+  showFeed();
+}
+
+/**
+ * Opens a moment. `how`: push a history entry (`#/moments/<id>`: Back, on
+ * Android too, returns to the feed), replace the current one (a moment
+ * opened by its URL), or leave history as it is (Back and Forward).
+ */
+async function openMomentView(id: string, how: "push" | "replace" | "none" = "push"): Promise<void> {
   if (!moments.has(id)) {
     try {
       const m = await api<Moment>(`/api/moments/${id}`);
@@ -687,6 +740,10 @@ async function openMomentView(id: string): Promise<void> {
   openMoment = id;
   show("moment");
   openMoment = id;
+  openedFrom = id;
+  delete $("view-moment").dataset.deleted;
+  if (how === "push" && hashMoment() !== id) history.pushState({ pushed: true }, "", `#/moments/${id}`);
+  else if (how !== "none") history.replaceState(null, "", `#/moments/${id}`);
   $("keep-status").textContent = "";
   $("edit-form").hidden = true;
   $("edit-status").textContent = "";
@@ -704,9 +761,9 @@ function renderMoment(): void {
   // Every photo's copy, in photo order (the order the brain read them in).
   const photos = shown.length > 1
     ? el("ul", { className: "photos", "aria-label": `${shown.length} photos` },
-        ...shown.map((c, i) => el("li", { "data-photo": c.photo ?? 0 }, el("img", { src: `/api/media/${c.id}`, alt: `photo ${i + 1} of ${shown.length}` }))),
+        ...shown.map((c, i) => el("li", { "data-photo": c.photo ?? 0 }, el("img", { src: `/api/media/${c.id}`, alt: `photo ${i + 1} of ${shown.length}`, "data-missing": `Photo ${i + 1}` }))),
       )
-    : shown[0] ? el("img", { src: `/api/media/${shown[0].id}`, alt: "the copy of the photo", "data-photo": shown[0].photo ?? 0 }) : el("div", { className: "thumb" });
+    : shown[0] ? el("img", { src: `/api/media/${shown[0].id}`, alt: "the copy of the photo", "data-photo": shown[0].photo ?? 0, "data-missing": "The photo" }) : el("div", { className: "thumb" });
   $("moment").replaceChildren(
     photos,
     el("h2", { tabIndex: -1 }, m.text || m.caption || "A sign"),
@@ -855,6 +912,10 @@ function editNote(text: string, bad = false): void {
 function openEdit(): void {
   const m = current();
   if (!m) return;
+  if (engineAway()) {
+    editNote(needsEngine("Editing"), true);
+    return;
+  }
   $<HTMLInputElement>("edit-text").value = m.text ?? "";
   $<HTMLInputElement>("edit-caption").value = m.caption ?? "";
   editingVersion = m.version;
@@ -894,18 +955,59 @@ async function saveEdit(): Promise<void> {
     $("edit-form").hidden = true;
     editNote("Saved.");
   } else if (answer.status === 412) {
-    $("edit-form").hidden = true;
+    // The moment as it is now above; what was typed stays in the form,
+    // to be saved again (on the new version) or cancelled.
     await refreshMoment(m.id);
-    editNote("Not saved: the moment was changed elsewhere meanwhile. It is shown as it is now; edit it again.", true);
+    editingVersion = current()?.version ?? editingVersion;
+    $<HTMLInputElement>("edit-text").value = text ?? "";
+    $<HTMLInputElement>("edit-caption").value = caption ?? "";
+    $("edit-form").hidden = false;
+    editNote("Not saved: the moment was changed elsewhere meanwhile. It is shown above as it is now; what you typed is kept here: save it again to replace that, or cancel.", true);
   } else {
     editNote(`Not saved: ${body?.detail ?? `HTTP ${answer.status}`}`, true);
   }
+}
+
+/**
+ * A moment deleted (here, in another tab, on another device): it leaves the
+ * feed, this device forgets what it kept of it and the messages still to
+ * send to its thread (SPEC section 13; a deleted moment takes none), and,
+ * when it is open, its view says so instead of showing it.
+ */
+function momentGone(id: string): void {
+  deletedMoments.add(id);
+  moments.delete(id);
+  if (offFeed?.id === id) offFeed = null;
+  void client.outbox.forgetMoment(id, { unsent: true }).then(renderOutbox).catch(() => undefined);
+  document.querySelector(`#feed [data-moment-id="${id}"]`)?.remove();
+  if (openMoment === id) {
+    $("view-moment").dataset.deleted = "true";
+    $("edit-form").hidden = true;
+    $("moment").replaceChildren(
+      el("h2", { tabIndex: -1 }, "Deleted"),
+      el("p", { id: "moment-deleted" }, "This moment was deleted (on this device or another)."),
+      el("button", { type: "button", onclick: () => backToFeed() }, "Back to the moments"),
+    );
+  }
+}
+
+/** Moments this page heard were deleted: a message to one refused meanwhile (sent as the deletion came) goes too. */
+const deletedMoments = new Set<string>();
+
+/** A message's refusal in words: one refused because its moment is deleted says so plainly (not the engine's text with the id). */
+function messageError(r: MessageRecord): string {
+  if (r.error?.code === "deleted") return "Not sent: its moment was deleted (on this device or another).";
+  return r.error?.detail ?? "The engine refused it.";
 }
 
 /** Deletes the moment (`DELETE` with `If-Match`) after asking. */
 async function deleteMoment(): Promise<void> {
   const m = current();
   if (!m) return;
+  if (engineAway()) {
+    editNote(needsEngine("Deleting"), true);
+    return;
+  }
   if (!confirm("Delete this moment with its photos, reading and thread? This cannot be undone.")) return;
   let answer: Response;
   try {
@@ -915,10 +1017,11 @@ async function deleteMoment(): Promise<void> {
     return;
   }
   if (answer.ok) {
+    deletedMoments.add(m.id);
     moments.delete(m.id);
-    void client.outbox.forgetMoment(m.id).catch(() => undefined);
+    void client.outbox.forgetMoment(m.id, { unsent: true }).then(renderOutbox).catch(() => undefined);
     document.querySelector(`#feed [data-moment-id="${m.id}"]`)?.remove();
-    show("moments");
+    backToFeed();
     flash("The moment was deleted.");
   } else if (answer.status === 412) {
     await refreshMoment(m.id);
@@ -957,7 +1060,7 @@ async function renderThread(): Promise<void> {
     ...rows.map(([mid, m]) =>
       el("li", { "data-message-id": mid, "data-state": m.state },
         el("div", {}, m.body, m.state !== "sent" ? el("span", { className: `badge ${m.state}` }, m.state) : null),
-        el("div", { className: "meta" }, new Date(m.ts).toLocaleTimeString(), m.record?.error ? ` · ${m.record.error.detail}` : ""),
+        el("div", { className: "meta" }, new Date(m.ts).toLocaleTimeString(), m.record?.error ? ` · ${messageError(m.record)}` : ""),
         m.state === "failed" ? el("button", { onclick: () => void client.retryMessage(mid) }, "Retry") : null,
       ),
     ),
@@ -1023,12 +1126,7 @@ function onChange(notice: ChangeNotice): void {
       void refreshMoment(first).then(renderOutbox);
       break;
     case "moment.delete":
-      for (const id of notice.removed) {
-        moments.delete(id);
-        // What this device kept of it goes too (SPEC section 13).
-        void client.outbox.forgetMoment(id).catch(() => undefined);
-        document.querySelector(`#feed [data-moment-id="${id}"]`)?.remove();
-      }
+      for (const id of notice.removed) momentGone(id);
       break;
     case "media.put":
     case "turn.start":
@@ -1086,7 +1184,7 @@ function renderChosen(): void {
       el("li", { "data-photo": i },
         el("img", { src: c.url, alt: `photo ${i + 1} of ${n}: ${c.file.name}` }),
         n > 1 ? el("span", { className: "number", "aria-hidden": "true" }, String(i + 1)) : null,
-        el("button", { type: "button", className: "remove", "aria-label": `Remove photo ${i + 1} (${c.file.name})`, onclick: () => removeChosen(i) }, "×"),
+        el("button", { type: "button", className: "remove", "aria-label": `Remove photo ${i + 1} (${c.file.name})`, disabled: saving, onclick: () => removeChosen(i) }, "×"),
       ),
     ),
   );
@@ -1096,7 +1194,24 @@ function renderChosen(): void {
   several.textContent = n >= MAX_PHOTOS
     ? `${n} photos: the most one moment holds. They are saved as one moment, in this order.`
     : `${n} photos, saved as one moment in this order (up to ${MAX_PHOTOS}).`;
-  $<HTMLButtonElement>("capture-save").textContent = n > 1 ? `Save ${n} photos` : "Save";
+  $<HTMLButtonElement>("capture-save").textContent = saving ? "Saving…" : n > 1 ? `Save ${n} photos` : "Save";
+  // While a Save is stored the form keeps its photos and text (photos
+  // chosen meanwhile join the strip for the next Save).
+  $("capture-form").dataset.saving = String(saving);
+  for (const id of ["capture-save", "capture-clear"]) $<HTMLButtonElement>(id).disabled = saving;
+  $<HTMLInputElement>("capture-text").readOnly = saving;
+  const note = $("capture-saving");
+  note.hidden = !saving;
+  note.textContent = saving ? "Saving… being stored on this device. Keep this page open until it says Saved." : "";
+}
+
+/** Whether a Save is being stored (until `client.capture` resolves). */
+let saving = false;
+
+/** While a Save is being stored, leaving the page asks first: closed now, the capture would be lost. */
+function guardUnload(e: BeforeUnloadEvent): void {
+  e.preventDefault();
+  e.returnValue = "";
 }
 
 /**
@@ -1126,6 +1241,7 @@ function choose(input: HTMLInputElement): void {
 
 /** Save: the chosen photos (1 to MAX_PHOTOS, in the strip's order) and the typed text become one capture in the outbox (and are sent from there). */
 async function save(): Promise<void> {
+  if (saving) return;
   await checking;
   const text = $<HTMLInputElement>("capture-text");
   if (!chosen.length) {
@@ -1136,27 +1252,33 @@ async function save(): Promise<void> {
     $("capture-error").textContent = `Not saved: a moment holds at most ${MAX_PHOTOS} photos, and ${chosen.length} are chosen. Remove ${chosen.length - MAX_PHOTOS}; what you typed is kept.`;
     return;
   }
-  // Take the photos and the text, and clear both, before the first
-  // await: the next capture may be started while this one is stored.
+  // The form keeps the photos and the text, "Saving…", until the capture
+  // is stored (the copies made, hashed and written: a second or more for
+  // big photos); leaving the page meanwhile asks first. Only then is the
+  // form cleared.
   const photos = chosen;
   const caption = text.value.trim() || null;
-  chosen = [];
-  text.value = "";
+  saving = true;
+  window.addEventListener("beforeunload", guardUnload);
   renderChosen();
   $("capture-error").textContent = "";
   forgetLastSave();
+  renderUndo();
   try {
     const entry = await client.capture({ photos: photos.map((p) => ({ photo: p.file })), text: caption });
+    chosen = chosen.filter((c) => !photos.includes(c));
+    if (text.value.trim() === (caption ?? "")) text.value = "";
     lastSave = { entry: entry.id, photos, text: caption };
     undoNote = "";
-    await renderOutbox();
   } catch (e) {
-    // Give back what was not stored.
+    // Nothing was stored: the photos and the text are still in the form.
     $("capture-error").textContent = `Not saved: ${e instanceof Error ? e.message : String(e)}. The photos and what you typed are kept.`;
-    chosen = [...photos, ...chosen];
-    if (!text.value && caption) text.value = caption;
+  } finally {
+    saving = false;
+    window.removeEventListener("beforeunload", guardUnload);
     renderChosen();
   }
+  await renderOutbox();
 }
 
 // ---- undo of the last Save ------------------------------------------------
@@ -1292,6 +1414,8 @@ async function connect(): Promise<void> {
 }
 
 async function main(): Promise<void> {
+  // A moment's URL (`#/moments/<id>`) opens it once it can be read.
+  const start = hashMoment();
   startAppShell();
   // This device's outbox first: it needs no engine.
   client = await SparkClient.open();
@@ -1322,8 +1446,27 @@ async function main(): Promise<void> {
   window.addEventListener("offline", () => void setStatus());
 
   // The main navigation (Moments, Recall) and, at the foot, the engine's log: a view for whoever runs the engine, not a place people go.
-  for (const b of document.querySelectorAll<HTMLButtonElement>("button[data-view]")) b.onclick = () => show(b.dataset.view as "moments");
-  $("back").onclick = () => show("moments");
+  for (const b of document.querySelectorAll<HTMLButtonElement>("button[data-view]")) b.onclick = () => (b.dataset.view === "moments" && !$("view-moment").hidden ? backToFeed() : show(b.dataset.view as "moments"));
+  $("back").onclick = () => backToFeed();
+  // Back and Forward (Android's Back too): the moment of the URL, or the feed.
+  window.addEventListener("popstate", () => {
+    const id = hashMoment();
+    if (id) {
+      if (openMoment !== id) void openMomentView(id, "none");
+    } else if (!$("view-moment").hidden) {
+      showFeed();
+    }
+  });
+  // Escape in a moment: back to the feed (in its edit form: the form closes).
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Escape" || $("view-moment").hidden || e.defaultPrevented) return;
+    if ((e.target as Element | null)?.closest?.("#edit-form") && !$("edit-form").hidden) {
+      $("edit-form").hidden = true;
+      $("edit-open").focus();
+      return;
+    }
+    backToFeed();
+  });
   $("signout").onclick = () => void signOut();
   for (const id of ["capture-file", "capture-pick"]) $<HTMLInputElement>(id).onchange = (e) => choose(e.target as HTMLInputElement);
   $("capture-form").onsubmit = (e) => {
@@ -1348,6 +1491,11 @@ async function main(): Promise<void> {
     const input = $<HTMLInputElement>("keep-phrase");
     const note = $("keep-status");
     const phrase = input.value;
+    if (engineAway()) {
+      note.className = "error";
+      note.textContent = needsEngine("Keeping a phrase");
+      return;
+    }
     note.className = "muted";
     note.textContent = "Keeping…";
     let answer: Response;
@@ -1390,7 +1538,11 @@ async function main(): Promise<void> {
   followLastSeen(feedView);
   await renderOutbox();
   await setStatus();
+  const early = Boolean(start && moments.has(start));
+  if (early) await openMomentView(start!, "replace");
   await connect();
+  // Not in the feed as last seen: once the engine answers (unless another view was chosen meanwhile).
+  if (start && !early && openedFrom === null && !$("view-moments").hidden) await openMomentView(start, "replace");
   await probeTokens();
   document.body.dataset.ready = "true";
   document.body.dataset.load = "done";

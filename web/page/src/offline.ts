@@ -94,6 +94,28 @@ async function thumbnail(img: HTMLImageElement): Promise<ArrayBuffer | null> {
   return blob ? blob.arrayBuffer() : null;
 }
 
+/**
+ * An image of the engine's media that did not load, with no thumbnail kept:
+ * a plain box in its place, instead of a broken image. `data-missing` names
+ * the photo ("Photo 2"), said "is not available offline" (or "could not be
+ * loaded" while the engine answers); empty, the box is a bare thumbnail.
+ */
+function missing(img: HTMLImageElement): void {
+  const name = img.dataset.missing;
+  if (name === undefined || !img.isConnected) return;
+  const box = document.createElement("div");
+  box.className = "thumb missing";
+  box.dataset.missing = "true";
+  if (img.dataset.photo !== undefined) box.dataset.photo = img.dataset.photo;
+  if (name) {
+    const away = !navigator.onLine || document.getElementById("status")?.dataset.link !== "online";
+    box.textContent = `${name} ${away ? "is not available offline" : "could not be loaded"}`;
+    box.setAttribute("role", "img");
+    box.setAttribute("aria-label", box.textContent);
+  }
+  img.replaceWith(box);
+}
+
 /** Object URLs of thumbnails shown in place of media that did not load, by media id. */
 const fallbacks = new Map<string, string>();
 
@@ -163,7 +185,10 @@ export function followLastSeen(view: FeedView): void {
         let url = fallbacks.get(id);
         if (!url) {
           const thumb = await (await store())?.thumb(id).catch(() => undefined);
-          if (!thumb) return;
+          if (!thumb) {
+            missing(img);
+            return;
+          }
           url = URL.createObjectURL(new Blob([thumb.bytes], { type: thumb.content_type }));
           fallbacks.set(id, url);
         }
