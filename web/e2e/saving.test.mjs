@@ -4,8 +4,9 @@
 // shown and nothing to stop the close). Here storing is slowed down (the
 // page's SHA-256 waits 3 s): right after Save the form still holds the
 // text and the photos and says "Saving…", the outbox holds nothing yet,
-// and closing the page asks first; once stored, the form is cleared, the
-// capture shows in the feed, and the page closes without asking.
+// and closing the page asks first; a photo chosen meanwhile waits for the
+// next Save; once stored, the form is cleared, the capture shows in the
+// feed, and the page closes without asking.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { browserOrSkip, launch, openPage, photoPng, startEngine, until } from "./harness.mjs";
@@ -70,9 +71,18 @@ test("Save shows Saving… and keeps the photos and text until stored; closing m
     await asked.dismiss();
     assert.equal(page.isClosed(), false, "the page stays");
 
-    // Stored: the form is cleared, the undo offered, and the page closes without asking.
+    // A photo chosen meanwhile joins the form for the next Save, not this one.
+    await page.setInputFiles("#capture-pick", [{ name: "c.png", mimeType: "image/png", buffer: photoPng(640, 480, 33) }]);
+
+    // Stored: the form is cleared but for the photo chosen meanwhile, the
+    // undo offered, and the page closes without asking.
     await until(async () => (await stored(page)) === 1, "the capture stored", 20_000);
-    await until(async () => (await page.inputValue("#capture-text")) === "" && (await page.getAttribute("#capture-form", "data-photos")) === "0", "the form cleared");
+    await until(async () => (await page.inputValue("#capture-text")) === "" && (await page.getAttribute("#capture-form", "data-photos")) === "1", "the form cleared");
+    assert.match(await page.getAttribute("#capture-preview img", "alt"), /c\.png/, "the photo chosen while saving stays for the next Save");
+    await until(async () => {
+      const moments = (await (await fetch(`${engine.base}/api/moments`)).json()).moments;
+      return moments.length === 1 && moments[0].media.length === 4;
+    }, "the capture sent with its two photos only", 30_000);
     assert.equal(await page.isHidden("#capture-saving"), true);
     await until(async () => (await page.locator("#feed [data-entry-id], #feed [data-moment-id]").count()) === 1, "the capture in the feed");
     let askedAgain = false;

@@ -85,7 +85,20 @@ export interface ClientOptions {
    * {@link UPLOAD_BYTES_PER_S} bytes on top.
    */
   requestTimeoutMs?: number;
+  /**
+   * The most bytes of a JSON request body the engine takes
+   * (`limits.json_body_bytes`; default {@link MAX_JSON_BODY_BYTES}): a
+   * capture whose text would make its create larger throws at
+   * {@link SparkClient.capture}, before anything is stored, rather than
+   * park on a `413` that no retry can fix.
+   */
+  maxJsonBodyBytes?: number;
 }
+
+/** The engine's default limit of a JSON request body, in bytes (`limits.json_body_bytes`, SPEC section 9: 64 KiB). */
+export const MAX_JSON_BODY_BYTES = 65_536;
+/** Bytes a moment's create takes beside its text, caption and language (its ids, its time and the JSON around them), with room to spare. */
+const CREATE_BODY_ROOM_BYTES = 512;
 
 /** How long a request without a byte body may go unanswered (ms) before it counts as lost. */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 20_000;
@@ -624,11 +637,16 @@ export class SparkClient extends EventTarget {
    * and original ids; makes the small copies, hashes every file and writes
    * it all in one transaction. When this resolves the capture is durable
    * and its ids are final; the sending tab sends it. One photo (`photo`)
-   * or up to {@link MAX_PHOTOS} (`photos`); anything else throws before
-   * anything is stored.
+   * or up to {@link MAX_PHOTOS} (`photos`); anything else, or a text
+   * too long for the engine's JSON body limit
+   * ({@link ClientOptions.maxJsonBodyBytes}), throws before anything is
+   * stored.
    */
   async capture(input: CaptureInput): Promise<Entry> {
     const inputs = captureInputs(input);
+    const most = (this.options.maxJsonBodyBytes ?? MAX_JSON_BODY_BYTES) - CREATE_BODY_ROOM_BYTES;
+    const textBytes = new TextEncoder().encode(JSON.stringify([input.text ?? null, input.caption ?? null, input.lang ?? null])).byteLength;
+    if (textBytes > most) throw new Error(`the text is too long for one moment (${textBytes} bytes; the engine takes at most ${most})`);
     const makeCopy = this.options.makeCopy ?? canvasCopy;
     const files = await Promise.all(
       inputs.map(async (p) => {

@@ -1,5 +1,5 @@
 // The Spark engine's browser client (SPEC sections 6 and 12).
-export { SparkClient, clockError, CLIENT_HEADER, DEFAULT_REQUEST_TIMEOUT_MS, UPLOAD_BYTES_PER_S, type CaptureInput, type PhotoInput, type ClientOptions, type ChangeNotice, type PassReport, type Resync, type EventSourceConstructor, type Link, type SendState, type WithdrawOutcome } from "./client.js";
+export { SparkClient, clockError, CLIENT_HEADER, DEFAULT_REQUEST_TIMEOUT_MS, MAX_JSON_BODY_BYTES, UPLOAD_BYTES_PER_S, type CaptureInput, type PhotoInput, type ClientOptions, type ChangeNotice, type PassReport, type Resync, type EventSourceConstructor, type Link, type SendState, type WithdrawOutcome } from "./client.js";
 export { Outbox, STEPS, MAX_PHOTOS, DB_NAME, entrySteps, stepKey, normaliseEntry, type Entry, type MessageRecord, type MessageState, type MessageError, type Step, type MediaFile, type PhotoFiles, type PlannedStep, type Role, type Parked } from "./outbox.js";
 export { classify, statusClass, parseRetryAfter, backoffDelay, DEFAULT_BACKOFF, type Verdict, type WaitCause, type Refusal, type Backoff, type Problem } from "./answers.js";
 export { mintUlid, mintRequestId, ulidTime, sha256Hex } from "./ids.js";

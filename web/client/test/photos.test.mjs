@@ -8,7 +8,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { openDB } from "idb";
-import { MAX_PHOTOS, Outbox, entrySteps, normaliseEntry, sha256Hex } from "../dist/index.js";
+import { MAX_JSON_BODY_BYTES, MAX_PHOTOS, Outbox, entrySteps, normaliseEntry, sha256Hex } from "../dist/index.js";
 import { setup, photo, answer } from "./helpers.mjs";
 
 const ULID = /^[0-9A-HJKMNP-TV-Z]{26}$/;
@@ -177,6 +177,24 @@ test("up to 10 photos: 10 are taken, 11 or none are refused and nothing is store
   assert.equal((await client.outbox.entries()).length, 1);
   assert.equal(await blobCount(client), 20);
   client.close();
+});
+
+test("a text too long for the engine's JSON body is refused at capture, before anything is stored; one that fits is sent", async () => {
+  const { client, engine } = await setup();
+  assert.equal(MAX_JSON_BODY_BYTES, 65_536);
+  await assert.rejects(client.capture({ photo: photo(), text: "Ausfahrt freihalten ".repeat(5000) }), /the text is too long for one moment \(100\d{3} bytes; the engine takes at most 65024\)/);
+  // Escapes count (10,000 quotes are 20,002 bytes of JSON: 10,000 bytes would fit), and so does the caption.
+  await assert.rejects(client.capture({ photo: photo(), text: "\"".repeat(10_000), caption: "x".repeat(45_100) }), /too long/);
+  assert.equal((await client.outbox.entries()).length, 0, "nothing stored");
+  assert.equal(await blobCount(client), 0);
+  const fits = await client.capture({ photo: photo(), text: "ä".repeat(32_000) });
+  await client.drainOnce();
+  assert.equal((await client.outbox.entry(fits.id)).state, "done");
+  assert.equal(engine.moments.get(fits.moment_id)?.text?.length, 32_000);
+  client.close();
+  const { client: small } = await setup({ options: { maxJsonBodyBytes: 2048 } });
+  await assert.rejects(small.capture({ photo: photo(), text: "x".repeat(1600) }), /at most 1536\)/);
+  small.close();
 });
 
 test("forgetMoment drops a deleted moment's done capture of several photos", async () => {

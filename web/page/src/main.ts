@@ -87,6 +87,13 @@ async function post(method: string, path: string, body?: object): Promise<Respon
 
 // ---- access -------------------------------------------------------------
 
+/** At most `chars` characters of a text for a row's title (the whole text is in the moment's view), with "…" when cut. */
+function clipped(text: string | null | undefined, chars = 160): string {
+  if (!text) return "";
+  const all = [...text];
+  return all.length > chars ? `${all.slice(0, chars).join("")}…` : text;
+}
+
 /** Whether the engine lets us in: with tokens configured and no session, it says 401. Throws when it does not answer. */
 async function signedIn(): Promise<boolean> {
   const answer = await fetch("/api/log/head", { credentials: "include", cache: "no-store", headers: { "X-Spark-Client": "web" }, signal: AbortSignal.timeout(DEFAULT_REQUEST_TIMEOUT_MS) });
@@ -353,7 +360,7 @@ function momentRow(m: Moment): HTMLLIElement {
   },
     url ? el("img", { src: url, alt: "", loading: "lazy", "data-missing": "" }) : el("div", { className: "thumb" }),
     el("div", {},
-      el("div", { className: "title" }, m.text || m.caption || "A sign"),
+      el("div", { className: "title" }, clipped(m.text || m.caption) || "A sign"),
       el("div", { className: "snippet" }, readingText(t)),
       el("div", { className: "muted" }, new Date(m.created_at).toLocaleString(), photoCount(m) > 1 ? ` · ${photoCount(m)} photos` : ""),
       el("div", { className: "muted", "data-outbox-note": "" }, outboxNote(m.id)),
@@ -427,7 +434,7 @@ function entryRow(e: Entry, thumb: string | null): HTMLLIElement {
   } else {
     detail = waitingFor(e);
   }
-  const title = e.text || "A sign";
+  const title = clipped(e.text) || "A sign";
   const several = e.photos.length > 1 ? `${e.photos.length} photos` : "";
   const badge = { parked: "not sent", sending: "sending", pending: "waiting" }[state];
   return el("li", { "data-entry-id": e.id, "data-outbox": state, "data-photos": e.photos.length },
@@ -595,12 +602,44 @@ async function loadFeed(): Promise<void> {
     throw e;
   }
   if (generation !== feedGeneration) return;
+  const openBefore = openMoment ? moments.get(openMoment) : undefined;
   moments.clear();
   $("feed").querySelectorAll("[data-moment-id]").forEach((r) => r.remove());
   appendPage(page);
   const heard = [...heardWhileLoading];
   heardWhileLoading.clear();
   await Promise.all(heard.map((id) => refreshMoment(id)));
+  await recheckOpen(openBefore);
+}
+
+/**
+ * The open moment once a load of the feed no longer holds it (older than
+ * the first page, or deleted while this page was closed and shown from the
+ * feed as last seen): read from the engine; deleted or unknown there, its
+ * view says so (the controls of a moment the page no longer holds would do
+ * nothing). No answer leaves it as it was shown.
+ */
+async function recheckOpen(shown: Moment | undefined): Promise<void> {
+  const id = openMoment;
+  if (!id || moments.has(id)) return;
+  if (shown && offFeed?.id !== id) offFeed = shown;
+  let answer: Response;
+  try {
+    answer = await client.request("GET", `/api/moments/${id}`);
+  } catch {
+    return;
+  }
+  if (answer.status === 404 || answer.status === 410) {
+    momentGone(id);
+    return;
+  }
+  if (!answer.ok) return;
+  const m = (await answer.json()) as Moment;
+  for (const t of m.turns) turnMoment.set(t, m.id);
+  await Promise.all(m.turns.map((t) => refreshTurn(t, false)));
+  if (openMoment !== id) return;
+  offFeed = m;
+  renderMoment();
 }
 
 /** Shows the next page of older moments ("Show older moments", or the end of the feed scrolled into view). */
@@ -727,15 +766,32 @@ function backToFeed(): void {
  */
 async function openMomentView(id: string, how: "push" | "replace" | "none" = "push"): Promise<void> {
   if (!moments.has(id)) {
+    let answer: Response | null = null;
     try {
-      const m = await api<Moment>(`/api/moments/${id}`);
-      for (const t of m.turns) turnMoment.set(t, m.id);
-      await Promise.all(m.turns.map((t) => refreshTurn(t, false)));
-      offFeed = m;
-    } catch (e) {
-      flash(`The moment could not be opened: ${e instanceof Error ? e.message : String(e)}.`);
+      answer = await client.request("GET", `/api/moments/${id}`);
+    } catch {
+      // No answer: said below.
+    }
+    if (!answer?.ok) {
+      // The URL goes back to what is shown (a moment's link that did not
+      // open must not name another moment than the one on screen).
+      const back = openMoment && !$("view-moment").hidden ? `#/moments/${openMoment}` : "";
+      history.replaceState(back ? history.state : null, "", `${location.pathname}${location.search}${back}`);
+      flash(
+        answer === null
+          ? "That moment could not be opened: the engine did not answer. Try again when it is back."
+          : answer.status === 410
+            ? "That moment was deleted (on this device or another)."
+            : answer.status === 404
+              ? "That moment does not exist on this engine (an old link, or one from another engine)."
+              : `That moment could not be opened (HTTP ${answer.status}).`,
+      );
       return;
     }
+    const m = (await answer.json()) as Moment;
+    for (const t of m.turns) turnMoment.set(t, m.id);
+    await Promise.all(m.turns.map((t) => refreshTurn(t, false)));
+    offFeed = m;
   }
   openMoment = id;
   show("moment");
@@ -1256,7 +1312,8 @@ async function save(): Promise<void> {
   // is stored (the copies made, hashed and written: a second or more for
   // big photos); leaving the page meanwhile asks first. Only then is the
   // form cleared.
-  const photos = chosen;
+  // A copy: photos chosen while this one is stored join `chosen`, not it.
+  const photos = [...chosen];
   const caption = text.value.trim() || null;
   saving = true;
   window.addEventListener("beforeunload", guardUnload);
