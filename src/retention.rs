@@ -251,13 +251,7 @@ impl Compactor {
         // more (taken before a compaction: they may hold erased content).
         {
             let _held = self.engine.hold_checkpoints().await;
-            let removed = self.remove_stale_checkpoints()?;
-            report.checkpoints_removed += removed;
-            if removed > 0 {
-                // The removed file's blocks must not stay allocated because
-                // the mirror still reads its request index in place.
-                self.engine.detach_request_index();
-            }
+            report.checkpoints_removed += self.remove_stale_checkpoints()?;
         }
         report.blobs_removed += self.remove_blobs(&HashSet::new())?;
         let Some(from_seq) = pending.iter().map(|(_, seq)| *seq).min() else {
@@ -331,12 +325,7 @@ impl Compactor {
             // rewritten log as corrupt, or take one whose point lies past the
             // end of its shorter rewritten segment for proof of lost records.
             let first_rewritten = staged.segments().first().map_or(u64::MAX, |s| s.first_seq);
-            let removed = self.remove_checkpoints(first_rewritten)?;
-            report.checkpoints_removed += removed;
-            if removed > 0 {
-                // As above: no removed checkpoint stays mapped.
-                self.engine.detach_request_index();
-            }
+            report.checkpoints_removed += self.remove_checkpoints(first_rewritten)?;
             let Some(_commit) = self.engine.commit_compaction(staged, due.clone()).await? else {
                 continue;
             };
@@ -468,7 +457,12 @@ impl Compactor {
     /// seq any more (the log was compacted after them), then fsyncs their
     /// directory. Returns how many.
     fn remove_stale_checkpoints(&self) -> Result<usize, PassError> {
-        remove_stale_checkpoints(self.fs.as_ref(), &self.data_dir, &self.log_dir)
+        remove_stale_checkpoints(
+            &self.engine,
+            self.fs.as_ref(),
+            &self.data_dir,
+            &self.log_dir,
+        )
     }
 
     /// Removes the checkpoints at or after `first_seq`, the first seq of
@@ -476,7 +470,7 @@ impl Compactor {
     /// erases, and their chain values name the old segments), then fsyncs
     /// their directory. Returns how many.
     fn remove_checkpoints(&self, first_seq: u64) -> Result<usize, PassError> {
-        remove_checkpoints_from(self.fs.as_ref(), &self.data_dir, first_seq)
+        remove_checkpoints_from(&self.engine, self.fs.as_ref(), &self.data_dir, first_seq)
     }
 }
 
@@ -514,11 +508,12 @@ pub(crate) fn remove_erased_blobs(
 /// they may hold erased content), then fsyncs their directory. Returns how
 /// many. Errors: [`PassError::Io`] naming the file or directory.
 pub(crate) fn remove_stale_checkpoints(
+    engine: &Engine,
     fs: &dyn Fs,
     data_dir: &Path,
     log_dir: &Path,
 ) -> Result<usize, PassError> {
-    remove_checkpoints_where(fs, data_dir, |_, path| {
+    remove_checkpoints_where(engine, fs, data_dir, |_, path| {
         matches!(
             spark_core::checkpoint::peek(path, log_dir),
             Err(spark_core::checkpoint::CheckpointError::ChainMismatch { .. })
@@ -531,20 +526,25 @@ pub(crate) fn remove_stale_checkpoints(
 /// rewritten), then fsyncs their directory. Returns how many. Errors:
 /// [`PassError::Io`] naming the file or directory.
 pub(crate) fn remove_checkpoints_from(
+    engine: &Engine,
     fs: &dyn Fs,
     data_dir: &Path,
     first_seq: u64,
 ) -> Result<usize, PassError> {
-    remove_checkpoints_where(fs, data_dir, |seq, _| seq >= first_seq)
+    remove_checkpoints_where(engine, fs, data_dir, |seq, _| seq >= first_seq)
 }
 
 /// Removes the checkpoints `remove` picks (by seq and path), and every
 /// temporary file a checkpoint write that was cut short left
 /// (`<seq>.ckpt.tmp`: it may hold the content being erased), then fsyncs
-/// their directory. Returns how many checkpoints and temporary files.
+/// their directory, and then detaches `engine`'s request index from the
+/// checkpoint it reads in place ([`Engine::detach_request_index`]: a
+/// removed file's blocks stay allocated while it is mapped, and it may hold
+/// what is erased). Returns how many checkpoints and temporary files.
 /// Called only while the checkpoint worker is held
 /// ([`Engine::hold_checkpoints`]), so no temporary file is being written.
 fn remove_checkpoints_where(
+    engine: &Engine,
     fs: &dyn Fs,
     data_dir: &Path,
     remove: impl Fn(u64, &Path) -> bool,
@@ -566,6 +566,7 @@ fn remove_checkpoints_where(
             what: format!("syncing {}", dir.display()),
             source,
         })?;
+        engine.detach_request_index();
     }
     Ok(removed)
 }

@@ -273,12 +273,49 @@ fn home(tag: u32, slots: usize) -> usize {
     (u64::from(tag) >> (32 - bits)) as usize
 }
 
+/// The row position a taken slot names (`usize::MAX` for a free slot):
+/// its low 32 bits hold the position plus one.
+fn position_of(slot: u64) -> usize {
+    // Cast: the low 32 bits only.
+    (slot as u32).wrapping_sub(1) as usize
+}
+
 /// Where a probe for a request id ended.
 enum Probe {
     /// At the row in this position.
     Found(usize),
     /// At this free slot.
     Free(usize),
+}
+
+/// The probe of both tables, the in-memory one and the one a checkpoint
+/// stores ([`stored`]): from the home slot of `hash`'s tag in a table of
+/// `slots` slots (a power of two, above 0), on to the next slot, wrapping
+/// around, until a free slot (`slot_at` gives 0) or a taken one with the
+/// tag whose row position `is_key` accepts. `None` after a whole table's
+/// worth of slots without either (a table always keeps a free slot; only
+/// a damaged stored one could be full).
+#[inline]
+fn probe_slots(
+    slots: usize,
+    hash: u64,
+    slot_at: impl Fn(usize) -> u64,
+    is_key: impl Fn(usize) -> bool,
+) -> Option<Probe> {
+    let tag = tag_of(hash);
+    let mask = slots - 1;
+    let mut at = home(tag, slots);
+    for _ in 0..slots {
+        let slot = slot_at(at);
+        if slot == 0 {
+            return Some(Probe::Free(at));
+        }
+        if (slot >> 32) as u32 == tag && is_key(position_of(slot)) {
+            return Some(Probe::Found(position_of(slot)));
+        }
+        at = (at + 1) & mask;
+    }
+    None
 }
 
 impl RequestIndex {
@@ -313,23 +350,13 @@ impl RequestIndex {
 
     /// Probes for `request_id` with hash `hash`; the table must have slots.
     fn probe(&self, hash: u64, request_id: &[u8]) -> Probe {
-        let tag = tag_of(hash);
-        let mask = self.slots.len() - 1;
-        let mut at = home(tag, self.slots.len());
-        loop {
-            let slot = self.slots[at];
-            if slot == 0 {
-                return Probe::Free(at);
-            }
-            if (slot >> 32) as u32 == tag {
-                // Cast: the low 32 bits hold a position plus one.
-                let position = (slot as u32 - 1) as usize;
-                if self.arena.get_bytes(self.rows[position].key()) == request_id {
-                    return Probe::Found(position);
-                }
-            }
-            at = (at + 1) & mask;
-        }
+        probe_slots(
+            self.slots.len(),
+            hash,
+            |at| self.slots[at],
+            |position| self.arena.get_bytes(self.rows[position].key()) == request_id,
+        )
+        .expect("the in-memory table keeps a free slot (load at most 0.7)")
     }
 
     fn position(&self, hash: u64, request_id: &str) -> Option<usize> {
@@ -444,9 +471,9 @@ impl RequestIndex {
     /// Every `(request id, row)`, in the order the rows were added (seq
     /// order).
     pub fn iter(&self) -> impl Iterator<Item = (&str, RequestRow)> + '_ {
-        let stored = self.stored.as_deref();
-        (0..self.stored_len())
-            .filter_map(move |at| stored.map(|s| (s.key(at), s.row(at))))
+        let stored = self.stored.as_deref().into_iter();
+        stored
+            .flat_map(|s| (0..s.len()).map(move |at| (s.key(at), s.row(at))))
             .chain(
                 self.rows
                     .iter()

@@ -70,26 +70,18 @@ pub(crate) fn with_etag(mut response: Response, version: u32) -> Response {
 }
 
 /// `"<version>"` as a header value: a create's version 1 without an
-/// allocation, any other written digit by digit.
+/// allocation, any other formatted by `itoa` on the stack.
 fn etag(version: u32) -> HeaderValue {
     if version == 1 {
         return HeaderValue::from_static("\"1\"");
     }
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(version).as_bytes();
     // A quote, at most 10 digits, a quote.
     let mut text = [b'"'; 12];
-    let mut end = text.len() - 1;
-    let mut rest = version;
-    loop {
-        end -= 1;
-        // `rest % 10` is below 10.
-        text[end] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    text[end - 1] = b'"';
-    HeaderValue::from_bytes(&text[end - 1..]).expect("quotes and digits are a header value")
+    text[1..=digits.len()].copy_from_slice(digits);
+    HeaderValue::from_bytes(&text[..digits.len() + 2])
+        .expect("quotes and digits are a header value")
 }
 
 /// The response of a write command's outcome (see the table above).

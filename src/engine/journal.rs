@@ -661,8 +661,7 @@ impl Journal {
         // past its end).
         if let Some(reason) = mirror.requests.mapped_file_changed() {
             drop(mirror);
-            tracing::error!(%reason, "the write path is stopped until restart");
-            self.poison_and_refuse_replies(reason, batch.into_iter().map(|(_, reply)| reply));
+            self.stop_for_changed_index(reason, batch.into_iter().map(|(_, reply)| reply));
             return (0, Vec::new());
         }
         // A known answer (a retry) is acknowledged once what it was read
@@ -690,10 +689,9 @@ impl Journal {
         let changed = mirror.requests.mapped_file_changed();
         drop(mirror);
         if let Some(reason) = changed {
-            tracing::error!(%reason, "the write path is stopped until restart");
             let replies = known.into_iter().map(|(_, reply)| reply);
             let replies = replies.chain(writes.into_iter().map(|(_, _, reply)| reply));
-            self.poison_and_refuse_replies(reason, replies);
+            self.stop_for_changed_index(reason, replies);
             return (ts_ms, Vec::new());
         }
         self.answer(committed_seq, known);
@@ -773,6 +771,15 @@ impl Journal {
 
     fn poison_and_refuse(&mut self, reason: String, writes: Vec<Write>) {
         self.poison_and_refuse_replies(reason, writes.into_iter().map(|(_, _, reply)| reply));
+    }
+
+    /// Stops the write path because the checkpoint file the request index
+    /// reads in place changed (`reason`, from
+    /// [`spark_core::request_index::RequestIndex::mapped_file_changed`]),
+    /// refusing `replies` and every deferred command.
+    fn stop_for_changed_index(&mut self, reason: String, replies: impl IntoIterator<Item = Reply>) {
+        tracing::error!(%reason, "the write path is stopped until restart");
+        self.poison_and_refuse_replies(reason, replies);
     }
 
     /// [`Self::poison_and_refuse`] for the replies alone.

@@ -1057,16 +1057,21 @@ impl Follower {
             .min();
         let mut checkpoints = 0;
         if let Some(first) = first_rewritten {
-            checkpoints += crate::retention::remove_checkpoints_from(&OsFs, &self.data_dir, first)
-                .map_err(|e| FollowError::Retry(e.to_string()))?;
-        }
-        checkpoints += crate::retention::remove_stale_checkpoints(&OsFs, &self.data_dir, &log_dir)
+            checkpoints += crate::retention::remove_checkpoints_from(
+                &self.engine,
+                &OsFs,
+                &self.data_dir,
+                first,
+            )
             .map_err(|e| FollowError::Retry(e.to_string()))?;
-        if checkpoints > 0 {
-            // No removed checkpoint stays mapped by the mirror's request
-            // index (its blocks would stay allocated).
-            self.engine.detach_request_index();
         }
+        checkpoints += crate::retention::remove_stale_checkpoints(
+            &self.engine,
+            &OsFs,
+            &self.data_dir,
+            &log_dir,
+        )
+        .map_err(|e| FollowError::Retry(e.to_string()))?;
         tracing::info!(
             manifest = manifest.number,
             erased = erased.len(),

@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
-import { api, browserOrSkip, launch, openPage, outDir, photoPng, startEngine, until } from "./harness.mjs";
+import { api, browserOrSkip, idbCounts, launch, openPage, outDir, photoPng, startEngine, until } from "./harness.mjs";
 
 const skip = browserOrSkip();
 
@@ -32,16 +32,7 @@ test("capture: photo, preview, text, Save; nothing before Save; a bad file is re
     await new Promise((r) => setTimeout(r, 1500));
     assert.deepEqual(writes, [], "nothing sent before Save");
     assert.equal(await page.locator("#feed [data-outbox]").count(), 0, "nothing in the outbox before Save");
-    const stored = await page.evaluate(() => new Promise((resolve, reject) => {
-      const open = indexedDB.open("spark-outbox");
-      open.onsuccess = () => {
-        const get = open.result.transaction("entries").objectStore("entries").count();
-        get.onsuccess = () => { open.result.close(); resolve(get.result); };
-        get.onerror = () => reject(get.error);
-      };
-      open.onerror = () => reject(open.error);
-    }));
-    assert.equal(stored, 0, "no outbox entry before Save");
+    assert.equal((await idbCounts(page, ["entries"])).entries, 0, "no outbox entry before Save");
     await page.screenshot({ path: path.join(outDir, "capture-preview.png") });
     await page.click("#capture-save");
     await until(async () => (await page.locator("#feed [data-moment-id]").count()) === 1, "the moment");

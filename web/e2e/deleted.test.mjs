@@ -5,22 +5,9 @@
 // a tab failed with the raw "moment 01M… is deleted").
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { browserOrSkip, launch, openMoment, openPage, startEngine, until } from "./harness.mjs";
+import { browserOrSkip, idbRecords, launch, openMoment, openPage, startEngine, until } from "./harness.mjs";
 
 const skip = browserOrSkip();
-
-/** The outbox's messages, read in the page. */
-function messages(page) {
-  return page.evaluate(() => new Promise((resolve, reject) => {
-    const open = indexedDB.open("spark-outbox");
-    open.onsuccess = () => {
-      const all = open.result.transaction("messages").objectStore("messages").getAll();
-      all.onsuccess = () => { open.result.close(); resolve(all.result); };
-      all.onerror = () => reject(all.error);
-    };
-    open.onerror = () => reject(open.error);
-  }));
-}
 
 async function make(base, text) {
   const made = await fetch(`${base}/api/moments`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ text }) });
@@ -56,16 +43,16 @@ test("a moment deleted in another tab: the open view says so, the feed drops it,
     await context.setOffline(true);
     await here.fill("#message-body", "was heißt das?");
     await here.click("#message-form button[type=submit]");
-    await until(async () => (await messages(here)).some((m) => m.thread_id === second && m.state === "pending"), "the message waiting");
+    await until(async () => (await idbRecords(here, "messages")).some((m) => m.thread_id === second && m.state === "pending"), "the message waiting");
     const gone = await fetch(`${engine.base}/api/moments/${second}`, { method: "DELETE" });
     assert.equal(gone.status, 200);
     await context.setOffline(false);
     await until(async () => (await here.textContent("#moment")).includes("This moment was deleted"), "the view says it was deleted", 30_000);
-    await until(async () => (await messages(here)).every((m) => m.thread_id !== second || m.state === "failed"), "the message not waiting", 30_000);
+    await until(async () => (await idbRecords(here, "messages")).every((m) => m.thread_id !== second || m.state === "failed"), "the message not waiting", 30_000);
     // Sent before the deletion was heard, it may have been refused: then in plain words, never the engine's raw reason with the id.
     const text = await here.evaluate(() => document.body.innerText);
     assert.ok(!/moment [0-9A-Z]{26} is deleted/.test(text), `no raw reason: ${text}`);
-    await until(async () => (await messages(here)).every((m) => m.thread_id !== second), "the message forgotten", 30_000);
+    await until(async () => (await idbRecords(here, "messages")).every((m) => m.thread_id !== second), "the message forgotten", 30_000);
   } finally {
     await context.close();
     await engine.stop();

@@ -4,22 +4,9 @@
 // found every sent capture's text kept there forever, deleted ones too).
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { api, browserOrSkip, launch, openMoment, openPage, photoPng, startEngine, until } from "./harness.mjs";
+import { api, browserOrSkip, idbRecords, launch, openMoment, openPage, photoPng, startEngine, until } from "./harness.mjs";
 
 const skip = browserOrSkip();
-
-/** Every entry of the outbox, read in the page. */
-function entries(page) {
-  return page.evaluate(() => new Promise((resolve, reject) => {
-    const open = indexedDB.open("spark-outbox");
-    open.onsuccess = () => {
-      const all = open.result.transaction("entries").objectStore("entries").getAll();
-      all.onsuccess = () => { open.result.close(); resolve(all.result); };
-      all.onerror = () => reject(all.error);
-    };
-    open.onerror = () => reject(open.error);
-  }));
-}
 
 async function capture(page, text, seed) {
   await page.setInputFiles("#capture-file", { name: `${seed}.png`, mimeType: "image/png", buffer: photoPng(320, 240, seed) });
@@ -37,10 +24,10 @@ test("a sent capture keeps no text on the device, and a deleted moment leaves th
     await capture(page, "WINDOWHERE", 81);
     await capture(page, "WINDOWTHERE", 82);
     await until(async () => {
-      const all = await entries(page);
+      const all = await idbRecords(page, "entries");
       return all.length === 2 && all.every((e) => e.state === "done");
     }, "both captures sent");
-    const sent = await entries(page);
+    const sent = await idbRecords(page, "entries");
     assert.ok(!JSON.stringify(sent).includes("WINDOW"), `no text kept once sent: ${JSON.stringify(sent)}`);
     const byText = new Map((await api(engine.base, "/api/moments?limit=10")).moments.map((m) => [m.text, m.id]));
     const here = byText.get("WINDOWHERE");
@@ -50,11 +37,11 @@ test("a sent capture keeps no text on the device, and a deleted moment leaves th
     // Deleted from this page.
     await openMoment(page, here);
     await page.click("#delete-moment");
-    await until(async () => !(await entries(page)).some((e) => e.moment_id === here), "the page's delete leaves the outbox");
+    await until(async () => !(await idbRecords(page, "entries")).some((e) => e.moment_id === here), "the page's delete leaves the outbox");
     // Deleted elsewhere: the event stream tells the page.
     const gone = await fetch(`${engine.base}/api/moments/${there}`, { method: "DELETE" });
     assert.equal(gone.status, 200);
-    await until(async () => (await entries(page)).length === 0, "a delete made elsewhere leaves the outbox");
+    await until(async () => (await idbRecords(page, "entries")).length === 0, "a delete made elsewhere leaves the outbox");
   } finally {
     await context.close();
     await engine.stop();

@@ -329,6 +329,39 @@ export async function capture(page, photo, text, name = "sign.png") {
   await until(async () => (await page.inputValue("#capture-text")) === "", "Save to take the text");
 }
 
+/** Every record of the object store `store` of the page's IndexedDB database `db` (default the outbox's), read in the page. */
+export function idbRecords(page, store, db = "spark-outbox") {
+  return page.evaluate(([db, store]) => new Promise((resolve, reject) => {
+    const open = indexedDB.open(db);
+    open.onsuccess = () => {
+      const all = open.result.transaction(store).objectStore(store).getAll();
+      all.onsuccess = () => { open.result.close(); resolve(all.result); };
+      all.onerror = () => reject(all.error);
+    };
+    open.onerror = () => reject(open.error);
+  }), [db, store]);
+}
+
+/** How many records each of `stores` of the page's IndexedDB database `db` holds (a store the database lacks counts 0): `{ [store]: count }`. */
+export function idbCounts(page, stores, db = "spark-outbox") {
+  return page.evaluate(([db, stores]) => new Promise((resolve, reject) => {
+    const open = indexedDB.open(db);
+    open.onsuccess = () => {
+      const out = Object.fromEntries(stores.map((name) => [name, 0]));
+      const present = stores.filter((name) => open.result.objectStoreNames.contains(name));
+      if (!present.length) { open.result.close(); return resolve(out); }
+      const tx = open.result.transaction(present);
+      for (const name of present) {
+        const count = tx.objectStore(name).count();
+        count.onsuccess = () => (out[name] = count.result);
+      }
+      tx.oncomplete = () => { open.result.close(); resolve(out); };
+      tx.onerror = () => reject(tx.error);
+    };
+    open.onerror = () => reject(open.error);
+  }), [db, stores]);
+}
+
 /** Waits until `predicate()` (async) is true, polling. */
 export async function until(predicate, what, timeoutMs = 30_000) {
   const start = Date.now();

@@ -12,7 +12,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import path from "node:path";
-import { NO_OCR, api, browserOrSkip, countKinds, launch, lossyProxy, noisePng, openMoment, openPage, opKinds, outDir, photoPng, startEngine, until } from "./harness.mjs";
+import { NO_OCR, api, browserOrSkip, countKinds, idbCounts, launch, lossyProxy, noisePng, openMoment, openPage, opKinds, outDir, photoPng, startEngine, until } from "./harness.mjs";
 
 const skip = browserOrSkip();
 // No reading is awaited here: OCR off keeps the brain's work (every copy read) out of the way.
@@ -29,24 +29,6 @@ function uploads(page) {
     seen.push({ id: new URL(req.url()).pathname.split("/").pop(), role: h["x-media-role"], photo: h["x-photo"], status: r.status() });
   });
   return seen;
-}
-
-/** How many records each outbox store holds, read in the page. */
-function stores(page) {
-  return page.evaluate(() => new Promise((resolve, reject) => {
-    const open = indexedDB.open("spark-outbox");
-    open.onsuccess = () => {
-      const tx = open.result.transaction(["entries", "blobs"]);
-      const out = {};
-      for (const name of ["entries", "blobs"]) {
-        const count = tx.objectStore(name).count();
-        count.onsuccess = () => (out[name] = count.result);
-      }
-      tx.oncomplete = () => { open.result.close(); resolve(out); };
-      tx.onerror = () => reject(tx.error);
-    };
-    open.onerror = () => reject(open.error);
-  }));
 }
 
 /** The moment's media as `<role><photo>` in the engine's order (upload order). */
@@ -178,7 +160,7 @@ test("a capture of three photos made with the engine stopped is sent exactly onc
     assert.equal(await waiting.getAttribute("data-photos"), "3");
     assert.match(await waiting.textContent(), /3 photos/);
     await page.screenshot({ path: path.join(outDir, "photos-waiting.png") });
-    assert.deepEqual(await stores(page), { entries: 1, blobs: 6 });
+    assert.deepEqual(await idbCounts(page, ["entries", "blobs"]), { entries: 1, blobs: 6 });
 
     engine = await startEngine({ config: NO_OCR, listen, dir: engine.dir });
     await until(async () => (await page.locator("#feed [data-moment-id]").count()) === 1 && (await page.locator("#feed [data-outbox]").count()) === 0, "sent once the engine is back", 120_000);
@@ -194,7 +176,7 @@ test("a capture of three photos made with the engine stopped is sent exactly onc
     // A dropped answer was repeated with the same media id: the engine said 200, never 409.
     assert.ok(sent.every((u) => u.status === 200 || u.status === 201), JSON.stringify(sent));
     assert.equal(new Set(sent.map((u) => u.id)).size, 6);
-    await until(async () => (await stores(page)).blobs === 0, "the bytes leave the device once sent");
+    await until(async () => (await idbCounts(page, ["entries", "blobs"])).blobs === 0, "the bytes leave the device once sent");
   } finally {
     await context.close();
     await proxy.close();
@@ -217,11 +199,11 @@ test("an undo of a Save of three photos takes them all out of the outbox and giv
     await page.fill("#capture-text", "doch nicht");
     await page.click("#capture-save");
     await until(async () => (await page.locator('#feed [data-outbox="pending"]').count()) === 1, "one waiting capture");
-    assert.deepEqual(await stores(page), { entries: 1, blobs: 6 });
+    assert.deepEqual(await idbCounts(page, ["entries", "blobs"]), { entries: 1, blobs: 6 });
     assert.match(await page.textContent("#undo-text"), /Saved a capture of 3 photos on this device; not sent yet/);
     await page.click("#undo-save");
     await until(async () => /Undone: the capture of 3 photos was removed/.test(await page.textContent("#undo-text")), "the undo said");
-    assert.deepEqual(await stores(page), { entries: 0, blobs: 0 }, "nothing left in the outbox");
+    assert.deepEqual(await idbCounts(page, ["entries", "blobs"]), { entries: 0, blobs: 0 }, "nothing left in the outbox");
     assert.deepEqual(await page.locator("#capture-preview img").evaluateAll((imgs) => imgs.map((i) => i.alt)), ["photo 1 of 3: x.png", "photo 2 of 3: y.png", "photo 3 of 3: z.png"], "the photos are back, in order");
     assert.equal(await page.inputValue("#capture-text"), "doch nicht");
     await context.setOffline(false);

@@ -6,23 +6,9 @@
 // a text too long for the engine was stored and then parked for good.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { browserOrSkip, launch, openMoment, openPage, photoPng, seedMoments, startEngine, ulidAt, until } from "./harness.mjs";
+import { browserOrSkip, idbRecords, launch, openMoment, openPage, photoPng, seedMoments, startEngine, ulidAt, until } from "./harness.mjs";
 
 const skip = browserOrSkip();
-
-/** How many moments the last-seen snapshot holds. */
-function lastSeenMoments(page) {
-  return page.evaluate(() => new Promise((resolve, reject) => {
-    const open = indexedDB.open("spark-last-seen");
-    open.onerror = () => reject(open.error);
-    open.onsuccess = () => {
-      const db = open.result;
-      if (!db.objectStoreNames.contains("snapshot")) return resolve(0);
-      const snap = db.transaction("snapshot").objectStore("snapshot").get("feed");
-      snap.onsuccess = () => { resolve(snap.result?.moments.length ?? 0); db.close(); };
-    };
-  }));
-}
 
 test("a moment deleted while the browser was closed: its URL reopens to 'deleted', not a view with dead controls", { skip, timeout: 120_000 }, async () => {
   const engine = await startEngine();
@@ -30,7 +16,7 @@ test("a moment deleted while the browser was closed: its URL reopens to 'deleted
   try {
     const [gone, kept] = await seedMoments(engine.base, 2, { reading: false });
     const page = await openPage(context, engine.base);
-    await until(async () => (await lastSeenMoments(page)) === 2, "the feed kept as last seen");
+    await until(async () => (await idbRecords(page, "snapshot", "spark-last-seen"))[0]?.moments.length === 2, "the feed kept as last seen");
     await openMoment(page, gone);
     await context.close();
 

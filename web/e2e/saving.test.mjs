@@ -9,7 +9,7 @@
 // feed, and the page closes without asking.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { browserOrSkip, launch, openPage, photoPng, startEngine, until } from "./harness.mjs";
+import { browserOrSkip, idbCounts, launch, openPage, photoPng, startEngine, until } from "./harness.mjs";
 
 const skip = browserOrSkip();
 
@@ -22,19 +22,6 @@ const SLOW_DIGEST = `(() => {
     return real(...args);
   };
 })();`;
-
-/** How many captures the outbox holds, read in the page. */
-function stored(page) {
-  return page.evaluate(() => new Promise((resolve, reject) => {
-    const open = indexedDB.open("spark-outbox");
-    open.onsuccess = () => {
-      const all = open.result.transaction("entries").objectStore("entries").count();
-      all.onsuccess = () => { open.result.close(); resolve(all.result); };
-      all.onerror = () => reject(all.error);
-    };
-    open.onerror = () => reject(open.error);
-  }));
-}
 
 test("Save shows Saving… and keeps the photos and text until stored; closing meanwhile asks to stay", { skip, timeout: 90_000 }, async () => {
   const engine = await startEngine();
@@ -61,7 +48,7 @@ test("Save shows Saving… and keeps the photos and text until stored; closing m
     assert.equal(form.photos, "2", "the photos stay while they are stored");
     assert.match(form.saving, /Saving… .*stored on this device/);
     assert.equal(form.save, true, "Save is disabled meanwhile");
-    assert.equal(await stored(page), 0, "nothing in the outbox yet");
+    assert.equal((await idbCounts(page, ["entries"])).entries, 0, "nothing in the outbox yet");
 
     // Closing the page now asks to stay.
     const dialog = page.waitForEvent("dialog", { timeout: 5000 });
@@ -76,7 +63,7 @@ test("Save shows Saving… and keeps the photos and text until stored; closing m
 
     // Stored: the form is cleared but for the photo chosen meanwhile, the
     // undo offered, and the page closes without asking.
-    await until(async () => (await stored(page)) === 1, "the capture stored", 20_000);
+    await until(async () => ((await idbCounts(page, ["entries"])).entries) === 1, "the capture stored", 20_000);
     await until(async () => (await page.inputValue("#capture-text")) === "" && (await page.getAttribute("#capture-form", "data-photos")) === "1", "the form cleared");
     assert.match(await page.getAttribute("#capture-preview img", "alt"), /c\.png/, "the photo chosen while saving stays for the next Save");
     await until(async () => {

@@ -6,27 +6,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
-import { api, browserOrSkip, capture, launch, openPage, outDir, photoPng, startEngine, until } from "./harness.mjs";
+import { api, browserOrSkip, capture, idbCounts, idbRecords, launch, openPage, outDir, photoPng, startEngine, until } from "./harness.mjs";
 
 const skip = browserOrSkip();
-
-/** How many records each outbox store holds, read in the page. */
-function stores(page) {
-  return page.evaluate(() => new Promise((resolve, reject) => {
-    const open = indexedDB.open("spark-outbox");
-    open.onsuccess = () => {
-      const tx = open.result.transaction(["entries", "blobs"]);
-      const out = {};
-      for (const name of ["entries", "blobs"]) {
-        const count = tx.objectStore(name).count();
-        count.onsuccess = () => (out[name] = count.result);
-      }
-      tx.oncomplete = () => { open.result.close(); resolve(out); };
-      tx.onerror = () => reject(tx.error);
-    };
-    open.onerror = () => reject(open.error);
-  }));
-}
 
 function writes(page) {
   const seen = [];
@@ -52,14 +34,14 @@ test("offline: Undo takes the last Save (two photos) out of the outbox with its 
     await page.fill("#capture-text", "doch nicht");
     await page.click("#capture-save");
     await until(async () => (await page.locator('#feed [data-outbox="pending"]').count()) === 1, "one waiting row");
-    assert.deepEqual(await stores(page), { entries: 1, blobs: 4 });
+    assert.deepEqual(await idbCounts(page, ["entries", "blobs"]), { entries: 1, blobs: 4 });
     const bar = page.locator("#undo");
     await bar.waitFor();
     assert.match(await page.textContent("#undo-text"), /Saved a capture of 2 photos on this device; not sent yet/);
     await page.screenshot({ path: path.join(outDir, "undo.png") });
     await page.click("#undo-save");
     await until(async () => /Undone: the capture of 2 photos was removed/.test(await page.textContent("#undo-text")), "the undo said");
-    assert.deepEqual(await stores(page), { entries: 0, blobs: 0 }, "nothing left in the outbox");
+    assert.deepEqual(await idbCounts(page, ["entries", "blobs"]), { entries: 0, blobs: 0 }, "nothing left in the outbox");
     assert.equal(await page.locator("#feed [data-outbox]").count(), 0);
     assert.equal(await page.locator("#capture-preview img").count(), 2, "the photos are back in the form");
     assert.equal(await page.inputValue("#capture-text"), "doch nicht", "and the text");
@@ -103,7 +85,7 @@ test("mid-send: an undo during the create's request waits for its answer and lea
     await until(async () => /Too late for one: the engine already has it/.test(await page.textContent("#undo-text")), "too late, said");
     await until(async () => (await page.locator("#feed [data-moment-id]").count()) === 1, "the moment stays");
     assert.equal(await page.locator("#capture-preview img").count(), 0, "nothing given back");
-    await until(async () => (await stores(page)).entries === 1 && (await page.locator("#feed [data-outbox]").count()) === 0, "the rest sent");
+    await until(async () => (await idbCounts(page, ["entries", "blobs"])).entries === 1 && (await page.locator("#feed [data-outbox]").count()) === 0, "the rest sent");
     await until(async () => (await api(engine.base, "/api/moments")).moments[0]?.media.length === 2, "the copy and the original");
   } finally {
     await context.close();
@@ -137,18 +119,12 @@ test("a create that went out with no answer: the undo asks the engine and undoes
 
     await capture(page, photoPng(320, 240, 105), "nie angekommen");
     await until(waiting, "the create without an answer");
-    const id = await page.evaluate(() => new Promise((resolve) => {
-      const open = indexedDB.open("spark-outbox");
-      open.onsuccess = () => {
-        const all = open.result.transaction("entries").objectStore("entries").getAll();
-        all.onsuccess = () => { open.result.close(); resolve(all.result[0].moment_id); };
-      };
-    }));
+    const id = (await idbRecords(page, "entries"))[0].moment_id;
     await page.click("#undo-save");
     await until(async () => /Undone: the capture was removed/.test(await page.textContent("#undo-text")), "undone: the engine has none of it");
     assert.ok(asked.includes(`/api/moments/${id}`), "the engine was asked first");
     assert.equal(await page.inputValue("#capture-text"), "nie angekommen");
-    assert.equal((await stores(page)).entries, 0);
+    assert.equal((await idbCounts(page, ["entries", "blobs"])).entries, 0);
     await page.click("#capture-clear");
     await page.fill("#capture-text", "");
 
@@ -161,7 +137,7 @@ test("a create that went out with no answer: the undo asks the engine and undoes
     await row.waitFor();
     await until(async () => /did not answer the last try/.test(await row.locator("[data-outbox-note]").textContent()), "the row's note");
     await until(async () => await page.locator("#undo-save").isHidden(), "no undo once the feed shows it");
-    assert.equal((await stores(page)).entries, 1, "kept, to be sent");
+    assert.equal((await idbCounts(page, ["entries", "blobs"])).entries, 1, "kept, to be sent");
     await page.unroute("**/api/moments");
     await until(async () => (await page.locator("#feed [data-moment-id]").count()) === 1 && (await page.locator("#feed [data-outbox]").count()) === 0, "sent once the link is back", 60_000);
     assert.deepEqual((await api(engine.base, "/api/moments")).moments.map((m) => m.text), ["angekommen"]);

@@ -262,12 +262,8 @@ impl Mirror {
         if self.media.contains_key(&p.id) {
             return Err(conflict("the media id exists".into()));
         }
-        if p.photo >= crate::wire::PHOTOS_PER_MOMENT {
-            return Err(conflict(format!(
-                "photo {} is past the last photo a moment holds ({})",
-                p.photo,
-                crate::wire::PHOTOS_PER_MOMENT - 1
-            )));
+        if let Some(why) = crate::wire::photo_out_of_range(p.photo) {
+            return Err(conflict(why));
         }
         let moment = live_moment(&mut self.moments, at, p.moment_id)?;
         if let Some(other) = moment.media().iter().find(|m| {

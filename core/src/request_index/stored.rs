@@ -13,8 +13,8 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::{
-    home, tag_of, RequestIndex, RequestRow, Row, TextRef, ENTITY_IS_NAME, MAX_LOAD_TENTHS,
-    MAX_ROWS, MIN_SLOTS, TEXT_REF_BITS,
+    home, position_of, probe_slots, tag_of, Probe, RequestIndex, RequestRow, Row, TextRef,
+    ENTITY_IS_NAME, MAX_LOAD_TENTHS, MAX_ROWS, MIN_SLOTS, TEXT_REF_BITS,
 };
 use crate::ids::Id;
 use crate::len_prefixed::{checked_read, push};
@@ -282,25 +282,16 @@ impl StoredIndex {
         if self.slots == 0 {
             return None;
         }
-        let tag = tag_of(hash);
-        let mask = self.slots - 1;
-        let mut at = home(tag, self.slots);
-        // At most a whole table's worth (there is always a free slot).
-        for _ in 0..self.slots {
-            let slot = self.slot(at);
-            if slot == 0 {
-                return None;
-            }
-            if (slot >> 32) as u32 == tag {
-                // Cast: the low 32 bits hold a position plus one.
-                let position = (slot as u32).wrapping_sub(1) as usize;
-                if position < self.rows && self.text(self.raw(position).key()) == request_id {
-                    return Some(position);
-                }
-            }
-            at = (at + 1) & mask;
+        let probe = probe_slots(
+            self.slots,
+            hash,
+            |at| self.slot(at),
+            |position| position < self.rows && self.text(self.raw(position).key()) == request_id,
+        );
+        match probe {
+            Some(Probe::Found(position)) => Some(position),
+            Some(Probe::Free(_)) | None => None,
         }
-        None
     }
 
     /// The position of the row of the op at `seq`, if that op left one.
@@ -774,12 +765,6 @@ fn check_slots(stored: &StoredIndex, tags: &[u32]) -> Result<(), StoredIndexErro
         });
     }
     Ok(())
-}
-
-/// The row position a taken slot names (`usize::MAX` for a free slot).
-fn position_of(slot: u64) -> usize {
-    // Cast: the low 32 bits hold a position plus one.
-    (slot as u32).wrapping_sub(1) as usize
 }
 
 #[cfg(test)]

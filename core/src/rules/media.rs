@@ -1,6 +1,6 @@
 //! Media admission (SPEC section 4, DESIGN.md "Media"): a media id names one
 //! blob of one role of one photo of one moment, for good (a moment holds up
-//! to [`PHOTOS_PER_MOMENT`] photos, issue 27). The same id with other
+//! to [`crate::wire::PHOTOS_PER_MOMENT`] photos, issue 27). The same id with other
 //! bytes, a photo's role another media already fills, and a deleted moment are refused here,
 //! and only here: the HTTP layer asks [`admit_target`] before it reads a
 //! byte and [`admit_bytes`] before it puts the blob in place, and the
@@ -14,11 +14,11 @@ use crate::ids::Id;
 use crate::mirror::{Media, Mirror};
 use crate::op::{MediaPut, MediaRole, OpBody, Sha256};
 use crate::outcome::{Outcome, Replay};
-use crate::wire::PHOTOS_PER_MOMENT;
+use crate::wire::photo_out_of_range;
 
 /// What the bytes cannot change: a known media id must belong to this
 /// moment, photo and role; an unknown one needs a live moment and a photo
-/// number below [`PHOTOS_PER_MOMENT`] (issue 27). `Ok(Some(media))` when
+/// number below [`crate::wire::PHOTOS_PER_MOMENT`] (issue 27). `Ok(Some(media))` when
 /// the id is known (its bytes are compared by [`admit_bytes`]).
 ///
 /// Errors: [`Conflict::MediaOwner`], [`EngineError::Invalid`] (a photo
@@ -48,16 +48,13 @@ pub fn admit_target(
     Ok(None)
 }
 
-/// A new upload's photo number must be below [`PHOTOS_PER_MOMENT`]
+/// A new upload's photo number must be below [`crate::wire::PHOTOS_PER_MOMENT`]
 /// (`X-Photo`, issue 27). Errors: [`EngineError::Invalid`].
 fn photo_in_range(photo: u8) -> Result<(), EngineError> {
-    if photo >= PHOTOS_PER_MOMENT {
-        return Err(EngineError::Invalid(format!(
-            "photo {photo} is past the last photo a moment holds ({})",
-            PHOTOS_PER_MOMENT - 1
-        )));
+    match photo_out_of_range(photo) {
+        Some(why) => Err(EngineError::Invalid(why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The whole admission of an upload whose bytes are known: `Ok(Some(media))`

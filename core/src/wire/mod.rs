@@ -30,6 +30,17 @@ pub const HEADER_PHOTO: &str = "x-photo";
 /// to this minus one.
 pub const PHOTOS_PER_MOMENT: u8 = 10;
 
+/// Why `photo` is no photo of a moment (at or past [`PHOTOS_PER_MOMENT`]),
+/// or `None`: the one rule admission and the fold both check.
+pub fn photo_out_of_range(photo: u8) -> Option<String> {
+    (photo >= PHOTOS_PER_MOMENT).then(|| {
+        format!(
+            "photo {photo} is past the last photo a moment holds ({})",
+            PHOTOS_PER_MOMENT - 1
+        )
+    })
+}
+
 /// `X-Content-SHA256`: the SHA-256 of an upload's bytes as 64 hex
 /// characters, optional on `PUT /api/media/{media id}`; the server refuses
 /// bytes that hash otherwise (`400 digest_mismatch`).
